@@ -1,0 +1,127 @@
+"""Values that cross the engine's boundary: requests in, deltas and results out, typed errors."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # the grammar completed (or was accepting and the model chose EOS)
+    LENGTH = "length"  # max_tokens reached: the text is a truncated prefix, never a complete object
+    CANCELLED = "cancelled"  # the caller cancelled or its deadline passed
+    ERROR = "error"  # model or grammar failure; ``error`` says which
+
+
+class Outcome(str, enum.Enum):
+    """What the post-check concluded about a finished output."""
+
+    VALID = "valid"  # parsed and validated against the request's schema
+    TRUNCATED = "truncated"  # finish reason length: not checked, not complete
+    SCHEMA_VIOLATION = "schema_violation"  # failed a keyword the grammar only post-checks (declared up front)
+    INTERNAL_ERROR = "internal_error"  # failed anything else: a bug, logged and counted
+    TEXT = "text"  # a plain-text answer allowed by tool_choice (not JSON)
+    NOT_CHECKED = "not_checked"  # cancelled or errored before completion
+
+
+class SpeculationMode(str, enum.Enum):
+    AUTO = "auto"  # the policy decides per schema / batch size
+    OFF = "off"  # no drafting (fast-forward stays: it never changes the output)
+
+
+class EngineError(Exception):
+    """Base of errors the service maps to status codes; ``field`` names the offending request field."""
+
+    code = "internal"
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidRequest(EngineError):
+    code = "invalid_argument"
+
+
+class ContextTooLong(InvalidRequest):
+    """Prompt + max_tokens exceed the model's context window."""
+
+
+class QueueFull(EngineError):
+    code = "resource_exhausted"
+
+
+class EngineStopped(EngineError):
+    code = "unavailable"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Greedy when ``temperature == 0``. A seeded request is reproducible for the same configuration."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    max_tokens: int = 256
+
+    def validate(self) -> None:
+        checks = [
+            (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 10.0, "temperature", "must be in [0, 10]"),
+            (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k >= 0, "top_k", "must be >= 0"),
+            (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2^63)"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise InvalidRequest(f"{name} {why}", field=name)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    target_forward_passes: int = 0
+    forced_tokens: int = 0  # fast-forwarded: chosen by the grammar, no model decision
+    drafted: dict[str, int] = field(default_factory=dict)  # per proposer
+    accepted: dict[str, int] = field(default_factory=dict)  # per proposer
+
+
+@dataclass
+class Timings:
+    queued_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    outcome: Outcome
+    usage: Usage
+    timings: Timings
+    value: Any = None  # the parsed JSON when outcome is VALID or SCHEMA_VIOLATION
+    error: str | None = None  # what went wrong (finish ERROR, SCHEMA_VIOLATION, INTERNAL_ERROR)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason is FinishReason.LENGTH
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Newly committed text, cut only on UTF-8 character boundaries."""
+
+    request_id: str
+    text: str

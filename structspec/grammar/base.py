@@ -1,0 +1,120 @@
+"""The grammar layer's seams: a backend compiles, a compiled grammar makes matchers.
+
+    tokenizer view -> backend.compile(schema) -> CompiledGrammar (immutable, cached)
+                                              -> .matcher()  -> Matcher (per sequence, mutable)
+
+Masks use one format across backends: an int32 bitmask of shape [B, ceil(V / 32)]
+(bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed), the format of
+``llguidance.torch``; ``apply_token_bitmask`` applies a row to logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SchemaIssue:
+    """One problem with a schema: where (JSON pointer), which keyword, why."""
+
+    pointer: str
+    keyword: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.pointer or '/'}: {self.keyword}: {self.message}"
+
+
+class SchemaError(ValueError):
+    """A schema (or tool list) that cannot be compiled; ``issues`` are plain data for the API layer."""
+
+    def __init__(self, issues: Sequence[SchemaIssue], kind: str = "invalid_schema"):
+        self.issues = tuple(issues)
+        self.kind = kind  # invalid_schema | metaschema | unsupported | external_ref | too_large | timeout
+        super().__init__("; ".join(str(i) for i in self.issues) or kind)
+
+
+@dataclass(frozen=True)
+class GrammarOptions:
+    """What changes the compiled grammar besides the schema and tokenizer (part of the cache key)."""
+
+    whitespace: Literal["compact", "flexible"] = "compact"
+    compile_timeout_s: float = 10.0
+    max_schema_bytes: int = 512_000
+
+
+@dataclass(frozen=True)
+class CompileInfo:
+    """What a compile reports besides the grammar: keywords only enforced after decoding, timing."""
+
+    warnings: tuple[SchemaIssue, ...] = ()
+    compile_ms: float = 0.0
+    post_check_keywords: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Matcher(Protocol):
+    """Grammar state of one sequence. Never raises mid-decode: errors are sticky (``error``)."""
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        """Write the allowed-token bits of the current state into ``bitmask[row]`` ([B, ceil(V/32)] int32)."""
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        """Advance over ``tokens``; False (and a sticky error) if one is not allowed."""
+
+    def validate(self, tokens: Sequence[int]) -> int:
+        """Length of the longest prefix of ``tokens`` the grammar accepts from here; state unchanged."""
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` consumed tokens."""
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next, each the only allowed token at its position, canonical split."""
+
+    def is_accepting(self) -> bool:
+        """The output so far is a complete instance (EOS would be allowed)."""
+
+    def is_stopped(self) -> bool:
+        """Nothing more can be generated (the grammar is complete and allows no continuation, or EOS was consumed)."""
+
+    @property
+    def error(self) -> str | None: ...
+
+
+class CompiledGrammar(Protocol):
+    """Immutable, shareable across threads and requests."""
+
+    info: CompileInfo
+
+    def matcher(self) -> Matcher: ...
+
+
+class GrammarBackend(Protocol):
+    name: str
+
+    def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> CompiledGrammar: ...
+
+
+def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
+    """[B, ceil(V/32)] int32, all tokens disallowed."""
+    return torch.zeros((batch, (vocab_size + 31) // 32), dtype=torch.int32)
+
+
+def bitmask_to_bool(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """One [ceil(V/32)] int32 row -> [V] bool."""
+    bits = torch.arange(32, dtype=torch.int32)
+    expanded = (bitmask_row.unsqueeze(-1) >> bits) & 1  # [W, 32]
+    return expanded.flatten()[:vocab_size].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Set disallowed logits to -inf. logits [N, V'] (V' may exceed the tokenizer's V), bitmask [N, W]."""
+    vocab = logits.shape[-1]
+    allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    for i in range(logits.shape[0]):
+        row = bitmask_to_bool(bitmask[i], min(vocab, bitmask.shape[-1] * 32)).to(logits.device)
+        allowed[i, : row.shape[0]] = row
+    return logits.masked_fill(~allowed, float("-inf"))

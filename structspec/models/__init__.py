@@ -1,0 +1,1 @@
+"""Model profiles, loading, and the forward-step executors the engine drives."""

@@ -1,0 +1,179 @@
+"""Forward steps on a transformers causal LM, with a KV cache structspec manages itself.
+
+Why not transformers' own cache: it holds one batch of equal-length rows and
+refuses to crop sliding-window layers once past the window, while the engine
+needs sequences of different lengths joining and leaving between steps, and
+rolling back one of them after a rejected draft.
+
+Layout: per layer, one buffer K (and V) of shape [slots, kv_heads, capacity, head_dim];
+each sequence owns a slot, and a token's cache index is its absolute position.
+Every layer keeps the full history, sliding-window layers included (the window
+is enforced by the attention mask), so rollback is just a shorter length.
+
+A step:
+  input_ids, position_ids         [B, T]     T = longest new chunk; shorter rows padded
+  new K/V written at positions    L_b + t    (L_b = cached length of row b)
+  attention over cache indices    [0, Lk)    Lk = max_b L_b + T
+  mask[b, 0, t, j] = j <= L_b + t  (and j > L_b + t - window on sliding layers)
+Padded rows write K/V past their sequence's length, where nothing reads them
+before they are overwritten.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from structspec.models.executor import ContextOverflow, StepInput
+
+
+class _SlotCache:
+    """The object handed to the model as ``cache``: writes new K/V into slots, returns the batch view."""
+
+    def __init__(self, owner: "TransformersExecutor", slots: torch.Tensor, positions: torch.Tensor, kv_len: int):
+        self.owner, self.slots, self.positions, self.kv_len = owner, slots, positions, kv_len
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        # key/value: [B, H_kv, T, D] -> buffer[slot_b, :, pos_bt] (advanced indices come first: [B, T, H_kv, D])
+        kbuf, vbuf = self.owner._k[layer_idx], self.owner._v[layer_idx]
+        idx = (self.slots[:, None], slice(None), self.positions)
+        kbuf[idx] = key.transpose(1, 2).to(kbuf.dtype)
+        vbuf[idx] = value.transpose(1, 2).to(vbuf.dtype)
+        # [B, H_kv, Lk, D]
+        return kbuf[:, :, : self.kv_len].index_select(0, self.slots), vbuf[:, :, : self.kv_len].index_select(0, self.slots)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.kv_len
+
+    def __len__(self) -> int:
+        return len(self.owner._k)
+
+
+class TransformersExecutor:
+    """``ForwardStep`` over a transformers decoder-only model (Llama, Gemma 3, ...)."""
+
+    def __init__(self, model: PreTrainedModel, max_context: int | None = None, initial_slots: int = 4,
+                 initial_capacity: int = 256):
+        self.model = model
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.config = cfg
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 2048))
+        self.forward_calls = 0
+        self._base = getattr(model, model.base_model_prefix)
+        self._softcap = getattr(cfg, "final_logit_softcapping", None)
+        layer_types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+        self._window = getattr(cfg, "sliding_window", None) if "sliding_attention" in layer_types else None
+        self._kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self._layers = cfg.num_hidden_layers
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
+        self._alloc(initial_slots, initial_capacity)
+        self._free_slots = list(range(initial_slots))
+        self._slot: dict[int, int] = {}
+        self._len: dict[int, int] = {}
+        self._next_id = 0
+
+    # -- storage -----------------------------------------------------------------------------------
+    def _alloc(self, slots: int, capacity: int) -> None:
+        shape = (slots, self._kv_heads, capacity, self._head_dim)
+        old_k, old_v = self._k, self._v
+        self._k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self._layers)]
+        self._v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self._layers)]
+        for new, old in ((self._k, old_k), (self._v, old_v)):
+            for layer, buf in enumerate(old):
+                new[layer][: buf.shape[0], :, : buf.shape[2]] = buf
+
+    @property
+    def slots(self) -> int:
+        return self._k[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self._k[0].shape[2]
+
+    def cached_tokens(self) -> int:
+        """Tokens held across all live sequences (what admission control budgets)."""
+        return sum(self._len.values())
+
+    # -- ForwardStep -------------------------------------------------------------------------------
+    def new_sequence(self) -> int:
+        if not self._free_slots:
+            n = self.slots
+            self._alloc(2 * n, self.capacity)
+            self._free_slots.extend(range(n, 2 * n))
+        seq_id = self._next_id
+        self._next_id += 1
+        self._slot[seq_id] = self._free_slots.pop()
+        self._len[seq_id] = 0
+        return seq_id
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._len[seq_id]
+
+    def rollback(self, seq_id: int, n: int) -> None:
+        if n < 0 or n > self._len[seq_id]:
+            raise ValueError(f"cannot roll back {n} tokens of a {self._len[seq_id]}-token sequence")
+        self._len[seq_id] -= n
+
+    def free(self, seq_id: int) -> None:
+        self._free_slots.append(self._slot.pop(seq_id))
+        del self._len[seq_id]
+
+    @torch.inference_mode()
+    def step(self, inputs: Sequence[StepInput]) -> list[torch.Tensor]:
+        if not inputs:
+            return []
+        lens = [self._len[x.seq_id] for x in inputs]
+        counts = [len(x.tokens) for x in inputs]
+        if min(counts) < 1:
+            raise ValueError("every StepInput needs at least one token")
+        for x, n, c in zip(inputs, lens, counts):
+            if n + c > self.max_context:
+                raise ContextOverflow(f"sequence {x.seq_id} would hold {n + c} tokens; the context is {self.max_context}")
+        batch, width = len(inputs), max(counts)
+        kv_len = max(lens) + width
+        if kv_len > self.capacity:
+            self._alloc(self.slots, max(kv_len, 2 * self.capacity))
+
+        dev = self.device
+        ids = torch.zeros((batch, width), dtype=torch.long)
+        for b, x in enumerate(inputs):
+            ids[b, : counts[b]] = torch.as_tensor(list(x.tokens), dtype=torch.long)
+        start = torch.tensor(lens, dtype=torch.long)
+        positions = start[:, None] + torch.arange(width)[None, :]  # [B, T]
+        cache = _SlotCache(self, torch.tensor([self._slot[x.seq_id] for x in inputs], device=dev),
+                           positions.to(dev), kv_len)
+        mask = self._masks(positions.to(dev), kv_len)
+        out = self._base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask, cache=cache,
+                         use_cache=True)
+        self.forward_calls += 1
+        hidden = out.last_hidden_state  # [B, T, H]
+
+        rows_b, rows_t, splits = [], [], []
+        for b, x in enumerate(inputs):
+            picked = [t % counts[b] for t in x.logits_at]
+            rows_b += [b] * len(picked)
+            rows_t += picked
+            splits.append(len(picked))
+        picked_hidden = hidden[torch.tensor(rows_b, device=dev), torch.tensor(rows_t, device=dev)]  # [N, H]
+        logits = self.model.get_output_embeddings()(picked_hidden).float()  # [N, V]
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        for x, n, c in zip(inputs, lens, counts):
+            self._len[x.seq_id] = n + c
+        return list(logits.cpu().split(splits))
+
+    def _masks(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Boolean [B, 1, T, Lk] masks (True = attend): causal by absolute position, plus the sliding window."""
+        j = torch.arange(kv_len, device=positions.device)[None, None, :]  # [1, 1, Lk]
+        q = positions[:, :, None]  # [B, T, 1]
+        causal = (j <= q)[:, None]  # [B, 1, T, Lk]
+        if self._window is None:
+            return causal
+        return {"full_attention": causal, "sliding_attention": causal & (j > q - self._window)[:, None]}

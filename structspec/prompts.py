@@ -1,0 +1,86 @@
+"""Prompt formats: how an extraction or tool-call request becomes model input.
+
+The format is named and versioned (``PROMPT_FORMAT``) so acceptance statistics
+stay comparable: a change of wording changes what the model writes, so it gets
+a new version. The demo models are trained on exactly these templates.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+PROMPT_FORMAT = "structspec-plain-v1"
+
+
+@dataclass(frozen=True)
+class FewShotExample:
+    """A worked input -> output pair shown before the real request."""
+
+    text: str
+    output: str
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool as agents declare it (OpenAI-style function)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_openai(cls, tool: dict[str, Any]) -> "ToolSpec":
+        fn = tool.get("function", tool)
+        return cls(fn["name"], fn.get("description", ""), fn.get("parameters", {}))
+
+
+def schema_title(schema: dict[str, Any]) -> str:
+    title = schema.get("title") if isinstance(schema, dict) else None
+    return str(title) if title else "the requested object"
+
+
+def extraction_prompt(
+    schema: dict[str, Any],
+    text: str,
+    instruction: str | None = None,
+    examples: tuple[FewShotExample, ...] = (),
+) -> str:
+    """``### Extract <Title> as JSON.`` + optional instruction + input + ``### JSON:``.
+
+    Few-shot examples repeat the same block with their output, separated by a
+    blank line, so a base model sees the pattern before the real request.
+    """
+    head = f"### Extract {schema_title(schema)} as JSON.\n"
+    if instruction:
+        head += f"{instruction.strip()}\n"
+    blocks = [f"{head}### Input:\n{ex.text.strip()}\n### JSON:\n{ex.output}\n" for ex in examples]
+    blocks.append(f"{head}### Input:\n{text.strip()}\n### JSON:\n")
+    return "\n".join(blocks)
+
+
+def describe_tool(tool: ToolSpec) -> str:
+    params = ", ".join((tool.parameters.get("properties") or {}).keys())
+    return f"- {tool.name}({params}): {tool.description}"
+
+
+def toolcall_prompt(
+    tools: list[ToolSpec],
+    messages: list[tuple[str, str]],
+    examples: tuple[FewShotExample, ...] = (),
+) -> str:
+    """``### Tools:`` list + the conversation + ``### Call:``.
+
+    ``messages`` are (role, content) pairs; the last user turn is the request.
+    """
+    tool_block = "### Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
+    convo = "".join(f"### {role.capitalize()}:\n{content.strip()}\n" for role, content in messages)
+    blocks = [f"{tool_block}### User:\n{ex.text.strip()}\n### Call:\n{ex.output}\n" for ex in examples]
+    blocks.append(f"{tool_block}{convo}### Call:\n")
+    return "\n".join(blocks)
+
+
+def compact_json(value: Any) -> str:
+    """The output form the grammar produces by default: compact, key order kept."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,137 @@
+"""The forward-step API against a plain full-sequence forward (fp32, max abs diff <= 1e-4).
+
+Both profiles' architectures: Llama (demo) and Gemma 3 (gemma-3-270m, here a tiny
+random config with a sliding window of 8 so rollbacks cross the window).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+from structspec.models.executor import ContextOverflow, StepInput
+from structspec.models.hf_executor import TransformersExecutor
+
+TOL = 1e-4
+VOCAB = 97
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_gemma3() -> Gemma3ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
+                           num_key_value_heads=1, head_dim=16, intermediate_size=128, max_position_embeddings=256,
+                           sliding_window=8, query_pre_attn_scalar=16)
+    model = Gemma3ForCausalLM(cfg).eval()
+    assert "sliding_attention" in model.config.layer_types and "full_attention" in model.config.layer_types
+    return model
+
+
+MODELS = {"llama": tiny_llama, "gemma3": tiny_gemma3}
+
+
+@torch.no_grad()
+def reference_logits(model, tokens: list[int]) -> torch.Tensor:
+    """[T, V] logits of a plain forward over the whole sequence, no cache."""
+    return model(torch.tensor([tokens])).logits[0].float()
+
+
+@pytest.fixture(params=sorted(MODELS))
+def model(request):
+    return MODELS[request.param]()
+
+
+def test_prefill_then_decode_matches_full_forward(model):
+    ex = TransformersExecutor(model)
+    seq = ex.new_sequence()
+    rng = random.Random(1)
+    tokens = [rng.randrange(VOCAB) for _ in range(20)]
+    (first,) = ex.step([StepInput(seq, tokens, logits_at=(-1,))])
+    assert torch.allclose(first[0], reference_logits(model, tokens)[-1], atol=TOL)
+    for _ in range(10):
+        tok = rng.randrange(VOCAB)
+        tokens.append(tok)
+        (got,) = ex.step([StepInput(seq, [tok], logits_at=(0,))])
+        assert (got[0] - reference_logits(model, tokens)[-1]).abs().max() <= TOL
+    assert ex.seq_len(seq) == len(tokens)
+    assert ex.forward_calls == 11
+
+
+def test_mixed_lengths_in_one_batch(model):
+    """Sequences with different cached lengths and different new-token counts share one pass."""
+    ex = TransformersExecutor(model, initial_slots=1, initial_capacity=4)  # forces slot and capacity growth
+    rng = random.Random(2)
+    seqs = {}
+    for n in (3, 17, 9):
+        sid = ex.new_sequence()
+        seqs[sid] = [rng.randrange(VOCAB) for _ in range(n)]
+        ex.step([StepInput(sid, seqs[sid], logits_at=(-1,))])
+    new = {sid: [rng.randrange(VOCAB) for _ in range(k)] for sid, k in zip(seqs, (1, 5, 3))}
+    outs = ex.step([StepInput(sid, toks, logits_at=tuple(range(len(toks)))) for sid, toks in new.items()])
+    for (sid, toks), got in zip(new.items(), outs):
+        full = seqs[sid] + toks
+        want = reference_logits(model, full)[len(seqs[sid]):]
+        assert got.shape == want.shape
+        assert (got - want).abs().max() <= TOL
+
+
+def test_rollback_one_sequence_leaves_others(model):
+    """Verify 5 drafted tokens, reject after 2, roll back: next logits equal a fresh forward (across the window)."""
+    ex = TransformersExecutor(model)
+    rng = random.Random(3)
+    a, b = ex.new_sequence(), ex.new_sequence()
+    ta = [rng.randrange(VOCAB) for _ in range(14)]  # past the sliding window of 8
+    tb = [rng.randrange(VOCAB) for _ in range(11)]
+    ex.step([StepInput(a, ta), StepInput(b, tb)])
+    for _ in range(4):  # several verify/reject rounds, each crossing the window edge
+        draft_a = [rng.randrange(VOCAB) for _ in range(5)]
+        draft_b = [rng.randrange(VOCAB) for _ in range(2)]
+        ex.step([StepInput(a, draft_a, logits_at=range(5)), StepInput(b, draft_b, logits_at=range(2))])
+        ex.rollback(a, 3)  # keep 2 of 5
+        ta += draft_a[:2]
+        tb += draft_b  # b keeps everything
+        assert ex.seq_len(a) == len(ta) and ex.seq_len(b) == len(tb)
+        nxt_a, nxt_b = rng.randrange(VOCAB), rng.randrange(VOCAB)
+        ga, gb = ex.step([StepInput(a, [nxt_a]), StepInput(b, [nxt_b])])
+        ta.append(nxt_a)
+        tb.append(nxt_b)
+        assert (ga[0] - reference_logits(model, ta)[-1]).abs().max() <= TOL
+        assert (gb[0] - reference_logits(model, tb)[-1]).abs().max() <= TOL
+
+
+def test_free_reuses_slot_without_leaking_state(model):
+    ex = TransformersExecutor(model, initial_slots=1)
+    rng = random.Random(4)
+    first = ex.new_sequence()
+    ex.step([StepInput(first, [rng.randrange(VOCAB) for _ in range(30)])])
+    ex.free(first)
+    second = ex.new_sequence()
+    assert ex.slots == 1  # the freed slot was reused
+    toks = [rng.randrange(VOCAB) for _ in range(5)]
+    (got,) = ex.step([StepInput(second, toks, logits_at=range(5))])
+    assert (got - reference_logits(model, toks)).abs().max() <= TOL
+
+
+def test_context_overflow_is_refused_before_running(model):
+    ex = TransformersExecutor(model, max_context=16)
+    seq = ex.new_sequence()
+    with pytest.raises(ContextOverflow):
+        ex.step([StepInput(seq, list(range(17)))])
+    assert ex.forward_calls == 0 and ex.seq_len(seq) == 0
+
+
+def test_rollback_bounds(model):
+    ex = TransformersExecutor(model)
+    seq = ex.new_sequence()
+    ex.step([StepInput(seq, [1, 2, 3])])
+    with pytest.raises(ValueError):
+        ex.rollback(seq, 4)
