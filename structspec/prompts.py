@@ -84,3 +84,14 @@ def toolcall_prompt(
 def compact_json(value: Any) -> str:
     """The output form the grammar produces by default: compact, key order kept."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a prompt: BOS (when the tokenizer has one) + the text, no other special tokens.
+
+    Gemma needs its ``<bos>``; the demo models were trained on EOS-separated packed
+    examples, so their BOS (= EOS) is exactly what preceded each training example.
+    """
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return ([bos] if bos is not None else []) + ids

@@ -136,6 +136,8 @@ class Example:
     output: str  # compact JSON the model should write
     value: dict[str, Any]  # the ground truth behind ``output``
     freetext_fields: tuple[str, ...] = field(default=())  # keys (dotted) whose values are prose
+    source: str = ""  # the document (extraction) or the user's message (tool call)
+    tool_names: tuple[str, ...] = ()  # tools shown in the prompt, in order (tool calls)
 
     @property
     def text(self) -> str:
@@ -402,8 +404,9 @@ def make_extraction(r: random.Random, name: str, schemas: dict[str, dict]) -> Ex
     if r.random() < 0.22:  # the free-text workload: a summary of the same documents
         out = {"kind": SUMMARY_KIND[name], "summary": summarize(r, name, value)}
         return Example("extract", "summary", extraction_prompt(schemas["summary"], doc), compact_json(out), out,
-                       ("summary",))
-    return Example("extract", name, extraction_prompt(schemas[name], doc), compact_json(value), value, FREETEXT[name])
+                       ("summary",), source=doc)
+    return Example("extract", name, extraction_prompt(schemas[name], doc), compact_json(value), value, FREETEXT[name],
+                   source=doc)
 
 
 def make_toolcall(r: random.Random, tools: list[ToolSpec]) -> Example:
@@ -413,7 +416,8 @@ def make_toolcall(r: random.Random, tools: list[ToolSpec]) -> Example:
     r.shuffle(shown)
     call = {"name": name, "arguments": args}
     free = ("arguments.body",) if name == "send_email" else ()
-    return Example("toolcall", "agent_tools", toolcall_prompt(shown, [("user", msg)]), compact_json(call), call, free)
+    return Example("toolcall", "agent_tools", toolcall_prompt(shown, [("user", msg)]), compact_json(call), call, free,
+                   source=msg, tool_names=tuple(t.name for t in shown))
 
 
 def generate(seed: int, n: int, toolcall_share: float = 0.2) -> list[Example]:

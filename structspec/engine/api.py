@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
 
+from structspec.prompts import FewShotExample
 from structspec.engine.types import GenerationResult, SamplingParams, SpeculationMode, TextDelta
 
 
@@ -22,6 +23,7 @@ class ExtractionRequest:
     text: str = ""
     messages: tuple[ChatMessage, ...] = ()
     instruction: str | None = None
+    examples: tuple[FewShotExample, ...] = ()  # worked examples shown first (base models need them)
     sampling: SamplingParams = SamplingParams()
     speculation: SpeculationMode = SpeculationMode.AUTO
     fast_forward: bool = True  # debug switch: off makes every token a model decision
@@ -38,6 +40,7 @@ class ToolCallRequest:
     tools: tuple[dict[str, Any], ...]  # OpenAI-style: {"type": "function", "function": {name, description, parameters}}
     tool_choice: str = "auto"  # auto | required | none | <tool name>
     parallel_calls: bool = False
+    examples: tuple[FewShotExample, ...] = ()  # worked request -> call examples shown first
     sampling: SamplingParams = SamplingParams()
     speculation: SpeculationMode = SpeculationMode.AUTO
     fast_forward: bool = True

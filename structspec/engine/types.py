@@ -53,6 +53,12 @@ class QueueFull(EngineError):
     code = "resource_exhausted"
 
 
+class OverBudget(EngineError):
+    """The request alone needs more KV-cache memory than the server's whole budget."""
+
+    code = "resource_exhausted"
+
+
 class EngineStopped(EngineError):
     code = "unavailable"
 

@@ -45,6 +45,8 @@ def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None  # plain weights from here on: save_pretrained writes safetensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # the saved folder is a plain fp32 model, not a GGUF view
     progress(f"step 3/3: saving safetensors to {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".gemma-convert-", dir=out.parent))

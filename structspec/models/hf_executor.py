@@ -161,7 +161,8 @@ class TransformersExecutor:
             rows_b += [b] * len(picked)
             rows_t += picked
             splits.append(len(picked))
-        picked_hidden = hidden[torch.tensor(rows_b, device=dev), torch.tensor(rows_t, device=dev)]  # [N, H]
+        picked_hidden = hidden[torch.tensor(rows_b, dtype=torch.long, device=dev),
+                               torch.tensor(rows_t, dtype=torch.long, device=dev)]  # [N, H]
         logits = self.model.get_output_embeddings()(picked_hidden).float()  # [N, V]
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap

@@ -1,0 +1,277 @@
+"""``structspec bench decode``: every configuration on the same prompts, in one run, as ratios.
+
+Engine configurations (structspec's decode loop, grammar-constrained):
+  off                no fast-forward, no drafting: one model decision per token
+  ff                 fast-forward of forced tokens
+  ff+ngram           + prompt/output lookup drafts
+  ff+ngram+history   + schema-history drafts
+  all                + the draft model (profiles that have one)
+Baselines (HF transformers ``generate``, batch 1):
+  hf_outlines        constrained by outlines' logits processor
+  hf_generate        unconstrained greedy
+  hf_assisted        unconstrained, HF assisted generation (the draft model where the profile has one,
+                     else prompt lookup)
+
+Per configuration: tokens/s (output tokens / wall time), request latency p50/p99,
+time per output token, target forward passes per output token (counted where
+the model runs), validity, share finished by ``stop``, field accuracy against the
+ground truth, and acceptance per proposer (accepted / drafted; the mean accepted
+length per drafting step includes the bonus/recovered token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from structspec.bench.workloads import WorkItem, build_workload
+from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
+from structspec.engine.postcheck import check_json_text
+from structspec.prompts import encode_prompt
+from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
+
+ENGINE_CONFIGS = ("off", "ff", "ff+ngram", "ff+ngram+history", "all")
+BASELINES = ("hf_outlines", "hf_generate", "hf_assisted")
+
+
+@dataclass
+class Record:
+    latency_s: float
+    output_tokens: int
+    forward_passes: int
+    stop: bool
+    valid: bool
+    fields_right: int
+    fields_total: int
+    forced: int = 0
+    drafted: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def summarize(records: list[Record], wall_s: float) -> dict[str, Any]:
+    out_tokens = sum(r.output_tokens for r in records)
+    lat = [r.latency_s for r in records]
+    drafted: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    for r in records:
+        for k, v in r.drafted.items():
+            drafted[k] = drafted.get(k, 0) + v
+        for k, v in r.accepted.items():
+            accepted[k] = accepted.get(k, 0) + v
+    fields_total = sum(r.fields_total for r in records)
+    return {
+        "requests": len(records),
+        "output_tokens": out_tokens,
+        "wall_s": round(wall_s, 3),
+        "tokens_per_s": out_tokens / wall_s if wall_s else 0.0,
+        "latency_p50_s": _pct(lat, 0.5),
+        "latency_p99_s": _pct(lat, 0.99),
+        "ms_per_output_token": 1000 * statistics.median(r.latency_s / max(1, r.output_tokens) for r in records),
+        "forward_passes_per_token": sum(r.forward_passes for r in records) / max(1, out_tokens),
+        "forced_share": sum(r.forced for r in records) / max(1, out_tokens),
+        "validity": sum(r.valid for r in records) / len(records),
+        "stop_share": sum(r.stop for r in records) / len(records),
+        "field_accuracy": sum(r.fields_right for r in records) / max(1, fields_total),
+        "acceptance": {k: accepted.get(k, 0) / v for k, v in drafted.items() if v},
+        "drafted": drafted,
+        "accepted": accepted,
+    }
+
+
+# -- structspec engine configurations ------------------------------------------------------------
+def _request(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: bool, rid: str):
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    mode = SpeculationMode.AUTO if speculate else SpeculationMode.OFF
+    if item.kind == "toolcall":
+        return ToolCallRequest(messages=(ChatMessage("user", item.source),), tools=item.tools, tool_choice="required",
+                               sampling=params, speculation=mode, fast_forward=fast_forward, request_id=rid,
+                               examples=item.examples)
+    return ExtractionRequest(schema=item.schema, text=item.source, examples=item.examples, sampling=params,
+                             speculation=mode, fast_forward=fast_forward, request_id=rid, schema_key=item.schema_name)
+
+
+async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_tokens: int, fast_forward: bool,
+                      speculate: bool) -> tuple[list[Record], float]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, item: WorkItem) -> Record:
+        async with sem:
+            t0 = time.perf_counter()
+            req = _request(item, max_tokens, fast_forward, speculate, f"bench-{i}")
+            if item.kind == "toolcall":
+                out = await engine.call_tool(req)
+                res = out.result
+                value = {"name": out.calls[0].name, "arguments": out.calls[0].arguments} if out.calls else None
+            else:
+                res = await engine.extract(req)
+                value = res.value
+            right, total = item.score(value)
+            return Record(time.perf_counter() - t0, res.usage.output_tokens, res.usage.target_forward_passes,
+                          res.finish_reason is FinishReason.STOP, res.outcome is Outcome.VALID, right, total,
+                          res.usage.forced_tokens, dict(res.usage.drafted), dict(res.usage.accepted))
+
+    t0 = time.perf_counter()
+    records = await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+    return list(records), time.perf_counter() - t0
+
+
+# -- HF baselines --------------------------------------------------------------------------------
+class _CountCalls:
+    """Counts forward calls of a module (target passes are counted where they run)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.calls = 0
+        self._h = module.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+
+    def close(self) -> None:
+        self._h.remove()
+
+
+def _prompt_for(item: WorkItem) -> str:
+    from structspec.prompts import ToolSpec, extraction_prompt, toolcall_prompt
+
+    if item.kind == "toolcall":
+        return toolcall_prompt([ToolSpec.from_openai(t) for t in item.tools], [("user", item.source)], item.examples)
+    return extraction_prompt(item.schema, item.source, None, item.examples)
+
+
+def _tool_schema(item: WorkItem) -> dict[str, Any]:
+    return {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                          "arguments": t["function"]["parameters"]},
+                       "required": ["name", "arguments"], "additionalProperties": False} for t in item.tools]}
+
+
+def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[list[Record], float]:
+    tok, model = models.tokenizer, models.target
+    counter = _CountCalls(model)
+    if mode == "hf_outlines":
+        import outlines
+        from outlines.types import JsonSchema
+
+        ol_model = outlines.from_transformers(model, tok)
+    records = []
+    t_all = time.perf_counter()
+    try:
+        for item in items:
+            schema = item.schema if item.kind == "extract" else _tool_schema(item)
+            prompt = _prompt_for(item)
+            before = counter.calls
+            t0 = time.perf_counter()
+            ids = torch.tensor([encode_prompt(tok, prompt)])
+            common = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.eos_token_id)
+            if mode == "hf_outlines":
+                generator = outlines.Generator(ol_model, JsonSchema(json.dumps(schema)))
+                text = generator(prompt, **common)
+                n_out = len(tok(text, add_special_tokens=False)["input_ids"])
+            else:
+                extra: dict[str, Any] = {"stop_strings": ["\n"], "tokenizer": tok}
+                if mode == "hf_assisted":
+                    if models.draft is not None:
+                        extra["assistant_model"] = models.draft
+                    else:
+                        extra["prompt_lookup_num_tokens"] = 5
+                out = model.generate(ids, **common, **extra)
+                new = out[0, ids.shape[1]:].tolist()
+                n_out = len(new)
+                text = tok.decode(new, skip_special_tokens=True).strip()
+            latency = time.perf_counter() - t0
+            checked = check_json_text(text, schema)
+            right, total = item.score(checked.value)
+            stop = n_out < max_tokens
+            records.append(Record(latency, n_out, counter.calls - before, stop, checked.outcome is Outcome.VALID,
+                                  right, total))
+    finally:
+        counter.close()
+    return records, time.perf_counter() - t_all
+
+
+# -- the run -------------------------------------------------------------------------------------
+def run_decode_bench(profile: str, workload: str, concurrency: int = 1, requests: int = 20, max_tokens: int = 256,
+                     configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES, few_shot: int | None = None,
+                     device: str = "cpu", warmup: int = 2) -> dict[str, Any]:
+    from structspec.engine.core import CoreLimits
+    from structspec.engine.engine import assemble_engine
+    from structspec.models.loading import load_profile
+    from structspec.spec.router import ProposerSet
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    models = load_profile(profile, device=device, dtype="float32", with_draft=True)
+    shots = few_shot if few_shot is not None else (0 if profile == "demo" else 1)
+    items = build_workload(workload, requests + warmup, few_shot=shots)
+    warm, items = items[:warmup], items[warmup:]
+    report: dict[str, Any] = {
+        "profile": profile, "workload": workload, "concurrency": concurrency, "requests": requests,
+        "max_tokens": max_tokens, "few_shot": shots,
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "torch_threads": torch.get_num_threads(), "device": device},
+        "configs": {},
+    }
+    compiler = None
+    for name in configs:
+        if name in BASELINES:
+            if concurrency != 1:
+                continue  # HF generate serves one request at a time
+            _run_hf(models, warm, max_tokens, name)
+            records, wall = _run_hf(models, items, max_tokens, name)
+        else:
+            proposers = ProposerSet.parse(name)
+            if name == "all" and models.draft is None:
+                proposers = ProposerSet(True, True, False)
+            engine = assemble_engine(models, limits=CoreLimits(max_batch=max(16, concurrency)), proposers=proposers,
+                                     compiler=compiler)
+            compiler = engine.compiler  # compiled grammars are shared across configurations
+            engine.start()
+            try:
+                asyncio.run(_run_engine(engine, warm, 1, max_tokens, name != "off", proposers is not None))
+                records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, name != "off",
+                                                        proposers is not None))
+            finally:
+                engine.stop()
+        report["configs"][name] = summarize(records, wall)
+    for name, row in report["configs"].items():
+        for ref in ("off", "hf_outlines"):
+            if ref in report["configs"] and report["configs"][ref]["tokens_per_s"]:
+                row[f"speedup_vs_{ref}"] = row["tokens_per_s"] / report["configs"][ref]["tokens_per_s"]
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"decode: {report['profile']} / {report['workload']} / concurrency {report['concurrency']} / "
+                    f"{report['requests']} requests (greedy)")
+    for col in ("config", "tok/s", "x off", "x hf+outlines", "p50 s", "p99 s", "ms/tok", "passes/tok",
+                "forced", "valid", "stop", "fields", "acceptance (accepted/drafted)"):
+        t.add_column(col)
+    for name, r in report["configs"].items():
+        acc = ", ".join(f"{k} {v:.2f}" for k, v in r["acceptance"].items()) or "-"
+        t.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r.get('speedup_vs_off', 0):.2f}",
+                  f"{r.get('speedup_vs_hf_outlines', 0):.2f}", f"{r['latency_p50_s']:.2f}",
+                  f"{r['latency_p99_s']:.2f}", f"{r['ms_per_output_token']:.1f}",
+                  f"{r['forward_passes_per_token']:.2f}", f"{r['forced_share']:.2f}", f"{r['validity']:.2f}",
+                  f"{r['stop_share']:.2f}", f"{r['field_accuracy']:.2f}", acc)
+    buf = StringIO()
+    Console(file=buf, width=200).print(t)
+    return buf.getvalue()
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))

@@ -1,0 +1,75 @@
+"""Benchmark workloads: held-out generated documents and tool requests, each with its ground truth.
+
+The same items go to every configuration in one run. Seeds differ from the
+demo training corpus (train 1, eval 2-3), so the demo models never saw them.
+Base models (Gemma 3 270M) get few-shot prompts: worked document -> JSON
+examples of the same schema first, so they finish with ``stop`` rather than
+looping until the token cap.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from structspec.demo.corpus import Example, flatten, generate
+from structspec.prompts import FewShotExample
+from structspec.schemas import load_builtin_schemas, load_builtin_tools
+
+WORKLOADS = ("extraction", "toolcall", "freetext", "mixed")
+BENCH_SEED = 7
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    kind: str  # extract | toolcall
+    schema_name: str
+    source: str  # the document or the user's message
+    truth: dict[str, Any]
+    freetext_fields: tuple[str, ...] = ()
+    schema: dict[str, Any] | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    examples: tuple[FewShotExample, ...] = field(default=())
+
+    def score(self, value: Any) -> tuple[int, int]:
+        """(right, total) over the non-prose leaf fields."""
+        truth = flatten(self.truth)
+        got = flatten(value) if isinstance(value, (dict, list)) else {}
+        keys = [k for k in truth if not any(k == f or k.startswith(f + ".") for f in self.freetext_fields)]
+        return sum(int(k in got and got[k] == truth[k]) for k in keys), len(keys)
+
+
+def _wanted(ex: Example, workload: str) -> bool:
+    if workload == "extraction":
+        return ex.task == "extract" and ex.schema_name != "summary"
+    if workload == "toolcall":
+        return ex.task == "toolcall"
+    if workload == "freetext":
+        return ex.schema_name == "summary"
+    return True
+
+
+def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_SEED) -> list[WorkItem]:
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    share = {"toolcall": 0.9, "extraction": 0.0, "freetext": 0.0, "mixed": 0.25}[workload]
+    pool = [e for e in generate(seed, max(400, n * 12), toolcall_share=share) if _wanted(e, workload)]
+    if workload == "mixed":
+        random.Random(seed).shuffle(pool)
+    items, shots = pool[:n], pool[n:]
+    if len(items) < n:
+        raise ValueError(f"workload {workload}: only {len(items)} items generated for {n} requests")
+    schemas = load_builtin_schemas()
+    tools = {t["function"]["name"]: t for t in load_builtin_tools()}
+    out = []
+    for ex in items:
+        examples = tuple(FewShotExample(s.source, s.output) for s in
+                         [s for s in shots if s.schema_name == ex.schema_name][:few_shot])
+        if ex.task == "toolcall":
+            out.append(WorkItem("toolcall", "agent_tools", ex.source, ex.value, ex.freetext_fields,
+                                tools=tuple(tools[n] for n in ex.tool_names), examples=examples))
+        else:
+            out.append(WorkItem("extract", ex.schema_name, ex.source, ex.value, ex.freetext_fields,
+                                schema=schemas[ex.schema_name], examples=examples))
+    return out

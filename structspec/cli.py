@@ -1,0 +1,131 @@
+"""``structspec`` command line: serve, models, bench, and the client commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="structspec: always-valid, fast structured outputs from language models.",
+                  no_args_is_help=True, add_completion=False)
+models_app = typer.Typer(help="Model profiles: list, prepare, train the demo pair.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (ratios against baselines measured in the same run).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(bench_app, name="bench")
+console = Console()
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Show the named profiles, where their files are, their size and whether they are ready."""
+    from structspec.models.profiles import profiles
+
+    table = Table("profile", "ready", "size", "target", "draft", "notes")
+    for p in profiles().values():
+        ready = p.is_ready()
+        table.add_row(p.name, "yes" if ready else "no", _human(p.size_bytes()) if ready else "-", p.target,
+                      p.draft or "-", p.description + ("" if ready or not p.prepare_note else f"; {p.prepare_note}"))
+    console.print(table)
+
+
+@models_app.command("prepare")
+def models_prepare(profile: str = typer.Argument(..., help="profile name, e.g. gemma-3-270m")) -> None:
+    """Make a profile ready (Gemma: assemble the GGUF, convert and cache it), then load it once."""
+    from structspec.models.loading import ModelLoadError, load_profile
+
+    try:
+        models = load_profile(profile, with_draft=True)
+    except ModelLoadError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1)
+    n = sum(p.numel() for p in models.target.parameters())
+    console.print(f"{profile}: ready ({n / 1e6:.1f} M parameters, vocab {len(models.tokenizer)})")
+
+
+@models_app.command("train-demo")
+def models_train_demo(out: Path = typer.Option(None, help="output folder (default: the shipped demo folder)"),
+                      quick: bool = typer.Option(False, help="tiny smoke run (not the shipped pair)")) -> None:
+    """Re-train the demo target/draft pair from scratch (fixed seeds, ~25 min on 2 cores)."""
+    import sys
+
+    from structspec.demo import train
+
+    sys.argv = ["train"] + (["--out", str(out)] if out else []) + (["--quick"] if quick else [])
+    train.main()
+
+
+@bench_app.command("grammar")
+def bench_grammar(
+    directory: Path = typer.Argument(..., help="folder of MaskBench-style {schema, tests} JSON files"),
+    backend: str = typer.Option("llguidance", help="llguidance | outlines"),
+    tokenizer: str = typer.Option("demo", help="tokenizer of a model profile: demo | gemma-3-270m"),
+    split: Optional[str] = typer.Option(None, help="only files whose name starts with this prefix"),
+    limit: Optional[int] = typer.Option(None, help="at most this many schemas"),
+    out: Path = typer.Option(Path("reports/grammar.json"), help="where to write the JSON report"),
+) -> None:
+    """Compile every schema, walk every test instance through the matcher, report coverage and speed."""
+    from structspec.bench.grammar_bench import format_table, run_grammar_bench
+    from structspec.models.loading import load_tokenizer
+    from structspec.models.profiles import get_profile
+
+    prof = get_profile(tokenizer)
+    if prof.prepare is not None and not prof.is_ready():
+        prof.prepare()
+    report = run_grammar_bench(directory, backend, load_tokenizer(prof.target), split_prefix=split, limit=limit)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(format_table(report))
+    console.print(f"report written to {out}")
+
+
+@bench_app.command("decode")
+def bench_decode(
+    profile: str = typer.Option("demo", help="demo | gemma-3-270m"),
+    workload: str = typer.Option("extraction", help="extraction | toolcall | freetext | mixed"),
+    concurrency: int = typer.Option(1, help="requests in flight (HF baselines run only at 1)"),
+    requests: int = typer.Option(20, help="measured requests per configuration (after 2 warm-up ones)"),
+    max_tokens: int = typer.Option(256, help="output cap per request"),
+    configs: str = typer.Option(",".join(("off", "ff", "ff+ngram", "ff+ngram+history", "all", "hf_outlines",
+                                          "hf_generate", "hf_assisted")),
+                                help="comma-separated configurations to run, on the same prompts"),
+    few_shot: Optional[int] = typer.Option(None, help="worked examples per prompt (default: 0 demo, 1 gemma)"),
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    out: Path = typer.Option(Path("reports/decode.json"), help="where to write the JSON report"),
+) -> None:
+    """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
+    from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
+
+    report = run_decode_bench(profile, workload, concurrency, requests, max_tokens,
+                              tuple(c.strip() for c in configs.split(",") if c.strip()), few_shot, device)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(to_json(report) + "\n")
+    out.with_suffix(".txt").write_text(format_table(report))
+    console.print(format_table(report))
+    console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
+
+
+def _register_optional() -> None:
+    """Commands owned by other modules (service, decode bench) plug themselves in here."""
+    try:
+        from structspec import cli_service
+    except ImportError:
+        return
+    cli_service.register(app)
+
+
+_register_optional()
+
+if __name__ == "__main__":
+    app()

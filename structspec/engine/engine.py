@@ -1,0 +1,277 @@
+"""The async engine the service calls: requests -> prompts + grammars -> the decode loop -> checked results.
+
+The decode loop (``EngineCore``) runs on one dedicated thread; the event loop
+only prepares requests (grammar compiles go to a worker thread, they can take
+seconds for a large vocabulary) and waits on futures the engine thread
+resolves. Cancelling the awaiting task aborts the sequence: it is dropped and
+its KV cache freed at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
+from structspec.engine.core import CoreLimits, EngineCore, Speculator
+from structspec.engine.postcheck import CheckResult, check_instance, check_json_text
+from structspec.engine.sequence import Sequence
+from structspec.engine.types import (ContextTooLong, EngineStopped, FinishReason, GenerationResult, InvalidRequest,
+                                     Outcome, TextDelta)
+from structspec.grammar import GrammarCompiler
+from structspec.grammar.base import CompiledGrammar
+from structspec.grammar.cache import schema_key
+from structspec.prompts import PROMPT_FORMAT, ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
+
+log = logging.getLogger(__name__)
+
+MAX_INPUT_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    max_tokens_cap: int = 4096  # a request may not ask for more
+    prompt_format: str = PROMPT_FORMAT
+
+
+class Engine:
+    """Implements ``EngineAPI`` over one target model (and its proposers)."""
+
+    def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
+                 options: EngineOptions = EngineOptions()):
+        self.core = core
+        self.tokenizer = tokenizer
+        self.compiler = compiler
+        self.max_context = max_context
+        self.options = options
+        self.internal_errors = 0  # outputs that failed the post-check on an enforced keyword (bugs)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="structspec-engine", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            if not self.core.has_work():
+                self.core.wakeup.wait(0.05)
+                self.core.wakeup.clear()
+                continue
+            try:
+                self.core.step()
+            except Exception:  # noqa: BLE001 - keep serving; the failing requests were finished with ERROR
+                log.exception("engine step failed")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.core.wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def queue_depth(self) -> int:
+        return self.core.queue_depth()
+
+    def running(self) -> int:
+        return len(self.core.running)
+
+    # -- requests --------------------------------------------------------------------------------
+    async def extract(self, request: ExtractionRequest) -> GenerationResult:
+        result: GenerationResult | None = None
+        async for item in self._generate_extraction(request, stream=False):
+            result = item  # type: ignore[assignment]
+        assert result is not None
+        return result
+
+    async def extract_stream(self, request: ExtractionRequest) -> AsyncIterator[TextDelta | GenerationResult]:
+        async for item in self._generate_extraction(request, stream=True):
+            yield item
+
+    def prepare_extraction(self, request: ExtractionRequest) -> Sequence:
+        """Validate, compile the grammar (cached), build the prompt: a sequence ready to submit."""
+        text = request.text or _messages_as_text(request.messages)
+        if not text.strip():
+            raise InvalidRequest("text (or messages) must not be empty", field="text")
+        if len(text) > MAX_INPUT_CHARS:
+            raise InvalidRequest(f"text is longer than {MAX_INPUT_CHARS} characters", field="text")
+        grammar = self.compiler.compile_schema(request.schema)
+        prompt = extraction_prompt(request.schema, text, request.instruction, request.examples)
+        key = request.schema_key or schema_key(request.schema)
+        return self._sequence(request, prompt, grammar, key, request.schema)
+
+    async def _generate_extraction(self, request: ExtractionRequest, stream: bool):
+        seq = await asyncio.to_thread(self.prepare_extraction, request)  # compiles can take seconds
+        post_check = seq.grammar.info.post_check_keywords
+        async for item in self._run(seq, stream):
+            if isinstance(item, GenerationResult):
+                yield self._finalize(item, lambda t: check_json_text(t, request.schema, post_check))
+            else:
+                yield item
+
+    def prepare_toolcall(self, request: ToolCallRequest) -> Sequence:
+        if not request.messages:
+            raise InvalidRequest("messages must not be empty", field="messages")
+        tools = list(request.tools)
+        grammar = self.compiler.compile_tools(tools, request.tool_choice, request.parallel_calls)
+        specs = [ToolSpec.from_openai(t) for t in tools]
+        prompt = toolcall_prompt(specs, [(m.role, m.content) for m in request.messages], request.examples)
+        return self._sequence(request, prompt, grammar, f"tools:{schema_key({'tools': tools})}", None)
+
+    async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
+        from structspec.grammar.tools import parse_tool_output
+
+        seq = await asyncio.to_thread(self.prepare_toolcall, request)
+        tools = list(request.tools)
+        parsed: dict[str, Any] = {}
+
+        params = {t["function"]["name"] if "function" in t else t["name"]:
+                  (t.get("function", t)).get("parameters", {}) for t in tools}
+        post_check = seq.grammar.info.post_check_keywords
+
+        def check(text: str) -> CheckResult:
+            try:
+                out = parse_tool_output(text, tools, request.tool_choice, request.parallel_calls)
+            except ValueError as exc:
+                return CheckResult(Outcome.INTERNAL_ERROR, None, f"tool output failed its check: {exc}")
+            parsed["out"] = out
+            if out.text is not None and not out.calls:
+                return CheckResult(Outcome.TEXT, None)
+            for call in out.calls:  # arguments against their tool's parameters schema
+                checked = check_instance(call.arguments, params[call.name], post_check)
+                if checked.outcome is not Outcome.VALID:
+                    return CheckResult(checked.outcome, None, f"tool {call.name}: {checked.error}")
+            return CheckResult(Outcome.VALID, [{"name": c.name, "arguments": c.arguments} for c in out.calls])
+
+        result = None
+        async for item in self._run(seq, stream=False):
+            result = self._finalize(item, check)  # type: ignore[arg-type]
+        assert result is not None
+        out = parsed.get("out")
+        calls = [ToolCall(c.name, c.arguments) for c in out.calls] if out else []
+        return ToolCallResult(result=result, calls=calls, text=out.text if out else None)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: str, grammar: CompiledGrammar,
+                  schema_key: str, schema: dict[str, Any] | None) -> Sequence:
+        if self._stopping:
+            raise EngineStopped("the engine is shutting down")
+        params = request.sampling
+        params.validate()
+        if params.max_tokens > self.options.max_tokens_cap:
+            raise InvalidRequest(f"max_tokens {params.max_tokens} exceeds this server's cap "
+                                 f"{self.options.max_tokens_cap}", field="max_tokens")
+        ids = encode_prompt(self.tokenizer, prompt)
+        if len(ids) + params.max_tokens > self.max_context:
+            raise ContextTooLong(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                                 f"model's context of {self.max_context} tokens", field="max_tokens")
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
+        return Sequence(
+            request_id=request.request_id or uuid.uuid4().hex,
+            prompt=ids, grammar=grammar, matcher=grammar.matcher(), params=params, seed=seed,
+            deadline=request.deadline, fast_forward=request.fast_forward,
+            speculate=request.speculation.value != "off", schema_key=schema_key, schema=schema, on_event=lambda *_: None,
+        )
+
+    async def _run(self, seq: Sequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def on_event(kind: str, payload: Any) -> None:  # engine thread -> event loop
+            if kind == "delta" and not stream:
+                return
+            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+
+        seq.on_event = on_event
+        self.core.submit(seq)
+        try:
+            while True:
+                kind, payload = await events.get()
+                if kind == "delta":
+                    yield TextDelta(seq.request_id, payload)
+                else:
+                    break
+        except BaseException:  # cancelled (client gone, deadline) or the consumer stopped iterating
+            if seq.finish is None:
+                self.core.abort(seq.request_id)
+            raise
+        text = self.tokenizer.decode(seq.output, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        yield GenerationResult(
+            request_id=seq.request_id, text=text, token_ids=list(seq.output), finish_reason=seq.finish,
+            outcome=Outcome.NOT_CHECKED, usage=seq.usage, timings=seq.timings, error=seq.error,
+        )
+
+    def _finalize(self, result: GenerationResult, check) -> GenerationResult:
+        if result.finish_reason is FinishReason.LENGTH:
+            result.outcome = Outcome.TRUNCATED
+        elif result.finish_reason is FinishReason.STOP:
+            checked = check(result.text)
+            result.outcome, result.value = checked.outcome, checked.value
+            if checked.error:
+                result.error = checked.error
+            if checked.outcome is Outcome.INTERNAL_ERROR:
+                self.internal_errors += 1
+                log.error("request %s: %s; output %r", result.request_id, checked.error, result.text[:2000])
+        return result
+
+
+def _messages_as_text(messages: tuple[ChatMessage, ...]) -> str:
+    return "\n".join(f"{m.role}: {m.content}" for m in messages)
+
+
+def assemble_engine(models, grammar_backend: str = "llguidance", limits: CoreLimits = CoreLimits(),
+                    proposers=None, max_context: int | None = None, options: EngineOptions = EngineOptions(),
+                    compiler: GrammarCompiler | None = None) -> Engine:
+    """Wire executors, grammar compiler, proposers and the core around loaded models (not started).
+
+    ``proposers``: a ``ProposerSet`` (None = no drafting; fast-forward is per request).
+    """
+    from structspec.grammar import TokenizerView
+    from structspec.models.hf_executor import TransformersExecutor
+    from structspec.spec.draft_model import DraftModelProposer
+    from structspec.spec.router import Router
+
+    executor = TransformersExecutor(models.target, max_context=max_context)
+    if compiler is None:
+        view = TokenizerView(models.tokenizer, n_vocab=executor.vocab_size)
+        compiler = GrammarCompiler(view, backend=grammar_backend)
+    eos = models.tokenizer.eos_token_id
+    speculator = None
+    if proposers is not None:
+        draft = None
+        if proposers.draft and models.draft is not None:
+            draft = DraftModelProposer(TransformersExecutor(models.draft, max_context=executor.max_context), eos)
+        speculator = Router(models.tokenizer, proposers, executor.vocab_size, draft=draft)
+    core = EngineCore(executor, models.tokenizer, eos, limits, speculator)
+    return Engine(core, models.tokenizer, compiler, executor.max_context, options)
+
+
+def build_engine(settings: Any) -> Engine:
+    """Load the profile named by ``settings.profile`` and start the engine (the server's engine factory).
+
+    Reads: profile, device, dtype, grammar_backend, max_batch, max_queue, kv_budget_tokens, max_tokens_cap,
+    speculation ("off" | "ff+ngram" | "ff+ngram+history" | "all"; default "all").
+    """
+    from structspec.models.loading import load_profile
+    from structspec.spec.router import ProposerSet
+
+    get = lambda name, default: getattr(settings, name, default)  # noqa: E731
+    t0 = time.monotonic()
+    proposers = ProposerSet.parse(get("speculation", "all"))
+    models = load_profile(get("profile", "demo"), device=get("device", "cpu"), dtype=get("dtype", "float32"),
+                          with_draft=bool(proposers and proposers.draft))
+    limits = CoreLimits(max_batch=get("max_batch", 16), max_queue=get("max_queue", 64),
+                        kv_budget_tokens=get("kv_budget_tokens", 65536))
+    engine = assemble_engine(models, get("grammar_backend", "llguidance"), limits, proposers,
+                             options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)))
+    engine.start()
+    log.info("engine ready in %.1fs (profile %s)", time.monotonic() - t0, models.profile)
+    return engine

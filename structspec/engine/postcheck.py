@@ -1,0 +1,55 @@
+"""Every completed output is parsed and validated before it is returned.
+
+A failure on a keyword the grammar layer declared post-check-only is a
+``schema_violation`` (the schema asked for something the engine cannot enforce
+while decoding); any other failure means the constrained decoder let through
+something it should not have: a bug, logged and counted, never a success.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import jsonschema
+
+from structspec.engine.types import Outcome
+
+log = logging.getLogger(__name__)
+
+_FORMATS = jsonschema.FormatChecker()
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    outcome: Outcome
+    value: Any = None
+    error: str | None = None
+
+
+def _validator(schema: dict[str, Any]):
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=_FORMATS)
+
+
+def check_instance(value: Any, schema: dict[str, Any], post_check_keywords: Iterable[str]) -> CheckResult:
+    errors = sorted(_validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return CheckResult(Outcome.VALID, value)
+    post = set(post_check_keywords)
+    first = errors[0]
+    where = "/" + "/".join(str(p) for p in first.absolute_path)
+    message = f"{where}: {first.validator}: {first.message}"
+    if all(e.validator in post for e in errors):
+        return CheckResult(Outcome.SCHEMA_VIOLATION, value, message)
+    return CheckResult(Outcome.INTERNAL_ERROR, value, f"output failed validation despite the grammar: {message}")
+
+
+def check_json_text(text: str, schema: dict[str, Any], post_check_keywords: Iterable[str] = ()) -> CheckResult:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return CheckResult(Outcome.INTERNAL_ERROR, None, f"output is not JSON despite the grammar: {exc}")
+    return check_instance(value, schema, post_check_keywords)

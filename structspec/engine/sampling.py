@@ -1,0 +1,73 @@
+"""From masked logits to the distribution a token is drawn from, and the draw itself.
+
+One code path for every position the engine scores (plain decode, forced-token
+catch-up, each drafted position in a verification): grammar mask, then
+temperature, top-k, top-p. Greedy is the masked argmax (first index on ties).
+
+Sampling uses noise keyed by (seed, position): token = argmax(log p + Gumbel),
+with the Gumbel noise drawn from a generator seeded by the pair. So a seeded
+request is reproducible, and a deterministic draft token x at a position is
+accepted exactly when the keyed sample equals x: speculation then emits the
+very same tokens as plain decoding with the same seed (and, trivially, the
+same distribution).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from structspec.engine.types import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """logits [..., V], allowed bool [..., V'] (V' <= V: ids past the tokenizer are never allowed)."""
+    if allowed.shape[-1] < logits.shape[-1]:
+        pad = torch.zeros(allowed.shape[:-1] + (logits.shape[-1] - allowed.shape[-1],), dtype=torch.bool)
+        allowed = torch.cat([allowed, pad], dim=-1)
+    return logits.masked_fill(~allowed, NEG_INF)
+
+
+def target_logprobs(masked: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] masked logits -> [..., V] log-probabilities after temperature, top-k, top-p (-inf = excluded)."""
+    x = masked / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, NEG_INF)
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p (the first token always stays)
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, NEG_INF)
+    return torch.log_softmax(x, dim=-1)
+
+
+def _key(seed: int, position: int, salt: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{position}:{salt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def keyed_gumbel(seed: int, position: int, size: int, salt: str = "gumbel") -> torch.Tensor:
+    """Gumbel(0, 1) noise [size], a pure function of (seed, position, salt)."""
+    g = torch.Generator().manual_seed(_key(seed, position, salt))
+    u = torch.rand(size, generator=g, dtype=torch.float64).clamp_(1e-12, 1.0 - 1e-12)
+    return (-torch.log(-torch.log(u))).float()
+
+
+def keyed_uniform(seed: int, position: int, salt: str = "accept") -> float:
+    """One U(0, 1) draw keyed by (seed, position, salt): acceptance tests of sampled drafts."""
+    g = torch.Generator().manual_seed(_key(seed, position, salt))
+    return float(torch.rand((), generator=g, dtype=torch.float64))
+
+
+def choose(masked: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    """The token at ``position``: masked argmax when greedy, else a keyed Gumbel-max sample of the target distribution."""
+    if params.greedy:
+        return int(torch.argmax(masked))
+    logp = target_logprobs(masked, params)
+    return int(torch.argmax(logp + keyed_gumbel(seed, position, logp.shape[-1])))

@@ -1,0 +1,75 @@
+"""Draft-model proposer: a small LM sharing the target's tokenizer drafts k tokens under the grammar.
+
+The draft keeps its own KV cache per sequence (through the same forward-step
+API as the target). Before drafting it catches up on the tokens committed since
+its last call (forced, accepted and recovered tokens) in one forward; then it
+decodes k tokens one at a time, each masked by the grammar state after the
+previous draft tokens, so drafts are always grammatical. Afterwards the matcher
+and the draft's cache are rolled back to the committed point: the verifier
+decides what stays.
+
+Greedy requests draft greedily (point masses, q = None). Sampled requests draw
+from the draft's processed distribution with noise independent of the
+verifier's (its own salt), and return those distributions as q.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from structspec.engine.sampling import keyed_gumbel, mask_logits, target_logprobs
+from structspec.grammar.base import allocate_bitmask, bitmask_to_bool
+from structspec.models.executor import ForwardStep, StepInput
+from structspec.spec.base import Draft, DraftContext
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, executor: ForwardStep, eos_token_id: int):
+        self.executor = executor
+        self.eos = eos_token_id
+        self._seq: dict[str, int] = {}
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft | None:
+        committed = ctx.prompt_ids + ctx.output_ids
+        sid = self._seq.get(ctx.request_id)
+        if sid is None:
+            sid = self._seq[ctx.request_id] = self.executor.new_sequence()
+        cached = self.executor.seq_len(sid)
+        if cached >= len(committed):  # re-score the last committed token to get the next distribution
+            self.executor.rollback(sid, cached - len(committed) + 1)
+            cached = len(committed) - 1
+        (logits,) = self.executor.step([StepInput(sid, committed[cached:], logits_at=(-1,))])
+        matcher, greedy = ctx.matcher, ctx.sampling.greedy
+        bitmask = allocate_bitmask(1, self.executor.vocab_size)
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            matcher.fill_mask(bitmask, 0)
+            masked = mask_logits(logits[0], bitmask_to_bool(bitmask[0], logits.shape[-1]))  # [V]
+            if torch.isinf(masked).all():
+                break
+            if greedy:
+                tok = int(torch.argmax(masked))
+            else:
+                logp = target_logprobs(masked, ctx.sampling)
+                tok = int(torch.argmax(logp + keyed_gumbel(ctx.seed, len(ctx.output_ids) + i, logp.shape[-1], "draft")))
+                qs.append(logp.exp())
+            if tok == self.eos or not matcher.consume([tok]):
+                qs = qs[: len(tokens)]
+                break
+            tokens.append(tok)
+            if matcher.is_stopped() or i == k - 1:
+                break
+            (logits,) = self.executor.step([StepInput(sid, [tok], logits_at=(0,))])
+        matcher.rollback(len(tokens))
+        self.executor.rollback(sid, self.executor.seq_len(sid) - len(committed))  # keep only committed tokens
+        if not tokens:
+            return None
+        return Draft(tokens, None if greedy else torch.stack(qs), self.name)
+
+    def release(self, request_id: str) -> None:
+        sid = self._seq.pop(request_id, None)
+        if sid is not None:
+            self.executor.free(sid)

@@ -1,0 +1,95 @@
+"""Schema history: propose what earlier outputs of the same schema wrote after the same text.
+
+Outputs of one schema repeat their structure (key order, enum values, booleans,
+null, formats) and often their values. We keep the last ``per_schema`` outputs
+of each schema (and at most ``max_schemas`` schemas, least recently used
+dropped), find the longest tail of the current output that occurs in them, and
+extend it character by character with the continuation a majority of the
+matches agree on: the continuation seen most often.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+
+from structspec.spec.base import Draft, DraftContext
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    per_schema: int = 64
+    max_schemas: int = 512
+    min_chars: int = 4
+    max_chars: int = 32
+    continuation_chars: int = 48
+    max_matches: int = 64
+
+
+class SchemaHistory:
+    """Bounded memory of recent outputs per schema (LRU across schemas)."""
+
+    def __init__(self, config: HistoryConfig = HistoryConfig()):
+        self.config = config
+        self._by_schema: OrderedDict[str, deque[str]] = OrderedDict()
+
+    def add(self, schema_key: str, text: str) -> None:
+        outputs = self._by_schema.pop(schema_key, None) or deque(maxlen=self.config.per_schema)
+        outputs.append(text)
+        self._by_schema[schema_key] = outputs
+        while len(self._by_schema) > self.config.max_schemas:
+            self._by_schema.popitem(last=False)
+
+    def outputs(self, schema_key: str) -> list[str]:
+        if schema_key not in self._by_schema:
+            return []
+        self._by_schema.move_to_end(schema_key)
+        return list(self._by_schema[schema_key])
+
+    def continuation(self, schema_key: str, output: str) -> str | None:
+        texts = self.outputs(schema_key)
+        cfg = self.config
+        if not texts:
+            return None
+        for n in range(min(cfg.max_chars, len(output)), cfg.min_chars - 1, -1):
+            tail = output[-n:] if n else ""
+            conts = []
+            for text in texts:
+                at = text.find(tail)
+                while at >= 0 and len(conts) < cfg.max_matches:
+                    conts.append(text[at + n: at + n + cfg.continuation_chars])
+                    at = text.find(tail, at + 1)
+            if conts:
+                return majority_prefix(conts) or None
+        return None
+
+
+def majority_prefix(conts: list[str]) -> str:
+    """Extend while more than half of the continuations agree on the next character."""
+    out = []
+    alive = conts
+    for i in range(max(len(c) for c in conts)):
+        counts = Counter(c[i] for c in alive if len(c) > i)
+        if not counts:
+            break
+        ch, n = counts.most_common(1)[0]
+        if 2 * n <= len(alive):
+            break
+        out.append(ch)
+        alive = [c for c in alive if len(c) > i and c[i] == ch]
+    return "".join(out)
+
+
+class HistoryProposer:
+    name = "history"
+
+    def __init__(self, tokenizer, history: SchemaHistory):
+        self.tokenizer = tokenizer
+        self.history = history
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft | None:
+        cont = self.history.continuation(ctx.schema_key, ctx.output_text)
+        if not cont:
+            return None
+        tokens = self.tokenizer(cont, add_special_tokens=False)["input_ids"][:k]
+        return Draft(tokens, None, self.name) if tokens else None

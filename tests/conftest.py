@@ -1,0 +1,46 @@
+"""Shared fixtures: the shipped demo models (loaded once per test session) and an engine factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+MASKBENCH = SHARED / "data" / "maskbench"
+
+
+@pytest.fixture(scope="session")
+def demo_models():
+    from structspec.models.loading import load_profile
+
+    torch.set_num_threads(2)
+    return load_profile("demo", dtype="float32", with_draft=True)
+
+
+@pytest.fixture(scope="session")
+def demo_compiler(demo_models):
+    from structspec.grammar import GrammarCompiler, TokenizerView
+
+    vocab = demo_models.target.get_output_embeddings().weight.shape[0]
+    return GrammarCompiler(TokenizerView(demo_models.tokenizer, n_vocab=vocab))
+
+
+@pytest.fixture
+def make_engine(demo_models, demo_compiler):
+    """Build (unstarted) engines on the demo models; stops any that were started."""
+    from structspec.engine.core import CoreLimits
+    from structspec.engine.engine import assemble_engine
+
+    made = []
+
+    def make(proposers=None, **limits):
+        engine = assemble_engine(demo_models, limits=CoreLimits(**limits), proposers=proposers,
+                                 compiler=demo_compiler)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.stop()

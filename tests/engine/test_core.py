@@ -1,0 +1,260 @@
+"""The decode loop on the demo models: finish reasons, reproducibility, fast-forward, scheduling, validity."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import pytest
+
+from structspec.bench.workloads import build_workload
+from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
+from structspec.engine.core import run_until_idle
+from structspec.engine.types import (ContextTooLong, FinishReason, InvalidRequest, OverBudget, Outcome, QueueFull,
+                                     SamplingParams, SpeculationMode, TextDelta)
+from structspec.schemas import load_builtin_schemas, load_builtin_tools
+from tests.conftest import MASKBENCH
+
+SCHEMAS = load_builtin_schemas()
+ITEMS = build_workload("extraction", 6) + build_workload("freetext", 2)
+
+
+def request_for(item, **kw) -> ExtractionRequest:
+    kw.setdefault("sampling", SamplingParams(max_tokens=200))
+    return ExtractionRequest(schema=item.schema, text=item.source, schema_key=item.schema_name, **kw)
+
+
+def run(engine, *requests):
+    seqs = [engine.prepare_extraction(r) for r in requests]
+    run_until_idle(engine.core, seqs)
+    return seqs
+
+
+def test_greedy_extraction_stops_valid_and_accurate(make_engine):
+    engine = make_engine()
+    result = asyncio.run(_extract_started(engine, request_for(ITEMS[0])))
+    assert result.finish_reason is FinishReason.STOP
+    assert result.outcome is Outcome.VALID
+    right, total = ITEMS[0].score(result.value)
+    assert right >= total - 1, (result.text, ITEMS[0].truth)
+    assert result.usage.output_tokens == len(result.token_ids) > 10
+    assert 0 < result.usage.target_forward_passes < result.usage.output_tokens  # fast-forward saved passes
+    assert result.usage.forced_tokens > 0
+
+
+async def _extract_started(engine, request):
+    engine.start()
+    return await engine.extract(request)
+
+
+def test_length_finish_is_truncated_not_complete(make_engine):
+    engine = make_engine()
+    engine.start()
+    result = asyncio.run(engine.extract(request_for(ITEMS[1], sampling=SamplingParams(max_tokens=7))))
+    assert result.finish_reason is FinishReason.LENGTH and result.truncated
+    assert result.outcome is Outcome.TRUNCATED and result.value is None
+    assert len(result.token_ids) == 7
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(result.text)
+
+
+def test_fast_forward_on_off_identical_greedy(make_engine):
+    engine = make_engine()
+    on = run(engine, *[request_for(it) for it in ITEMS])
+    off = run(engine, *[request_for(it, fast_forward=False) for it in ITEMS])
+    for a, b in zip(on, off):
+        assert a.output == b.output, (a.request_id, a.output, b.output)
+        assert a.finish is b.finish is FinishReason.STOP
+        assert a.usage.target_forward_passes < b.usage.target_forward_passes
+        assert b.usage.forced_tokens == 0
+
+
+def test_batched_equals_one_at_a_time(make_engine):
+    """Continuous batching (mixed prompt lengths, joins and leaves) does not change greedy outputs."""
+    engine = make_engine(max_batch=4, prefill_chunk=32, step_tokens=64)
+    together = run(engine, *[request_for(it) for it in ITEMS])
+    alone = [run(engine, request_for(it))[0] for it in ITEMS]
+    assert [s.output for s in together] == [s.output for s in alone]
+
+
+def test_seeded_sampling_reproducible(make_engine):
+    engine = make_engine()
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=120)
+    a, b = run(engine, request_for(ITEMS[2], sampling=params), request_for(ITEMS[2], sampling=params))
+    c = run(engine, request_for(ITEMS[2], sampling=SamplingParams(temperature=1.0, top_p=0.95, seed=99,
+                                                                   max_tokens=120)))[0]
+    assert a.output == b.output
+    assert c.output != a.output
+
+
+def test_cancel_frees_memory_at_once(make_engine):
+    engine = make_engine()
+    core = engine.core
+    seq = engine.prepare_extraction(request_for(ITEMS[3]))
+    core.submit(seq)
+    for _ in range(3):
+        core.step()
+    assert core.executor.cached_tokens() > 0 and core.reserved > 0
+    core.abort(seq.request_id)
+    core.step()
+    assert seq.finish is FinishReason.CANCELLED
+    assert core.executor.cached_tokens() == 0 and core.reserved == 0 and not core.running
+
+
+def test_deadline_cancels(make_engine):
+    engine = make_engine()
+    seq = engine.prepare_extraction(request_for(ITEMS[0], deadline=time.monotonic() - 1))
+    run_until_idle(engine.core, [seq])
+    assert seq.finish is FinishReason.CANCELLED and seq.error == "deadline exceeded"
+
+
+def test_full_queue_is_refused(make_engine):
+    engine = make_engine(max_queue=2)
+    engine.core.submit(engine.prepare_extraction(request_for(ITEMS[0])))
+    engine.core.submit(engine.prepare_extraction(request_for(ITEMS[1])))
+    with pytest.raises(QueueFull):
+        engine.core.submit(engine.prepare_extraction(request_for(ITEMS[2])))
+
+
+def test_kv_admission_waits_and_refuses(make_engine):
+    probe = make_engine()
+    big = [probe.prepare_extraction(request_for(it, sampling=SamplingParams(max_tokens=200))) for it in ITEMS[:3]]
+    need = max(probe.core.kv_need(len(s.prompt), 200) for s in big)
+    engine = make_engine(kv_budget_tokens=need + 10)  # room for exactly one of them at a time
+    for s in big:
+        engine.core.submit(s)
+    engine.core.step()
+    assert len(engine.core.running) == 1 and len(engine.core.waiting) == 2  # the others wait for memory
+    while any(s.finish is None for s in big):
+        engine.core.step()
+        assert len(engine.core.running) <= 1
+    assert all(s.finish is FinishReason.STOP for s in big)
+    with pytest.raises(OverBudget):
+        engine.core.submit(engine.prepare_extraction(request_for(ITEMS[0], sampling=SamplingParams(max_tokens=400))))
+
+
+def test_context_and_parameter_errors(make_engine):
+    engine = make_engine()
+    with pytest.raises(ContextTooLong):
+        engine.prepare_extraction(request_for(ITEMS[0], sampling=SamplingParams(max_tokens=1000)))
+    with pytest.raises(InvalidRequest) as bad:
+        engine.prepare_extraction(request_for(ITEMS[0], sampling=SamplingParams(top_p=0.0)))
+    assert bad.value.field == "top_p"
+    with pytest.raises(InvalidRequest):
+        engine.prepare_extraction(ExtractionRequest(schema=SCHEMAS["invoice"], text="  "))
+
+
+def test_model_failure_finishes_with_error_and_engine_survives(make_engine):
+    engine = make_engine()
+    real_step = engine.core.executor.step
+    calls = {"n": 0}
+
+    def flaky(inputs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated device failure")
+        return real_step(inputs)
+
+    engine.core.executor.step = flaky
+    seq = run(engine, request_for(ITEMS[0]))[0]
+    assert seq.finish is FinishReason.ERROR and "simulated device failure" in seq.error
+    assert engine.core.executor.cached_tokens() == 0
+    assert run(engine, request_for(ITEMS[0]))[0].finish is FinishReason.STOP
+
+
+def test_streaming_deltas_concatenate_to_final_text(make_engine):
+    engine = make_engine()
+    engine.start()
+
+    async def collect():
+        parts, final = [], None
+        async for item in engine.extract_stream(request_for(ITEMS[4])):
+            if isinstance(item, TextDelta):
+                parts.append(item.text)
+            else:
+                final = item
+        return parts, final
+
+    parts, final = asyncio.run(collect())
+    assert len(parts) > 3 and "".join(parts) == final.text
+    assert final.outcome is Outcome.VALID
+
+
+def test_cancelling_the_awaiting_task_aborts(make_engine):
+    engine = make_engine()
+    engine.start()
+
+    async def cancel_midway():
+        task = asyncio.create_task(engine.extract(request_for(ITEMS[5], sampling=SamplingParams(max_tokens=300))))
+        await asyncio.sleep(0.15)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if not engine.core.running:
+                break
+            await asyncio.sleep(0.02)
+
+    asyncio.run(cancel_midway())
+    assert not engine.core.running and engine.core.executor.cached_tokens() == 0
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_every_builtin_schema_valid(make_engine, name):
+    """Whatever the text, the output validates (the demo model sees an unrelated document here)."""
+    engine = make_engine()
+    seq = run(engine, ExtractionRequest(schema=SCHEMAS[name], text=ITEMS[0].source,
+                                        sampling=SamplingParams(temperature=1.0, seed=5, max_tokens=300)))[0]
+    assert seq.finish in (FinishReason.STOP, FinishReason.LENGTH)
+    if seq.finish is FinishReason.STOP:
+        from structspec.engine.postcheck import check_json_text
+
+        text = engine.tokenizer.decode(seq.output)
+        assert check_json_text(text, SCHEMAS[name], seq.grammar.info.post_check_keywords).outcome is Outcome.VALID
+
+
+def _maskbench_sample(n: int) -> list[dict]:
+    if not MASKBENCH.is_dir():
+        pytest.skip(f"MaskBench data not found at {MASKBENCH}")
+    files = sorted(p for p in MASKBENCH.glob("*.json") if p.name.startswith(("Github_easy", "Glaiveai2K", "JME")))
+    return [json.loads(p.read_text())["schema"] for p in random.Random(0).sample(files, n)]
+
+
+def test_maskbench_schemas_valid_with_demo_model(make_engine):
+    from structspec.grammar.base import SchemaError
+
+    engine = make_engine()
+    checked = 0
+    for schema in _maskbench_sample(12):
+        try:
+            seq = engine.prepare_extraction(ExtractionRequest(schema=schema, text="Name: Ada Lovelace, born 1815.",
+                                                              sampling=SamplingParams(max_tokens=160)))
+        except SchemaError:
+            continue  # refused up front with a reason: fine
+        run_until_idle(engine.core, [seq])
+        assert seq.finish in (FinishReason.STOP, FinishReason.LENGTH), seq.error
+        if seq.finish is FinishReason.STOP:
+            from structspec.engine.postcheck import check_json_text
+
+            outcome = check_json_text(engine.tokenizer.decode(seq.output), schema,
+                                      seq.grammar.info.post_check_keywords).outcome
+            assert outcome in (Outcome.VALID, Outcome.SCHEMA_VIOLATION)
+            checked += 1
+    assert checked >= 4
+
+
+def test_tool_call_required(make_engine):
+    engine = make_engine()
+    engine.start()
+    item = build_workload("toolcall", 1)[0]
+    out = asyncio.run(engine.call_tool(ToolCallRequest(messages=(ChatMessage("user", item.source),),
+                                                       tools=item.tools, tool_choice="required",
+                                                       sampling=SamplingParams(max_tokens=120),
+                                                       speculation=SpeculationMode.OFF)))
+    assert out.result.finish_reason is FinishReason.STOP and out.result.outcome is Outcome.VALID
+    assert len(out.calls) == 1 and out.calls[0].name == item.truth["name"]
+    assert out.calls[0].arguments == item.truth["arguments"]
+    tools = {t["function"]["name"] for t in load_builtin_tools()}
+    assert out.calls[0].name in tools
