@@ -13,13 +13,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import jsonschema
-
 from structspec.engine.types import Outcome
+from structspec.grammar.postcheck import instance_errors, is_post_check_error
 
 log = logging.getLogger(__name__)
-
-_FORMATS = jsonschema.FormatChecker()
 
 
 @dataclass(frozen=True)
@@ -29,20 +26,15 @@ class CheckResult:
     error: str | None = None
 
 
-def _validator(schema: dict[str, Any]):
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=_FORMATS)
-
-
 def check_instance(value: Any, schema: dict[str, Any], post_check_keywords: Iterable[str]) -> CheckResult:
-    errors = sorted(_validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+    errors = instance_errors(value, schema)
     if not errors:
         return CheckResult(Outcome.VALID, value)
-    post = set(post_check_keywords)
+    post = tuple(post_check_keywords)
     first = errors[0]
     where = "/" + "/".join(str(p) for p in first.absolute_path)
-    message = f"{where}: {first.validator}: {first.message}"
-    if all(e.validator in post for e in errors):
+    message = f"{where}: {first.validator}: {first.message[:300]}"
+    if all(is_post_check_error(e, post) for e in errors):
         return CheckResult(Outcome.SCHEMA_VIOLATION, value, message)
     return CheckResult(Outcome.INTERNAL_ERROR, value, f"output failed validation despite the grammar: {message}")
 

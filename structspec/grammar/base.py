@@ -10,8 +10,9 @@ Masks use one format across backends: an int32 bitmask of shape [B, ceil(V / 32)
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -44,6 +45,10 @@ class GrammarOptions:
     whitespace: Literal["compact", "flexible"] = "compact"
     compile_timeout_s: float = 10.0
     max_schema_bytes: int = 512_000
+    # A keyword the grammar ignores is listed (``CompileInfo.warnings``, and
+    # ``post_check_keywords`` when jsonschema can check it after decoding); False refuses
+    # such schemas instead (kind "unsupported"). Loosely enforced formats compile either way.
+    allow_post_check: bool = True
 
 
 @dataclass(frozen=True)
@@ -97,10 +102,35 @@ class GrammarBackend(Protocol):
 
     def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> CompiledGrammar: ...
 
+    def compile_text_or_json(
+        self, schema: dict[str, Any] | None, allow_text: bool, options: GrammarOptions
+    ) -> CompiledGrammar:
+        """Output is free text (not starting with ``{`` or ``[`` when ``schema`` is given) if
+        ``allow_text``, or an instance of ``schema`` if given: tool calls and their ``tool_choice``."""
+
 
 def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     """[B, ceil(V/32)] int32, all tokens disallowed."""
     return torch.zeros((batch, (vocab_size + 31) // 32), dtype=torch.int32)
+
+
+def bitmask_row(bitmask: torch.Tensor, row: int, words: int) -> torch.Tensor:
+    """The first ``words`` words of ``bitmask[row]``, checked for what the engines write into."""
+    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.dim() != 2:
+        raise ValueError("bitmask must be a 2-D int32 CPU tensor")
+    if bitmask.shape[1] < words:
+        raise ValueError(f"bitmask rows have {bitmask.shape[1]} words, the vocabulary needs {words}")
+    target = bitmask[row, :words]
+    if not target.is_contiguous():
+        raise ValueError("bitmask rows must be contiguous")
+    return target
+
+
+def set_bits(row: torch.Tensor, tokens: Iterable[int]) -> None:
+    """Allow ``tokens`` in one bitmask row (in place)."""
+    words = row.numpy().view("uint32")  # shares memory; unsigned, so bit 31 needs no sign games
+    for t in tokens:
+        words[t >> 5] |= 1 << (t & 31)
 
 
 def bitmask_to_bool(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -113,8 +143,10 @@ def bitmask_to_bool(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Set disallowed logits to -inf. logits [N, V'] (V' may exceed the tokenizer's V), bitmask [N, W]."""
     vocab = logits.shape[-1]
+    bitmask = bitmask.to(logits.device)
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    unpacked = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1).bool()  # [N, 32W], all rows at once
+    width = min(vocab, unpacked.shape[1])
     allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-    for i in range(logits.shape[0]):
-        row = bitmask_to_bool(bitmask[i], min(vocab, bitmask.shape[-1] * 32)).to(logits.device)
-        allowed[i, : row.shape[0]] = row
+    allowed[:, :width] = unpacked[:, :width]  # ids past the mask (model-only padding) stay disallowed
     return logits.masked_fill(~allowed, float("-inf"))

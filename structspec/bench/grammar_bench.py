@@ -1,0 +1,345 @@
+"""MaskBench-style check of a grammar backend: coverage, soundness and speed, without a model.
+
+Each file holds ``{"schema": ..., "tests": [{"valid": bool, "data": ...}]}``. Every
+schema goes through the real compile path (intake + backend, under a deadline);
+every test instance is serialized as compact JSON in its own key order and walked
+through a fresh matcher the way the engine decodes:
+
+* where the grammar forces tokens (``forced_tokens()``), the instance text must
+  start with the forced text, and those tokens are consumed as a block (they count
+  towards ``ff_share``);
+* elsewhere the instance's next token must be set in the mask (each ``fill_mask``
+  is timed) and is then consumed;
+* at the end the matcher must accept (EOS set in the mask).
+
+Forced spans are matched on text, not on the instance's own token split: llguidance
+only allows the canonical split of forced text, and the whole-instance tokenization
+can differ from it at a span boundary (a token that straddles into the span). After
+a forced span the rest of the instance is re-tokenized from that point when its
+split does not line up (``resyncs``), which is what a decode does: the model
+continues after fast-forwarded tokens. (llguidance's own MaskBench driver compares
+forced tokens with the instance's tokens and reports a mismatch as a failure.)
+
+An invalid instance the grammar accepts is an ``invalidation_error`` unless the gap
+was declared by the compile: every jsonschema error on it is explained by a keyword
+declared post-check-only (``post_check_caught``: the service would return it as a
+schema_violation), or jsonschema here finds no error at all (a format without a
+checker in this environment) and the compile listed unenforced keywords
+(``accepted_unverifiable``). ``allow_post_check=False`` benchmarks the strict mode,
+where any gap is refused at compile time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from structspec.grammar import (
+    GrammarCompiler,
+    GrammarOptions,
+    SchemaError,
+    TokenizerView,
+    allocate_bitmask,
+)
+from structspec.grammar.base import Matcher
+from structspec.grammar.postcheck import instance_errors, is_post_check_error
+
+MAX_FAILURES = 300  # examples kept in the report, per kind
+
+
+def split_of(filename: str) -> str:
+    """``Github_easy---o123.json`` -> ``Github_easy``; ``BFCL_simple_12.json`` -> ``BFCL_simple``."""
+    stem = filename.removesuffix(".json")
+    return stem.split("---", 1)[0] if "---" in stem else re.sub(r"_\d+$", "", stem)
+
+
+def select_files(directory: Path, split_prefix: str | None = None, limit: int | None = None) -> list[Path]:
+    """Files sorted by name; with ``limit``, a round-robin sample across splits (every split represented)."""
+    files = sorted(p for p in Path(directory).glob("*.json") if not split_prefix or p.name.startswith(split_prefix))
+    if limit is None or limit >= len(files):
+        return files
+    by_split: dict[str, list[Path]] = {}
+    for p in files:
+        by_split.setdefault(split_of(p.name), []).append(p)
+    queues = [iter(v) for _, v in sorted(by_split.items())]
+    picked: list[Path] = []
+    while len(picked) < limit and queues:
+        for q in list(queues):
+            nxt = next(q, None)
+            if nxt is None:
+                queues.remove(q)
+            elif len(picked) < limit:
+                picked.append(nxt)
+    return sorted(picked)
+
+
+@dataclass
+class _Tally:
+    schemas: int = 0
+    compiled: int = 0
+    refused: int = 0  # every SchemaError but timeouts
+    refused_metaschema: int = 0
+    crashed: int = 0
+    timed_out: int = 0
+    valid_instances: int = 0
+    invalid_instances: int = 0
+    validation_errors: int = 0  # a valid instance rejected
+    invalidation_errors: int = 0  # an invalid instance accepted, not explained by a declared post-check
+    post_check_caught: int = 0  # an invalid instance accepted, explained by a declared post-check
+    accepted_unverifiable: int = 0  # accepted; the compile declared gaps and jsonschema here sees no error
+    passing: int = 0  # compiled, and every instance judged right
+    tokens: int = 0  # valid instances: tokens walked
+    forced_tokens: int = 0  # ... of which forced
+    resyncs: int = 0
+    compile_ms: list[float] = field(default_factory=list)
+    mask_us: array = field(default_factory=lambda: array("d"))
+
+    def report(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
+        ms, us = np.asarray(self.compile_ms), np.frombuffer(self.mask_us, dtype=np.float64)
+        out.update(
+            compile_ms_p50=_pct(ms, 50), compile_ms_p99=_pct(ms, 99),
+            mask_us_p50=_pct(us, 50), mask_us_p99=_pct(us, 99), mask_us_max=round(float(us.max()), 1) if us.size else None,
+            masks=int(us.size), ff_share=round(self.forced_tokens / self.tokens, 4) if self.tokens else None,
+        )
+        return out
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values.size else None
+
+
+@dataclass
+class _Walk:
+    accepted: bool
+    reason: str = ""
+    tokens: int = 0
+    forced: int = 0
+    resyncs: int = 0
+    mask_us: list[float] = field(default_factory=list)
+
+
+def run_grammar_bench(
+    directory: str | Path,
+    backend: str,
+    tokenizer: Any,
+    split_prefix: str | None = None,
+    limit: int | None = None,
+    *,
+    timeout_s: float = 10.0,
+    allow_post_check: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Run the check; returns a JSON-able report with per-split and ``overall`` counts and timings."""
+    view = tokenizer if isinstance(tokenizer, TokenizerView) else TokenizerView(tokenizer)
+    compiler = GrammarCompiler(view, backend=backend, cache_size=0)
+    options = GrammarOptions(compile_timeout_s=timeout_s, allow_post_check=allow_post_check)
+    files = select_files(Path(directory), split_prefix, limit)
+    bitmask = allocate_bitmask(1, view.n_vocab)
+    words = bitmask.numpy().view(np.uint32)[0]
+    tallies: dict[str, _Tally] = {}
+    overall = _Tally()
+    failures: dict[str, list[dict[str, str]]] = {}
+    started = time.perf_counter()
+
+    def note(kind: str, name: str, message: str) -> None:
+        examples = failures.setdefault(kind, [])
+        if len(examples) < MAX_FAILURES:
+            examples.append({"file": name, "message": message[:400]})
+
+    for n, path in enumerate(files):
+        split = tallies.setdefault(split_of(path.name), _Tally())
+        both = (split, overall)
+        for t in both:
+            t.schemas += 1
+        try:
+            doc = json.loads(path.read_text())
+            schema, tests = doc["schema"], doc.get("tests", [])
+            grammar = compiler.compile_schema(schema, options)
+        except SchemaError as exc:
+            for t in both:
+                if exc.kind == "timeout":
+                    t.timed_out += 1
+                else:
+                    t.refused += 1
+                    t.refused_metaschema += exc.kind == "metaschema"
+            note("timeout" if exc.kind == "timeout" else f"refused:{exc.kind}", path.name, str(exc))
+            continue
+        except Exception as exc:  # a crash is recorded, never stops the run
+            for t in both:
+                t.crashed += 1
+            note("crash:compile", path.name, f"{type(exc).__name__}: {exc}")
+            continue
+        for t in both:
+            t.compiled += 1
+            t.compile_ms.append(grammar.info.compile_ms)
+        passing = True
+        try:
+            for test in tests:
+                text = json.dumps(test["data"], separators=(",", ":"), ensure_ascii=False)
+                walked = walk(grammar.matcher(), view, text, bitmask, words)
+                ok = _judge(test, walked, schema, grammar.info, both, path.name, note)
+                passing = passing and ok
+        except Exception as exc:
+            passing = False
+            for t in both:
+                t.crashed += 1
+            note("crash:walk", path.name, f"{type(exc).__name__}: {exc}")
+        for t in both:
+            t.passing += passing
+        if progress:
+            progress(n + 1, len(files))
+
+    return {
+        "backend": compiler.backend.name,
+        "tokenizer": view.fingerprint,
+        "n_vocab": view.n_vocab,
+        "directory": str(directory),
+        "split_prefix": split_prefix,
+        "limit": limit,
+        "allow_post_check": allow_post_check,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+        "splits": {name: t.report() for name, t in sorted(tallies.items())},
+        "overall": overall.report(),
+        "failures": failures,
+    }
+
+
+def _judge(test, walked: _Walk, schema, info, tallies, name, note) -> bool:
+    """Count one instance; True when the grammar judged it right (or the gap was declared)."""
+    valid = bool(test["valid"])
+    for t in tallies:
+        t.mask_us.extend(walked.mask_us)
+        t.resyncs += walked.resyncs
+        if valid:
+            t.valid_instances += 1
+            t.tokens += walked.tokens
+            t.forced_tokens += walked.forced
+        else:
+            t.invalid_instances += 1
+    if valid:
+        if not walked.accepted:
+            for t in tallies:
+                t.validation_errors += 1
+            note("validation_error", name, walked.reason)
+        return walked.accepted
+    if not walked.accepted:
+        return True
+    try:
+        errors = instance_errors(test["data"], schema)
+        if errors:
+            verdict = "post_check_caught" if all(
+                is_post_check_error(e, info.post_check_keywords) for e in errors) else "invalidation_errors"
+        else:  # e.g. a format no checker here knows; only a bug when nothing was declared unenforced
+            verdict = "accepted_unverifiable" if info.warnings else "invalidation_errors"
+        why = "; ".join(f"{e.validator}: {e.message[:120]}" for e in errors[:3]) or "jsonschema here finds it valid"
+    except Exception as exc:  # e.g. a pattern Python's re cannot compile
+        verdict, why = "invalidation_errors", f"post-check could not run: {exc}"
+    for t in tallies:
+        setattr(t, verdict, getattr(t, verdict) + 1)
+    if verdict != "post_check_caught":
+        note(verdict, name, f"{test.get('description', '')}: {why}")
+    return verdict != "invalidation_errors"
+
+
+def walk(matcher: Matcher, view: TokenizerView, text: str, bitmask, words: np.ndarray) -> _Walk:
+    """Walk ``text`` through ``matcher`` as a decode would (see the module docstring)."""
+    data = text.encode()
+    result = _Walk(accepted=False)
+    tokens, starts = _split(view, view.encode(text), 0)
+    pos = i = 0
+    while pos < len(data):
+        forced = matcher.forced_tokens()
+        if forced:
+            forced_bytes = view.decode_bytes(forced)
+            if not data.startswith(forced_bytes, pos):
+                result.reason = f"at byte {pos}: grammar forces {forced_bytes[:60]!r}, text has {data[pos:pos + 60]!r}"
+                return result
+            if not matcher.consume(forced):
+                result.reason = f"forced tokens rejected: {matcher.error}"
+                return result
+            pos += len(forced_bytes)
+            result.tokens += len(forced)
+            result.forced += len(forced)
+            if pos in starts:
+                i = starts[pos]
+            elif pos < len(data):  # the instance's split straddles the span's end: re-split the rest
+                tokens, starts = _split(view, view.encode_bytes(data[pos:]), pos)
+                i = 0
+                result.resyncs += 1
+            continue
+        token = tokens[i]
+        t0 = time.perf_counter_ns()
+        matcher.fill_mask(bitmask, 0)
+        result.mask_us.append((time.perf_counter_ns() - t0) / 1e3)
+        if not (int(words[token >> 5]) >> (token & 31)) & 1:
+            result.reason = f"at byte {pos}: token {view.decode_bytes([token])!r} not allowed"
+            return result
+        if not matcher.consume([token]):
+            result.reason = f"at byte {pos}: {matcher.error}"
+            return result
+        pos += len(view.decode_bytes([token]))
+        i += 1
+        result.tokens += 1
+    t0 = time.perf_counter_ns()
+    matcher.fill_mask(bitmask, 0)
+    result.mask_us.append((time.perf_counter_ns() - t0) / 1e3)
+    eos = view.eos_token_id
+    result.accepted = matcher.is_accepting() and bool((int(words[eos >> 5]) >> (eos & 31)) & 1)
+    if not result.accepted:
+        result.reason = "text complete but the grammar is not accepting"
+    return result
+
+
+def _split(view: TokenizerView, tokens: list[int], offset: int) -> tuple[list[int], dict[int, int]]:
+    """Tokens and {byte offset where token k starts: k}."""
+    starts: dict[int, int] = {}
+    pos = offset
+    for k, token in enumerate(tokens):
+        starts[pos] = k
+        pos += len(view.decode_bytes([token]))
+    return tokens, starts
+
+
+_COLUMNS = [
+    ("schemas", "schemas"), ("compiled", "compiled"), ("refused", "refused"), ("refused_metaschema", "(meta)"),
+    ("timed_out", "timeout"), ("crashed", "crash"), ("valid_instances", "valid"), ("invalid_instances", "invalid"),
+    ("validation_errors", "val.err"), ("invalidation_errors", "INVAL.ERR"), ("post_check_caught", "post-chk"),
+    ("accepted_unverifiable", "unverif."),
+    ("compile_ms_p50", "comp p50 ms"), ("compile_ms_p99", "comp p99 ms"), ("mask_us_p50", "mask p50 us"),
+    ("mask_us_p99", "mask p99 us"), ("mask_us_max", "mask max us"), ("ff_share", "ff share"),
+]
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A plain-text table (rich box drawing, no colour or markup) of the per-split and overall rows."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"grammar bench: {report['backend']} ({report['elapsed_s']} s)", title_justify="left")
+    table.add_column("split")
+    for _, header in _COLUMNS:
+        table.add_column(header, justify="right")
+    rows = list(report["splits"].items()) + [("overall", report["overall"])]
+    for i, (name, row) in enumerate(rows):
+        table.add_row(name, *(_cell(row.get(key)) for key, _ in _COLUMNS), end_section=i == len(rows) - 2)
+    buffer = StringIO()
+    Console(file=buffer, width=240, color_system=None, force_terminal=False).print(table)
+    return buffer.getvalue()
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 1 else f"{value:.1f}"
+    return str(value)

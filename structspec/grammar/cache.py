@@ -1,0 +1,111 @@
+"""A bounded LRU of compiled grammars (and of refusals), compiling each key once.
+
+Keys come from ``cache_key``: the canonical schema text, the tokenizer fingerprint,
+the backend and the options. Concurrent requests for a key being compiled wait
+for that compile instead of starting their own. A ``SchemaError`` is cached like
+a grammar and re-raised (the same object) on every later request; any other
+exception is a crash, not a property of the schema, and is not cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import astuple, dataclass
+from typing import Any
+
+from structspec.grammar.base import CompiledGrammar, GrammarOptions, SchemaError
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted-keys compact JSON, except that ``properties`` maps keep their order.
+
+    Property order is part of the grammar (properties are generated in schema order),
+    so two schemas that differ only there must not share a cache entry.
+    """
+    return json.dumps(_canonical(value), separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(value: Any, ordered: bool = False) -> Any:
+    if isinstance(value, dict):
+        items = value.items() if ordered else sorted(value.items())
+        return {k: _canonical(v, ordered=(k == "properties" and isinstance(v, dict))) for k, v in items}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def schema_key(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def cache_key(kind: str, value: Any, fingerprint: str, backend: str, options: GrammarOptions) -> str:
+    return hashlib.sha256(
+        json.dumps([kind, schema_key(value), fingerprint, backend, list(astuple(options))]).encode()
+    ).hexdigest()
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0  # each one compiled (waiters on an in-flight compile count as hits)
+    failures: int = 0  # compiles that raised SchemaError (cached)
+    evictions: int = 0
+
+
+class GrammarCache:
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self.stats = CacheStats()
+        self._entries: OrderedDict[str, CompiledGrammar | SchemaError] = OrderedDict()
+        self._inflight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_or_compile(self, key: str, compile: Callable[[], CompiledGrammar]) -> CompiledGrammar:
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                self.stats.hits += 1
+                return _unwrap(self._entries[key])
+            future = self._inflight.get(key)
+            owner = future is None
+            if owner:
+                future = self._inflight[key] = Future()
+                self.stats.misses += 1
+            else:
+                self.stats.hits += 1
+        if not owner:
+            return _unwrap(future.result())
+        try:
+            result: CompiledGrammar | SchemaError = compile()
+        except SchemaError as exc:
+            result = exc
+        except BaseException as exc:
+            with self._lock:
+                del self._inflight[key]
+            future.set_exception(exc)
+            raise
+        with self._lock:
+            del self._inflight[key]
+            if isinstance(result, SchemaError):
+                self.stats.failures += 1
+            if self.capacity > 0:
+                self._entries[key] = result
+                while len(self._entries) > self.capacity:
+                    self._entries.popitem(last=False)
+                    self.stats.evictions += 1
+        future.set_result(result)
+        return _unwrap(result)
+
+
+def _unwrap(entry: CompiledGrammar | SchemaError) -> CompiledGrammar:
+    if isinstance(entry, SchemaError):
+        raise entry.with_traceback(None)  # the same error each time, without piling up tracebacks
+    return entry

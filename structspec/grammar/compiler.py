@@ -1,0 +1,104 @@
+"""The facade the engine calls: intake -> backend compile under a deadline -> cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+from structspec.grammar import intake
+from structspec.grammar import tools as toolcalls
+from structspec.grammar.base import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarOptions,
+    SchemaError,
+    SchemaIssue,
+)
+from structspec.grammar.cache import GrammarCache, cache_key, schema_key
+from structspec.grammar.deadline import run_with_deadline
+from structspec.grammar.tokenizer_view import TokenizerView
+
+BACKENDS = ("llguidance", "outlines")
+
+
+def make_backend(name: str, view: TokenizerView) -> GrammarBackend:
+    if name == "llguidance":
+        from structspec.grammar.llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend(view)
+    if name == "outlines":
+        from structspec.grammar.outlines_backend import OutlinesBackend
+
+        return OutlinesBackend(view)
+    raise ValueError(f"unknown grammar backend {name!r} (one of {', '.join(BACKENDS)})")
+
+
+class GrammarCompiler:
+    """Compiles JSON schemas and tool lists for one tokenizer; thread-safe; results and refusals cached."""
+
+    def __init__(self, view: TokenizerView, backend: str | GrammarBackend = "llguidance", cache_size: int = 256):
+        self.view = view
+        self.backend = make_backend(backend, view) if isinstance(backend, str) else backend
+        self.cache = GrammarCache(cache_size)
+
+    @staticmethod
+    def schema_key(schema: Any) -> str:
+        """Stable hash of a schema (canonical JSON), e.g. to key per-schema statistics."""
+        return schema_key(schema)
+
+    def compile_schema(self, schema: dict[str, Any], options: GrammarOptions | None = None) -> CompiledGrammar:
+        options = options or GrammarOptions()
+        key = self._key("schema", schema, options)
+        return self.cache.get_or_compile(key, lambda: self._compile_schema(schema, options))
+
+    def compile_tools(
+        self, tools: Any, tool_choice: Any = "auto", parallel: bool = False, options: GrammarOptions | None = None
+    ) -> CompiledGrammar:
+        options = options or GrammarOptions()
+        key = self._key("tools", {"tools": tools, "tool_choice": tool_choice, "parallel": bool(parallel)}, options)
+        return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, tool_choice, bool(parallel), options))
+
+    def _key(self, kind: str, value: Any, options: GrammarOptions) -> str:
+        try:
+            return cache_key(kind, value, self.view.fingerprint, self.backend.name, options)
+        except (TypeError, ValueError) as exc:
+            raise SchemaError([SchemaIssue("", "", f"not JSON: {exc}")], kind="invalid_schema") from exc
+
+    def _compile_schema(self, schema: dict[str, Any], options: GrammarOptions) -> CompiledGrammar:
+        start = time.perf_counter()
+        intake.check_schema(schema, options)
+        grammar = run_with_deadline(lambda: self.backend.compile_json_schema(schema, options), options.compile_timeout_s)
+        return _stamped(grammar, start)
+
+    def _compile_tools(self, tools: Any, tool_choice: Any, parallel: bool, options: GrammarOptions) -> CompiledGrammar:
+        start = time.perf_counter()
+        parsed = toolcalls.parse_tools(tools)
+        choice = toolcalls.parse_tool_choice(tool_choice, parsed)
+        size = len(json.dumps(tools, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > options.max_schema_bytes:
+            raise SchemaError([SchemaIssue("/tools", "", f"{size} bytes, over the budget of {options.max_schema_bytes}")],
+                              kind="too_large")
+        for tool in parsed:
+            intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
+        spec = toolcalls.call_grammar(parsed, choice, parallel)
+        try:
+            grammar = run_with_deadline(
+                lambda: self.backend.compile_text_or_json(spec.schema, spec.allow_text, options),
+                options.compile_timeout_s,
+            )
+        except SchemaError as exc:  # point into the request's tool list, not into the combined schema
+            raise SchemaError([_moved(i, spec) for i in exc.issues], kind=exc.kind) from None
+        grammar.info = dataclasses.replace(grammar.info, warnings=tuple(_moved(w, spec) for w in grammar.info.warnings))
+        return _stamped(grammar, start)
+
+
+def _moved(issue: SchemaIssue, spec: toolcalls.CallGrammar) -> SchemaIssue:
+    return dataclasses.replace(issue, pointer=spec.request_pointer(issue.pointer))
+
+
+def _stamped(grammar: CompiledGrammar, start: float) -> CompiledGrammar:
+    # Set once, before the grammar is cached or shared.
+    grammar.info = dataclasses.replace(grammar.info, compile_ms=(time.perf_counter() - start) * 1e3)
+    return grammar

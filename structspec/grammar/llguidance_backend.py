@@ -1,0 +1,252 @@
+"""The default backend: llguidance (Earley parser + token trie; masks in microseconds).
+
+Compiled in llguidance's lenient mode when post-checks are allowed: what it cannot
+enforce it ignores *and reports* as a grammar warning ("Unimplemented keys: [...]",
+"Unknown format: ...", oneOf approximated by anyOf, min/maxProperties); each report
+is mapped back to the schema's keyword uses (pointers) and settled by
+``keywords.settle``. Hard errors (unsupported regex features, overlapping
+patternProperties, unsatisfiable schemas) are refused with the same mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import llguidance
+import torch
+
+from structspec.grammar import keywords, schema_walk
+from structspec.grammar.base import (
+    CompileInfo,
+    GrammarOptions,
+    SchemaError,
+    SchemaIssue,
+    bitmask_row,
+    set_bits,
+)
+from structspec.grammar.tokenizer_view import TokenizerView
+
+# Formats llguidance enforces with a regex that is looser than the format (found by testing).
+APPROXIMATE_FORMATS = {"date": "no leap-year check", "date-time": "no leap-year check"}
+
+# Plain text for tool_choice="auto" must not open JSON: "{" or "[" starts a call.
+_TEXT_NOT_JSON = r"/[^{\[](?s:.)*/"
+_TEXT_ANY = r"/(?s:.)+/"
+
+
+class LLGuidanceBackend:
+    name = "llguidance"
+
+    def __init__(self, view: TokenizerView, limits: llguidance.LLParserLimits | None = None):
+        self.view = view
+        # verbose_errors=False: error texts go to API clients; no parser dumps in them.
+        self.limits = limits or llguidance.LLParserLimits(verbose_errors=False)
+
+    def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_json_options(options))
+        return self._build(grammar, schema, options)
+
+    def compile_text_or_json(
+        self, schema: dict[str, Any] | None, allow_text: bool, options: GrammarOptions
+    ) -> LLGuidanceGrammar:
+        if schema is None:
+            grammar = llguidance.LLMatcher.grammar_from_lark(f"start: TEXT\nTEXT: {_TEXT_ANY}\n")
+            return self._build(grammar, {}, options)
+        if not allow_text:
+            return self.compile_json_schema(schema, options)
+        inline = {**schema, "x-guidance": _json_options(options)}  # %json reads its options from x-guidance
+        lark = f"start: TEXT | call\nTEXT: {_TEXT_NOT_JSON}\ncall: %json {json.dumps(inline)}\n"
+        return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options)
+
+    def _build(self, grammar: str, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
+        matcher = llguidance.LLMatcher(self.view.ll_tokenizer, grammar, log_level=0, limits=self.limits)
+        if matcher.is_error():
+            kind, issues = explain_error(matcher.get_error(), schema)
+            raise SchemaError(issues, kind=kind)
+        unenforced = [u for w in matcher.get_grammar_warnings() for u in explain_warning(w, schema)]
+        for pointer in schema_walk.keyword_pointers(schema, "format", lambda v: v in APPROXIMATE_FORMATS):
+            fmt = schema_walk.resolve(schema, pointer)
+            unenforced.append(keywords.approximate_format(pointer, fmt, self.name, APPROXIMATE_FORMATS[fmt]))
+        warnings, post_check = keywords.settle(unenforced, options)
+        # The first mask builds the lexer lazily: pay it here, not on the first request.
+        scratch = torch.zeros((1, self.view.mask_words), dtype=torch.int32)
+        matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
+        if matcher.is_error():
+            kind, issues = explain_error(matcher.get_error(), schema)
+            raise SchemaError(issues, kind=kind)
+        info = CompileInfo(warnings=warnings, post_check_keywords=post_check, extra={"backend": self.name})
+        return LLGuidanceGrammar(self.view, matcher, info)
+
+
+def _json_options(options: GrammarOptions) -> dict[str, Any]:
+    # Overrides, not defaults: a schema's own "x-guidance" cannot turn lenient mode on behind our back.
+    return {"whitespace_flexible": options.whitespace == "flexible", "lenient": options.allow_post_check}
+
+
+class LLGuidanceGrammar:
+    """A compiled grammar: a prototype matcher that every sequence deep-copies (microseconds)."""
+
+    def __init__(self, view: TokenizerView, prototype: llguidance.LLMatcher, info: CompileInfo):
+        self.view = view
+        self.info = info
+        self._prototype = prototype
+        self._lock = threading.Lock()
+
+    def matcher(self) -> LLGuidanceMatcher:
+        with self._lock:
+            return LLGuidanceMatcher(self.view, self._prototype.deep_copy())
+
+
+class LLGuidanceMatcher:
+    """EOS is handled here, not by llguidance: once the grammar is complete llguidance treats a
+    further EOS as a no-op that ``rollback(1)`` would then count as the last real token."""
+
+    def __init__(self, view: TokenizerView, matcher: llguidance.LLMatcher):
+        self._view = view
+        self._m = matcher
+        self._eos = frozenset(view.eos_token_ids)
+        self._ended = False  # EOS consumed
+        self._error: str | None = None
+
+    @property
+    def error(self) -> str | None:
+        if self._error is None and self._m.is_error():
+            self._error = _first_line(self._m.get_error())
+        return self._error
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        words = self._view.mask_words
+        target = bitmask_row(bitmask, row, words)
+        if bitmask.shape[1] > words:
+            bitmask[row, words:] = 0
+        if self._ended or self.error:
+            target.zero_()  # EOS only: a finished or broken sequence can only end
+            set_bits(target, self._eos)
+            return
+        self._m.unsafe_compute_mask_ptr(target.data_ptr(), words * 4)
+
+    def consume(self, tokens: Sequence[int]) -> bool:
+        if self.error:
+            return False
+        tokens = list(tokens)
+        if tokens and self._ended:
+            self._error = "token after EOS"
+            return False
+        cut = next((i for i, t in enumerate(tokens) if t in self._eos), len(tokens))
+        if cut and not self._m.consume_tokens(tokens[:cut]):
+            return False  # llguidance is now in its (sticky) error state
+        if cut == len(tokens):
+            return True
+        if not self._m.is_accepting():
+            self._error = "EOS before the output is complete"
+            return False
+        self._ended = True
+        if cut + 1 < len(tokens):
+            self._error = "token after EOS"
+            return False
+        return True
+
+    def validate(self, tokens: Sequence[int]) -> int:
+        if self.error or self._ended:
+            return 0
+        tokens = list(tokens)
+        cut = next((i for i, t in enumerate(tokens) if t in self._eos), len(tokens))
+        n = self._m.validate_tokens(tokens[:cut]) if cut else 0
+        if n < cut or cut == len(tokens):
+            return n
+        # EOS after the prefix: llguidance's own answer is 0 once the grammar has stopped, so ask
+        # whether the prefix completes the output (consume + rollback restores the state exactly).
+        if cut and not self._m.consume_tokens(tokens[:cut]):
+            return 0
+        complete = self._m.is_accepting()
+        if cut:
+            self._m.rollback(cut)
+        return cut + 1 if complete else cut
+
+    def rollback(self, n: int) -> None:
+        if n <= 0:
+            return
+        if self._ended:
+            self._ended = False
+            n -= 1
+        if n:
+            self._m.rollback(n)
+
+    def forced_tokens(self) -> list[int]:
+        if self.error or self._ended:
+            return []
+        return self._m.compute_ff_tokens()
+
+    def is_accepting(self) -> bool:
+        return not self.error and (self._ended or self._m.is_accepting())
+
+    def is_stopped(self) -> bool:
+        return self._ended or bool(self.error) or self._m.is_stopped()
+
+
+def _first_line(message: str) -> str:
+    return message.split("\n<state>", 1)[0].strip()
+
+
+# -- mapping llguidance's messages to schema keywords -------------------------------------------
+
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
+_NOT_DISJOINT = re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint")
+
+
+def _uses(schema: dict[str, Any], keyword: str, where=lambda _: True) -> list[str]:
+    return schema_walk.keyword_pointers(schema, keyword, where) or [""]
+
+
+def explain_warning(message: str, schema: dict[str, Any]) -> list[keywords.Unenforced]:
+    """One lenient-mode warning -> the keyword uses it leaves to the post-check."""
+    engine = "llguidance"
+    if m := _UNIMPLEMENTED.search(message):
+        names = json.loads(m.group(1))
+        return [keywords.keyword(p, k, engine) for k in names for p in _uses(schema, k)]
+    if m := _UNKNOWN_FORMAT.search(message):
+        fmt = m.group(1)
+        return [keywords.unknown_format(p, fmt, engine) for p in _uses(schema, "format", lambda v: v == fmt)]
+    if "oneOf" in message:
+        return [keywords.keyword(p, "oneOf", engine, "approximated by anyOf: exclusivity")
+                for p in _uses(schema, "oneOf")]
+    if "min/maxProperties" in message:
+        return [keywords.keyword(p, k, engine, "only enforced when every listed property is required")
+                for k in ("minProperties", "maxProperties") for p in schema_walk.keyword_pointers(schema, k)]
+    # Unknown warning: visible, never silently dropped, but no keyword to point at.
+    return [keywords.Unenforced(SchemaIssue("", "", f"llguidance: {_first_line(message)[:300]}"), checkable=False)]
+
+
+def explain_error(message: str, schema: dict[str, Any]) -> tuple[str, list[SchemaIssue]]:
+    """A compile error -> (SchemaError kind, issues with pointers where they can be found)."""
+    text = _first_line(message)
+    short = text if len(text) <= 300 else text[:300] + "..."
+    if m := _UNIMPLEMENTED.search(text):
+        names = json.loads(m.group(1))
+        return "unsupported", [SchemaIssue(p, k, "not supported by llguidance") for k in names for p in _uses(schema, k)]
+    if m := _UNKNOWN_FORMAT.search(text):
+        fmt = m.group(1)
+        return "unsupported", [SchemaIssue(p, "format", f"format {fmt!r} is not supported")
+                               for p in _uses(schema, "format", lambda v: v == fmt)]
+    if "regex parse error" in text:
+        found = [p for k in ("pattern",) for p in schema_walk.keyword_pointers(
+            schema, k, lambda v: isinstance(v, str) and v and v in text)]
+        found += [p for p in schema_walk.keyword_pointers(
+            schema, "patternProperties", lambda v: isinstance(v, dict) and any(k and k in text for k in v))]
+        return "unsupported", [SchemaIssue(p, p.rsplit("/", 1)[-1], short) for p in found] or [
+            SchemaIssue("", "pattern", short)]
+    if m := _NOT_DISJOINT.search(text):
+        return "unsupported", [SchemaIssue(p, "patternProperties", short) for p in _uses(schema, "patternProperties")]
+    if "oneOf" in text:
+        return "unsupported", [SchemaIssue(p, "oneOf", short) for p in _uses(schema, "oneOf")]
+    if "min/maxProperties" in text:
+        found = schema_walk.keyword_pointers(schema, "minProperties") + schema_walk.keyword_pointers(schema, "maxProperties")
+        return "unsupported", [SchemaIssue(p, p.rsplit("/", 1)[-1], short) for p in found] or [SchemaIssue("", "", short)]
+    if "Unsatisfiable" in text or "not present in a registry" in text:
+        return "invalid_schema", [SchemaIssue("", "", short)]
+    return "unsupported", [SchemaIssue("", "", short)]

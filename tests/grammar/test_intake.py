@@ -1,0 +1,189 @@
+"""Schema intake: each refused case, and keywords left to the post-check."""
+
+from __future__ import annotations
+
+import time
+
+import jsonschema
+import pytest
+
+from structspec.grammar import (
+    GrammarCompiler,
+    GrammarOptions,
+    SchemaError,
+    is_post_check_error,
+)
+from structspec.grammar.deadline import abandoned, run_with_deadline
+from structspec.grammar.postcheck import instance_errors
+
+from .conftest import accepts
+
+
+def refusal(compiler, schema, **options) -> SchemaError:
+    with pytest.raises(SchemaError) as info:
+        compiler.compile_schema(schema, GrammarOptions(**options))
+    return info.value
+
+
+def where(error: SchemaError) -> list[tuple[str, str]]:
+    return [(i.pointer, i.keyword) for i in error.issues]
+
+
+def test_metaschema_invalid(compiler):
+    error = refusal(compiler, {"type": "object", "properties": {"a": {"type": "strin"}}})
+    assert error.kind == "metaschema"
+    assert where(error) == [("/properties/a/type", "type")]
+
+
+def test_metaschema_of_the_named_draft(compiler):
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 1,
+              "exclusiveMinimum": True}
+    compiler.compile_schema(draft4)  # a boolean exclusiveMinimum is draft-4 syntax
+    error = refusal(compiler, {**draft4, "$schema": "https://json-schema.org/draft/2020-12/schema"})
+    assert error.kind == "metaschema" and where(error) == [("/exclusiveMinimum", "exclusiveMinimum")]
+    error = refusal(compiler, {"$schema": "https://example.com/my-draft", "type": "string"})
+    assert error.kind == "metaschema" and where(error) == [("/$schema", "$schema")]
+
+
+def test_external_ref(compiler):
+    error = refusal(compiler, {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}})
+    assert error.kind == "external_ref"
+    assert where(error) == [("/properties/a/$ref", "$ref")]
+
+
+def test_local_refs_resolve_or_are_refused(compiler, view):
+    schema = {"$defs": {"n": {"type": "integer"}}, "type": "array", "items": {"$ref": "#/$defs/n"}}
+    assert accepts(compiler.compile_schema(schema), view, "[1,2]")
+    error = refusal(compiler, {"type": "array", "items": {"$ref": "#/$defs/missing"}})
+    assert error.kind == "invalid_schema" and where(error) == [("/items/$ref", "$ref")]
+
+
+def test_dynamic_refs_refused(compiler):
+    error = refusal(compiler, {"$dynamicAnchor": "n", "type": "object", "properties": {"c": {"$dynamicRef": "#n"}}})
+    assert error.kind == "unsupported" and where(error) == [("/properties/c/$dynamicRef", "$dynamicRef")]
+
+
+def test_too_large(compiler):
+    schema = {"type": "string", "enum": [f"value-{i}" for i in range(100)]}
+    error = refusal(compiler, schema, max_schema_bytes=200)
+    assert error.kind == "too_large"
+
+
+def test_not_an_object(compiler):
+    assert refusal(compiler, ["type", "string"]).kind == "invalid_schema"
+
+
+class SlowBackend:
+    """A backend stuck on every compile (sleeping releases the GIL, as llguidance's build does)."""
+
+    name = "slow"
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def compile_json_schema(self, schema, options):
+        time.sleep(0.5)
+        return self.inner.compile_json_schema(schema, options)
+
+
+def test_timeout(compiler, view):
+    slow = GrammarCompiler(view, backend=SlowBackend(compiler.backend))
+    started = time.perf_counter()
+    error = refusal(slow, {"type": "string"}, compile_timeout_s=0.05)
+    assert error.kind == "timeout" and time.perf_counter() - started < 0.4
+    assert error is refusal(slow, {"type": "string"}, compile_timeout_s=0.05)  # cached like any refusal
+
+
+def test_deadline_abandons_a_slow_compile():
+    with pytest.raises(SchemaError) as info:
+        run_with_deadline(lambda: time.sleep(0.3), 0.05)
+    assert info.value.kind == "timeout" and abandoned() >= 1
+    assert run_with_deadline(lambda: 7, 1.0) == 7
+    with pytest.raises(KeyError):
+        run_with_deadline(lambda: {}["x"], 1.0)  # the compile's own errors pass through
+
+
+def test_unsupported_keyword_refused_in_strict_mode(compiler):
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                         "uniqueItems": True}}}
+    error = refusal(compiler, schema, allow_post_check=False)
+    assert error.kind == "unsupported"
+    assert ("/properties/tags/uniqueItems", "uniqueItems") in where(error)
+
+
+def test_unsupported_regex_refused_with_its_pointer(compilers):
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(?!x)[a-z]+$"}}}
+    error = refusal(compilers["llguidance"], schema)
+    assert error.kind == "unsupported" and where(error) == [("/properties/code/pattern", "pattern")]
+
+
+def test_post_check_keywords_are_listed(compiler, view):
+    schema = {"type": "object",
+              "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+              "required": ["tags"], "additionalProperties": False}
+    grammar = compiler.compile_schema(schema)
+    assert "uniqueItems" in grammar.info.post_check_keywords
+    assert ("/properties/tags/uniqueItems", "uniqueItems") in [(w.pointer, w.keyword) for w in grammar.info.warnings]
+    text = '{"tags":["a","a"]}'
+    assert accepts(grammar, view, text)  # the grammar cannot see duplicates...
+    errors = instance_errors({"tags": ["a", "a"]}, schema)
+    assert errors and all(is_post_check_error(e, grammar.info.post_check_keywords) for e in errors)  # ...the post-check does
+
+
+def test_outlines_lists_numeric_bounds(compilers):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}, "required": ["n"]}
+    info = compilers["outlines"].compile_schema(schema).info
+    assert info.post_check_keywords == ("minimum",)
+    assert [(w.pointer, w.keyword) for w in info.warnings] == [("/properties/n/minimum", "minimum")]
+    assert compilers["llguidance"].compile_schema(schema).info.post_check_keywords == ()  # enforced
+
+
+def test_unknown_format_is_an_annotation_not_a_post_check(compiler):
+    info = compiler.compile_schema({"type": "string", "format": "phone-number"}).info
+    assert info.post_check_keywords == ()
+    assert [(w.pointer, w.keyword) for w in info.warnings] == [("/format", "format")]
+    assert "annotation" in info.warnings[0].message
+    assert refusal(compiler, {"type": "string", "format": "phone-number"}, allow_post_check=False).kind == "unsupported"
+
+
+def test_format_the_validator_knows_is_post_checked(compiler):
+    info = compiler.compile_schema({"type": "string", "format": "regex"}).info
+    assert info.post_check_keywords == ("format",)
+
+
+def test_approximated_formats_are_declared_but_not_refused(compiler, view):
+    schema = {"type": "string", "format": "date"}
+    info = compiler.compile_schema(schema).info
+    assert info.post_check_keywords == ("format",) and "approximated" in info.warnings[0].message
+    strict = compiler.compile_schema(schema, GrammarOptions(allow_post_check=False))  # enforced, if loosely
+    assert accepts(strict, view, '"2024-02-28"') and not accepts(strict, view, '"2024-13-01"')
+
+
+def test_post_check_error_classification():
+    schema = {"type": "object", "properties": {
+        "a": {"type": "array", "uniqueItems": True},
+        "b": {"anyOf": [{"type": "string", "not": {"const": "x"}}, {"type": "integer"}]},
+        "c": {"type": "integer"}}}
+    post = ("uniqueItems", "not")
+    by_path = {tuple(e.absolute_path): e for e in instance_errors({"a": [1, 1], "b": "x", "c": "1"}, schema)}
+    assert is_post_check_error(by_path[("a",)], post)
+    assert is_post_check_error(by_path[("b",)], post)  # the string branch failed only on "not"
+    assert not is_post_check_error(by_path[("c",)], post)
+    assert isinstance(by_path[("c",)], jsonschema.ValidationError)
+
+
+def test_a_pathological_outlines_build_is_killed(view):
+    compiler = GrammarCompiler(view, backend="outlines")
+    blowup = {"type": "string", "pattern": "^(a|b)*a(a|b){22}$"}  # a DFA with millions of states
+    started = time.perf_counter()
+    error = refusal(compiler, blowup, compile_timeout_s=0.5)
+    assert error.kind == "timeout" and time.perf_counter() - started < 3
+    builder = compiler.backend.builder
+    for _ in range(40):  # the abandoned build hits its own deadline and kills the worker
+        if not builder.running:
+            break
+        time.sleep(0.05)
+    assert not builder.running
+    assert compiler.compile_schema({"type": "integer"}).matcher().consume(view.encode("7"))  # a fresh worker
+    assert builder.running
+    builder.close()

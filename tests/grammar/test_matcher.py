@@ -1,0 +1,186 @@
+"""The Matcher protocol, on a toy vocabulary, for both backends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from structspec.grammar import allocate_bitmask, apply_token_bitmask, bitmask_to_bool
+
+from .conftest import accepts, allowed
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "paid": {"type": "boolean"}},
+    "required": ["name", "age", "paid"],
+    "additionalProperties": False,
+}
+PERSON_TEXT = '{"name":"Ada Lovelace","age":36,"paid":false}'
+
+
+def disallowed_after(grammar, view, prefix) -> int:
+    """A (non-EOS) token the grammar rejects right after ``prefix``."""
+    probe = grammar.matcher()
+    assert probe.consume(prefix)
+    ok = allowed(probe, view)
+    return next(t for t in range(len(view.tokenizer)) if t not in ok and t != view.eos_token_id)
+
+
+def test_walks_a_valid_instance_and_rejects_invalid_ones(compiler, view):
+    grammar = compiler.compile_schema(PERSON)
+    assert accepts(grammar, view, PERSON_TEXT)
+    assert not accepts(grammar, view, '{"name":"Ada","age":"36","paid":false}')  # wrong type
+    assert not accepts(grammar, view, '{"name":"Ada","age":36}')  # missing property
+    assert not accepts(grammar, view, '{"name": "Ada","age":36,"paid":false}')  # compact JSON only
+
+
+def test_validate_does_not_change_state(compiler, view):
+    grammar = compiler.compile_schema(PERSON)
+    matcher = grammar.matcher()
+    tokens = view.encode(PERSON_TEXT)
+    assert matcher.consume(tokens[:3])
+    before = allowed(matcher, view), matcher.forced_tokens()
+    bad = disallowed_after(grammar, view, tokens[:5])
+    assert matcher.validate(tokens[3:]) == len(tokens) - 3
+    assert matcher.validate(tokens[3:5] + [bad]) == 2
+    assert (allowed(matcher, view), matcher.forced_tokens()) == before
+    assert matcher.error is None
+
+
+def test_rollback_after_a_rejected_draft(compiler, view):
+    grammar = compiler.compile_schema(PERSON)
+    matcher = grammar.matcher()
+    tokens = view.encode(PERSON_TEXT)
+    assert matcher.consume(tokens[:4])
+    before = allowed(matcher, view)
+    draft = tokens[4:7] + [disallowed_after(grammar, view, tokens[:7])]  # wrong at its 4th token
+    n = matcher.validate(draft)
+    assert n == 3
+    assert matcher.consume(draft[:n])
+    matcher.rollback(n)  # the target rejected the draft after all
+    assert allowed(matcher, view) == before
+    assert matcher.consume(tokens[4:]) and matcher.is_accepting()
+
+
+def test_forced_tokens_are_the_canonical_split_llguidance(compilers, view):
+    grammar = compilers["llguidance"].compile_schema({"const": "summary_of_invoice"})
+    text = '"summary_of_invoice"'
+    forced = grammar.matcher().forced_tokens()
+    assert forced == view.encode(text)
+    enum_obj = {"type": "object", "properties": {"kind": {"enum": ["summary"]}}, "required": ["kind"],
+                "additionalProperties": False}
+    assert compilers["llguidance"].compile_schema(enum_obj).matcher().forced_tokens() == view.encode('{"kind":"summary"}')
+
+
+def test_forced_tokens_only_where_one_token_is_allowed_outlines(compilers, view):
+    grammar = compilers["outlines"].compile_schema({"const": "summary_of_invoice"})
+    matcher = grammar.matcher()
+    forced = matcher.forced_tokens()
+    canonical = view.encode('"summary_of_invoice"')
+    assert forced == canonical[: len(forced)]  # a prefix: several splits may be allowed later on
+    for token in forced:
+        assert allowed(matcher, view) == {token}
+        assert matcher.consume([token])
+    if len(forced) < len(canonical):
+        assert len(allowed(matcher, view)) > 1
+
+
+def test_forced_tokens_then_decode_finish(compiler, view):
+    matcher = compiler.compile_schema({"enum": ["only-choice"]}).matcher()
+    forced = matcher.forced_tokens()
+    assert matcher.consume(forced)
+    rest = view.encode_bytes(b'"only-choice"'[len(view.decode_bytes(forced)):])
+    assert matcher.consume(rest)
+    assert matcher.is_accepting() and matcher.is_stopped()
+    assert allowed(matcher, view) == {view.eos_token_id}
+
+
+def test_sticky_error_instead_of_raising(compiler, view):
+    matcher = compiler.compile_schema(PERSON).matcher()
+    assert not matcher.consume(view.encode("[1]"))
+    assert matcher.error
+    assert not matcher.consume(view.encode("{"))
+    assert matcher.validate(view.encode('{"name"')) == 0
+    assert matcher.forced_tokens() == []
+    assert matcher.is_stopped()
+    assert allowed(matcher, view) == {view.eos_token_id}  # the sequence can only end
+    matcher.rollback(1)
+    assert matcher.error  # sticky
+
+
+def test_eos(compiler, view):
+    eos = view.eos_token_id
+    matcher = compiler.compile_schema(PERSON).matcher()
+    tokens = view.encode(PERSON_TEXT)
+    assert matcher.validate(tokens[:2] + [eos]) == 2  # EOS before the instance is complete
+    assert matcher.validate(tokens + [eos, tokens[0]]) == len(tokens) + 1
+    assert matcher.consume(tokens + [eos])
+    assert matcher.is_stopped() and matcher.is_accepting()
+    matcher.rollback(1)  # undoes the EOS only
+    assert matcher.is_accepting() and eos in allowed(matcher, view)
+    assert matcher.consume([eos])
+    assert not matcher.consume([tokens[0]]) and matcher.error == "token after EOS"
+
+    early = compiler.compile_schema(PERSON).matcher()
+    assert not early.consume(tokens[:2] + [eos]) and early.error
+
+
+def test_top_level_integer_accepting_but_not_stopped(compiler, view):
+    matcher = compiler.compile_schema({"type": "integer"}).matcher()
+    assert matcher.consume(view.encode("42"))
+    assert matcher.is_accepting() and not matcher.is_stopped()  # more digits may follow
+    assert view.eos_token_id in allowed(matcher, view)
+
+
+def test_mask_rows_wider_than_the_vocabulary_and_narrower_ones(compiler, view):
+    matcher = compiler.compile_schema(PERSON).matcher()
+    wide = torch.full((3, view.mask_words + 5), -1, dtype=torch.int32)
+    matcher.fill_mask(wide, 1)
+    assert (wide[1, view.mask_words:] == 0).all()
+    assert bitmask_to_bool(wide[1], view.n_vocab).sum() >= 1
+    assert (wide[0] == -1).all() and (wide[2] == -1).all()  # other rows untouched
+    with pytest.raises(ValueError):
+        matcher.fill_mask(torch.zeros((1, view.mask_words - 1), dtype=torch.int32), 0)
+
+
+def test_padding_ids_of_the_model_vocabulary_are_never_allowed(compiler, view, tokenizer):
+    grammar = compiler.compile_schema({"type": "string"})
+    matcher = grammar.matcher()
+    assert matcher.consume(view.encode('"a'))
+    assert max(allowed(matcher, view)) < len(tokenizer)
+
+
+def test_apply_token_bitmask_vectorised():
+    vocab, width = 70, 3
+    logits = torch.randn(4, vocab + 6)  # logits wider than the mask: the tail is disallowed
+    bitmask = allocate_bitmask(4, vocab)
+    bitmask[0, 0] = 0b1011
+    bitmask[1, 1] = -1  # tokens 32..63, bit 31 included
+    bitmask[3, 2] = 1 << 5
+    out = apply_token_bitmask(logits, bitmask)
+    for row in range(4):
+        expected = torch.zeros(vocab + 6, dtype=torch.bool)
+        expected[:vocab] = bitmask_to_bool(bitmask[row], vocab)
+        assert torch.equal(torch.isfinite(out[row]), expected)
+        assert torch.equal(out[row][expected], logits[row][expected])
+    assert bitmask.shape[1] == width
+
+
+def test_matchers_are_independent(compiler, view):
+    grammar = compiler.compile_schema(PERSON)
+    a, b = grammar.matcher(), grammar.matcher()
+    assert a.consume(view.encode('{"name":"A'))
+    assert allowed(b, view) != allowed(a, view) or b.forced_tokens() != a.forced_tokens()
+    assert accepts(grammar, view, json.dumps(json.loads(PERSON_TEXT), separators=(",", ":")))
+
+
+def test_nothing_is_forced_where_eos_is_an_alternative(compiler, view, backend):
+    matcher = compiler.compile_schema({"enum": [1, 12]}).matcher()
+    assert matcher.consume(view.encode("1"))
+    expected = {view.eos_token_id, view.encode("2")[0]}
+    if backend == "outlines":  # outlines-core's index drops some continuations of accepting states
+        expected = {view.eos_token_id}
+    assert expected <= allowed(matcher, view)
+    assert matcher.forced_tokens() == []
