@@ -1,0 +1,52 @@
+"""Python client of the structspec service.
+
+    from structspec.client import Client
+    with Client("localhost:50051", token="...") as c:
+        invoice = c.extract(text=email, schema_id="invoice")          # -> dict
+        contact = c.extract(text=card, model=Contact)                  # -> Contact (pydantic)
+        for item in c.extract_stream(text=email, schema_id="invoice"):
+            ...                                                        # TextDelta..., ExtractionResult
+        calls = c.call_tool(messages=[{"role": "user", "content": "weather in Oslo?"}], tools=tools).calls
+
+``AsyncClient`` has the same methods as coroutines.
+"""
+
+from structspec.client.aio import AsyncClient
+from structspec.client.channel import NO_RETRY, RetryPolicy, TLSConfig
+from structspec.client.errors import (
+    DeadlineExceededError,
+    FieldViolation,
+    InternalError,
+    InvalidArgumentError,
+    ModelValidationError,
+    NotFoundError,
+    OutputError,
+    PermissionDeniedError,
+    RequestCancelledError,
+    ResourceExhaustedError,
+    SchemaViolationError,
+    StructSpecError,
+    TruncatedOutputError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from structspec.client.results import (
+    ExtractionResult,
+    ProposerStats,
+    SchemaInfo,
+    SchemaStats,
+    TextDelta,
+    Timings,
+    ToolCall,
+    ToolCallResult,
+    Usage,
+)
+from structspec.client.sync import Client
+
+__all__ = [
+    "AsyncClient", "Client", "DeadlineExceededError", "ExtractionResult", "FieldViolation", "InternalError",
+    "InvalidArgumentError", "ModelValidationError", "NO_RETRY", "NotFoundError", "OutputError", "PermissionDeniedError",
+    "ProposerStats", "RequestCancelledError", "ResourceExhaustedError", "RetryPolicy", "SchemaInfo", "SchemaStats",
+    "SchemaViolationError", "StructSpecError", "TLSConfig", "TextDelta", "Timings", "ToolCall", "ToolCallResult",
+    "TruncatedOutputError", "UnauthenticatedError", "UnavailableError", "Usage",
+]

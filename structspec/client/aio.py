@@ -1,0 +1,159 @@
+"""The asyncio client (same methods as ``Client``, as coroutines)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from structspec.client import convert
+from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
+from structspec.client.errors import InternalError, error_from_rpc
+from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
+from structspec.client.sync import deadline_after, remaining, retry_delay, stats_request
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+
+
+class AsyncClient:
+    """``AsyncClient("host:port", token=..., tls=...)``; see ``Client`` for the semantics.
+    Create it inside the event loop that uses it."""
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        token: str | None = None,
+        admin_token: str | None = None,
+        tls: bool | TLSConfig | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+    ):
+        self.target = target
+        cfg = resolve_tls(tls)
+        opts = channel_options(cfg)
+        self._channel = grpc.aio.secure_channel(target, cfg.credentials(), opts) if cfg else grpc.aio.insecure_channel(target, opts)
+        self._stub = pb_grpc.StructSpecStub(self._channel)
+        self._metadata = auth_metadata(token)
+        self._admin_metadata = auth_metadata(admin_token or token)
+        self.timeout = timeout
+        self.retry = retry
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def _call(self, method: Callable[..., Any], request: Any, timeout: float | None, admin: bool = False) -> Any:
+        deadline = deadline_after(timeout if timeout is not None else self.timeout)
+        delays = self.retry.delays()
+        metadata = self._admin_metadata if admin else self._metadata
+        while True:
+            try:
+                return await method(request, timeout=remaining(deadline), metadata=metadata)
+            except grpc.RpcError as exc:
+                delay = retry_delay(exc, delays, deadline)
+                if delay is None:
+                    raise error_from_rpc(exc) from exc
+                await asyncio.sleep(delay)
+
+    # -- extraction -------------------------------------------------------------------------------
+
+    async def extract(self, text: str | None = None, *, model: Any = None, timeout: float | None = None, **kwargs: Any) -> Any:
+        result = await self.extract_result(text, model=model, timeout=timeout, **kwargs)
+        return convert.typed_value(result, model)
+
+    async def extract_result(self, text: str | None = None, *, timeout: float | None = None, **kwargs: Any) -> ExtractionResult:
+        req = convert.extract_request(text=text, **kwargs)
+        resp = await self._call(self._stub.Extract, req, timeout)
+        return ExtractionResult.from_pb(resp.result)
+
+    def extract_stream(self, text: str | None = None, *, timeout: float | None = None, **kwargs: Any) -> AsyncIterator[TextDelta | ExtractionResult]:
+        """``async for item in client.extract_stream(...)``: ``TextDelta``s, then the result.
+        Leaving the loop early (or ``aclose()``) cancels the request on the server."""
+        req = convert.extract_request(text=text, **kwargs)
+        return self._stream(req, timeout)
+
+    async def _stream(self, req: pb.ExtractRequest, timeout: float | None) -> AsyncIterator[TextDelta | ExtractionResult]:
+        deadline = deadline_after(timeout if timeout is not None else self.timeout)
+        delays = self.retry.delays()
+        while True:
+            call = self._stub.ExtractStream(req, timeout=remaining(deadline), metadata=self._metadata)
+            received = False
+            try:
+                async for resp in call:
+                    received = True
+                    if resp.HasField("delta"):
+                        yield TextDelta(resp.delta.text)
+                    else:
+                        result = ExtractionResult.from_pb(resp.result)
+                        convert.check_output(result)
+                        yield result
+                        return
+                raise InternalError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+            except grpc.RpcError as exc:
+                delay = None if received else retry_delay(exc, delays, deadline)
+                if delay is None:
+                    raise error_from_rpc(exc) from exc
+            finally:
+                call.cancel()
+            await asyncio.sleep(delay)
+
+    async def call_tool(
+        self, messages: Iterable[Any], tools: Sequence[Any], *, tool_choice: str = "auto", parallel: bool = False,
+        timeout: float | None = None, check: bool = True, **kwargs: Any,
+    ) -> ToolCallResult:
+        req = convert.tool_request(messages=messages, tools=tools, tool_choice=tool_choice, parallel=parallel, **kwargs)
+        result = ToolCallResult.from_pb(await self._call(self._stub.CallTool, req, timeout))
+        if check:
+            convert.check_output(result)
+        return result
+
+    # -- registry ---------------------------------------------------------------------------------
+
+    async def register_schema(self, schema_id: str, schema: Mapping[str, Any] | str | Any, *, description: str = "", timeout: float | None = None) -> SchemaInfo:
+        resp = await self._call(self._stub.RegisterSchema, convert.register_request(schema_id, schema, description), timeout, admin=True)
+        return SchemaInfo.from_pb(resp.schema, resp.created)
+
+    async def get_schema(self, schema_id: str, version: int | None = None, *, timeout: float | None = None) -> SchemaInfo:
+        req = pb.GetSchemaRequest(schema_id=schema_id)
+        if version is not None:
+            req.version = version
+        return SchemaInfo.from_pb((await self._call(self._stub.GetSchema, req, timeout)).schema)
+
+    async def list_schemas(self, schema_id: str | None = None, *, all_versions: bool = False, omit_content: bool = False, timeout: float | None = None) -> list[SchemaInfo]:
+        req = pb.ListSchemasRequest(schema_id=schema_id or "", all_versions=all_versions, omit_content=omit_content)
+        return [SchemaInfo.from_pb(s) for s in (await self._call(self._stub.ListSchemas, req, timeout)).schemas]
+
+    async def delete_schema(self, schema_id: str, version: int | None = None, *, timeout: float | None = None) -> list[int]:
+        req = pb.DeleteSchemaRequest(schema_id=schema_id)
+        if version is not None:
+            req.version = version
+        return list((await self._call(self._stub.DeleteSchema, req, timeout, admin=True)).deleted_versions)
+
+    async def get_schema_stats(
+        self, schema_id: str | None = None, version: int | None = None, *, schema_key: str | None = None,
+        windows: Sequence[int] = (), timeout: float | None = None,
+    ) -> SchemaStats:
+        req = stats_request(schema_id, version, schema_key, windows)
+        return SchemaStats.from_pb((await self._call(self._stub.GetSchemaStats, req, timeout)).stats)
+
+    async def list_schema_stats(self, windows: Sequence[int] = (), *, timeout: float | None = None) -> list[SchemaStats]:
+        req = pb.ListSchemaStatsRequest(window_seconds=list(windows))
+        return [SchemaStats.from_pb(s) for s in (await self._call(self._stub.ListSchemaStats, req, timeout)).stats]
+
+    async def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            resp = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+

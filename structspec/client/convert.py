@@ -1,0 +1,177 @@
+"""Python arguments -> request messages, and result checks (pure; shared by both clients)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+from structspec.client.errors import ModelValidationError, SchemaViolationError, TruncatedOutputError
+from structspec.client.results import ExtractionResult, ToolCallResult
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+
+ROLES = {"system": pb.ROLE_SYSTEM, "user": pb.ROLE_USER, "assistant": pb.ROLE_ASSISTANT, "tool": pb.ROLE_TOOL}
+SPECULATION = {None: pb.SPECULATION_MODE_UNSPECIFIED, "auto": pb.SPECULATION_MODE_AUTO, "off": pb.SPECULATION_MODE_OFF}
+TOOL_CHOICE_MODES = {"auto": pb.TOOL_CHOICE_MODE_AUTO, "required": pb.TOOL_CHOICE_MODE_REQUIRED, "none": pb.TOOL_CHOICE_MODE_NONE}
+
+Message = Mapping[str, str] | tuple[str, str] | Any
+
+
+def chat_messages(messages: Iterable[Message] | None) -> list[pb.ChatMessage]:
+    """Dicts ``{"role", "content"}``, ``(role, content)`` pairs or objects with those attributes."""
+    out = []
+    for m in messages or ():
+        if isinstance(m, Mapping):
+            role, content = m["role"], m["content"]
+        elif isinstance(m, tuple):
+            role, content = m
+        else:
+            role, content = m.role, m.content
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+        out.append(pb.ChatMessage(role=ROLES[role], content=content))
+    return out
+
+
+def sampling(
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+) -> pb.SamplingParams:
+    msg = pb.SamplingParams()
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed), ("max_tokens", max_tokens)):
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def model_schema(model: Any) -> dict[str, Any]:
+    """A pydantic model class's JSON Schema."""
+    schema_fn = getattr(model, "model_json_schema", None)
+    if schema_fn is None:
+        raise TypeError(f"{model!r} is not a pydantic model class (it has no model_json_schema)")
+    return schema_fn()
+
+
+def extract_request(
+    *,
+    text: str | None = None,
+    messages: Iterable[Message] | None = None,
+    schema_id: str | None = None,
+    version: int | None = None,
+    schema: Mapping[str, Any] | str | None = None,
+    model: Any = None,
+    instruction: str | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+    speculation: str | None = None,
+    disable_fast_forward: bool = False,
+    request_id: str | None = None,
+) -> pb.ExtractRequest:
+    sources = [x for x in (schema_id, schema, model) if x is not None]
+    if len(sources) != 1:
+        raise ValueError("give exactly one of schema_id=, schema= and model=")
+    if (text is None) == (messages is None):
+        raise ValueError("give exactly one of text= and messages=")
+    if speculation not in SPECULATION:
+        raise ValueError("speculation must be 'auto' or 'off'")
+    req = pb.ExtractRequest(
+        text=text or "",
+        messages=chat_messages(messages),
+        sampling=sampling(temperature, top_p, top_k, seed, max_tokens),
+        speculation=SPECULATION[speculation],
+        disable_fast_forward=disable_fast_forward,
+        request_id=request_id or "",
+    )
+    if instruction is not None:
+        req.instruction = instruction
+    if schema_id is not None:
+        req.schema_ref.schema_id = schema_id
+        if version is not None:
+            req.schema_ref.version = version
+    else:
+        value = model_schema(model) if model is not None else schema
+        req.json_schema = value if isinstance(value, str) else json.dumps(value)
+    return req
+
+
+def tool_pb(tool: Any) -> pb.Tool:
+    """OpenAI-style ``{"type": "function", "function": {...}}``, a plain ``{"name", "description",
+    "parameters"}`` dict, or a pydantic model class (name = class name, description = docstring)."""
+    if isinstance(tool, Mapping):
+        fn = tool.get("function", tool)
+        params = fn.get("parameters")
+        return pb.Tool(
+            name=fn["name"],
+            description=fn.get("description", ""),
+            parameters_json="" if params is None else (params if isinstance(params, str) else json.dumps(params)),
+        )
+    schema = model_schema(tool)
+    return pb.Tool(name=tool.__name__, description=(tool.__doc__ or "").strip(), parameters_json=json.dumps(schema))
+
+
+def tool_request(
+    *,
+    messages: Iterable[Message],
+    tools: Sequence[Any],
+    tool_choice: str = "auto",
+    parallel: bool = False,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+    speculation: str | None = None,
+    disable_fast_forward: bool = False,
+    request_id: str | None = None,
+) -> pb.CallToolRequest:
+    choice = pb.ToolChoice()
+    if tool_choice in TOOL_CHOICE_MODES:
+        choice.mode = TOOL_CHOICE_MODES[tool_choice]
+    else:
+        choice.tool_name = tool_choice
+    if speculation not in SPECULATION:
+        raise ValueError("speculation must be 'auto' or 'off'")
+    return pb.CallToolRequest(
+        messages=chat_messages(messages),
+        tools=[tool_pb(t) for t in tools],
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        sampling=sampling(temperature, top_p, top_k, seed, max_tokens),
+        speculation=SPECULATION[speculation],
+        disable_fast_forward=disable_fast_forward,
+        request_id=request_id or "",
+    )
+
+
+def register_request(schema_id: str, schema: Mapping[str, Any] | str | Any, description: str = "") -> pb.RegisterSchemaRequest:
+    if isinstance(schema, str):
+        text = schema
+    elif isinstance(schema, Mapping):
+        text = json.dumps(schema)
+    else:
+        text = json.dumps(model_schema(schema))
+    return pb.RegisterSchemaRequest(schema_id=schema_id, schema_json=text, description=description)
+
+
+def check_output(result: ExtractionResult | ToolCallResult) -> None:
+    """Raise for outputs that are not complete valid instances."""
+    if result.truncated:
+        raise TruncatedOutputError(result)
+    if result.outcome == "schema_violation":
+        raise SchemaViolationError(result)
+
+
+def typed_value(result: ExtractionResult, model: Any) -> Any:
+    """The result's value, validated into ``model`` when one is given."""
+    check_output(result)
+    if model is None:
+        return result.value
+    try:
+        return model.model_validate_json(result.json)
+    except Exception as exc:  # pydantic.ValidationError, without importing pydantic here
+        raise ModelValidationError(f"output does not validate as {model.__name__}: {exc}", result) from exc

@@ -1,0 +1,210 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from structspec.client import convert
+from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
+from structspec.client.errors import DeadlineExceededError, InternalError, error_from_rpc
+from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceededError(grpc.StatusCode.DEADLINE_EXCEEDED, "timeout passed before the request could be sent")
+    return left
+
+
+def retry_delay(exc: grpc.RpcError, delays: Iterator[float], deadline: float | None) -> float | None:
+    """The wait before the next attempt, or None when ``exc`` must be raised."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+        return None
+    delay = next(delays, None)
+    if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):
+        return None
+    return delay
+
+
+class Client:
+    """``Client("host:port", token=..., tls=...)``: extraction, tool calls, schema registry.
+
+    ``timeout`` (seconds) is the default per-call deadline, retries included; every method
+    takes ``timeout=`` too. Failed RPCs raise ``StructSpecError`` subclasses; truncated or
+    schema-violating outputs raise ``TruncatedOutputError``/``SchemaViolationError``.
+    """
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        token: str | None = None,
+        admin_token: str | None = None,
+        tls: bool | TLSConfig | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+    ):
+        self.target = target
+        cfg = resolve_tls(tls)
+        opts = channel_options(cfg)
+        self._channel = grpc.secure_channel(target, cfg.credentials(), opts) if cfg else grpc.insecure_channel(target, opts)
+        self._stub = pb_grpc.StructSpecStub(self._channel)
+        self._metadata = auth_metadata(token)
+        self._admin_metadata = auth_metadata(admin_token or token)
+        self.timeout = timeout
+        self.retry = retry
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., Any], request: Any, timeout: float | None, admin: bool = False) -> Any:
+        deadline = deadline_after(timeout if timeout is not None else self.timeout)
+        delays = self.retry.delays()
+        metadata = self._admin_metadata if admin else self._metadata
+        while True:
+            try:
+                return method(request, timeout=remaining(deadline), metadata=metadata)
+            except grpc.RpcError as exc:
+                delay = retry_delay(exc, delays, deadline)
+                if delay is None:
+                    raise error_from_rpc(exc) from exc
+                time.sleep(delay)
+
+    # -- extraction -------------------------------------------------------------------------------
+
+    def extract(self, text: str | None = None, *, model: Any = None, timeout: float | None = None, **kwargs: Any) -> Any:
+        """The extracted value: a dict (or other JSON value), or an instance of ``model`` (a
+        pydantic model class, whose JSON Schema is sent). Schema: ``schema_id=`` (+ ``version=``),
+        ``schema=`` or ``model=``. Input: ``text`` or ``messages=``. Sampling: ``temperature``,
+        ``top_p``, ``top_k``, ``seed``, ``max_tokens``; ``speculation="off"``; ``instruction``."""
+        result = self.extract_result(text, model=model, timeout=timeout, **kwargs)
+        return convert.typed_value(result, model)
+
+    def extract_result(self, text: str | None = None, *, timeout: float | None = None, **kwargs: Any) -> ExtractionResult:
+        """The full result (usage, timings, finish reason) without raising for truncated or
+        schema-violating outputs."""
+        req = convert.extract_request(text=text, **kwargs)
+        resp = self._call(self._stub.Extract, req, timeout)
+        return ExtractionResult.from_pb(resp.result)
+
+    def extract_stream(self, text: str | None = None, *, timeout: float | None = None, **kwargs: Any) -> Iterator[TextDelta | ExtractionResult]:
+        """``TextDelta`` items as tokens are committed, then the ``ExtractionResult`` (raises
+        ``TruncatedOutputError``/``SchemaViolationError`` instead, after the deltas). Stopping
+        early (``break``, ``close()``) cancels the request on the server."""
+        req = convert.extract_request(text=text, **kwargs)
+        return self._stream(req, timeout)
+
+    def _stream(self, req: pb.ExtractRequest, timeout: float | None) -> Iterator[TextDelta | ExtractionResult]:
+        deadline = deadline_after(timeout if timeout is not None else self.timeout)
+        delays = self.retry.delays()
+        while True:
+            call = self._stub.ExtractStream(req, timeout=remaining(deadline), metadata=self._metadata)
+            received = False
+            try:
+                for resp in call:
+                    received = True
+                    if resp.HasField("delta"):
+                        yield TextDelta(resp.delta.text)
+                    else:
+                        result = ExtractionResult.from_pb(resp.result)
+                        convert.check_output(result)
+                        yield result
+                        return
+                raise InternalError(grpc.StatusCode.INTERNAL, "stream ended without a result")
+            except grpc.RpcError as exc:
+                delay = None if received else retry_delay(exc, delays, deadline)
+                if delay is None:
+                    raise error_from_rpc(exc) from exc
+            finally:
+                call.cancel()  # no-op once finished; stops decoding when the caller stopped early
+            time.sleep(delay)
+
+    def call_tool(
+        self, messages: Iterable[Any], tools: Sequence[Any], *, tool_choice: str = "auto", parallel: bool = False,
+        timeout: float | None = None, check: bool = True, **kwargs: Any,
+    ) -> ToolCallResult:
+        """Tool calls (``.calls``: name + arguments dict) and/or ``.text``. ``tool_choice``:
+        "auto", "required", "none" or a tool name. ``check=False`` returns truncated results
+        instead of raising."""
+        req = convert.tool_request(messages=messages, tools=tools, tool_choice=tool_choice, parallel=parallel, **kwargs)
+        result = ToolCallResult.from_pb(self._call(self._stub.CallTool, req, timeout))
+        if check:
+            convert.check_output(result)
+        return result
+
+    # -- registry ---------------------------------------------------------------------------------
+
+    def register_schema(self, schema_id: str, schema: Mapping[str, Any] | str | Any, *, description: str = "", timeout: float | None = None) -> SchemaInfo:
+        """Register a dict, JSON text or pydantic model class; ``.created`` is False when the
+        same content was already registered (its existing version is returned). Needs the admin token."""
+        resp = self._call(self._stub.RegisterSchema, convert.register_request(schema_id, schema, description), timeout, admin=True)
+        return SchemaInfo.from_pb(resp.schema, resp.created)
+
+    def get_schema(self, schema_id: str, version: int | None = None, *, timeout: float | None = None) -> SchemaInfo:
+        req = pb.GetSchemaRequest(schema_id=schema_id)
+        if version is not None:
+            req.version = version
+        return SchemaInfo.from_pb(self._call(self._stub.GetSchema, req, timeout).schema)
+
+    def list_schemas(self, schema_id: str | None = None, *, all_versions: bool = False, omit_content: bool = False, timeout: float | None = None) -> list[SchemaInfo]:
+        req = pb.ListSchemasRequest(schema_id=schema_id or "", all_versions=all_versions, omit_content=omit_content)
+        return [SchemaInfo.from_pb(s) for s in self._call(self._stub.ListSchemas, req, timeout).schemas]
+
+    def delete_schema(self, schema_id: str, version: int | None = None, *, timeout: float | None = None) -> list[int]:
+        """Delete one version (or all); returns the versions deleted. Needs the admin token."""
+        req = pb.DeleteSchemaRequest(schema_id=schema_id)
+        if version is not None:
+            req.version = version
+        return list(self._call(self._stub.DeleteSchema, req, timeout, admin=True).deleted_versions)
+
+    def get_schema_stats(
+        self, schema_id: str | None = None, version: int | None = None, *, schema_key: str | None = None,
+        windows: Sequence[int] = (), timeout: float | None = None,
+    ) -> SchemaStats:
+        req = stats_request(schema_id, version, schema_key, windows)
+        return SchemaStats.from_pb(self._call(self._stub.GetSchemaStats, req, timeout).stats)
+
+    def list_schema_stats(self, windows: Sequence[int] = (), *, timeout: float | None = None) -> list[SchemaStats]:
+        req = pb.ListSchemaStatsRequest(window_seconds=list(windows))
+        return [SchemaStats.from_pb(s) for s in self._call(self._stub.ListSchemaStats, req, timeout).stats]
+
+    def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
+        """"SERVING", "NOT_SERVING", ... of the standard health service (no token needed)."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from exc
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def stats_request(schema_id: str | None, version: int | None, schema_key: str | None, windows: Sequence[int]) -> pb.GetSchemaStatsRequest:
+    if (schema_id is None) == (schema_key is None):
+        raise ValueError("give exactly one of schema_id and schema_key")
+    req = pb.GetSchemaStatsRequest(window_seconds=list(windows))
+    if schema_key is not None:
+        req.schema_key = schema_key
+    else:
+        req.schema_ref.schema_id = schema_id or ""
+        if version is not None:
+            req.schema_ref.version = version
+    return req

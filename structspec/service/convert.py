@@ -1,0 +1,305 @@
+"""Pure conversions between protobuf messages and engine/store values (no I/O, no gRPC context)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest, ToolCallResult
+from structspec.engine.types import FinishReason, GenerationResult, Outcome, SamplingParams, SpeculationMode, Timings, Usage
+from structspec.service.errors import FieldViolation, ServiceError, invalid
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.service.registry import ResolvedSchema
+from structspec.store.base import AcceptanceTotals, SchemaRecord
+
+import grpc
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens_cap: int = 4096
+    max_message_bytes: int = 4 * 1024 * 1024
+
+
+_ROLES = {pb.ROLE_SYSTEM: "system", pb.ROLE_USER: "user", pb.ROLE_ASSISTANT: "assistant", pb.ROLE_TOOL: "tool"}
+_FINISH = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+    FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+}
+_OUTCOME = {
+    Outcome.VALID: pb.OUTCOME_VALID,
+    Outcome.TRUNCATED: pb.OUTCOME_TRUNCATED,
+    Outcome.SCHEMA_VIOLATION: pb.OUTCOME_SCHEMA_VIOLATION,
+    Outcome.INTERNAL_ERROR: pb.OUTCOME_INTERNAL_ERROR,
+    Outcome.TEXT: pb.OUTCOME_TEXT,
+    Outcome.NOT_CHECKED: pb.OUTCOME_NOT_CHECKED,
+}
+_TOOL_CHOICE = {
+    pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto",
+    pb.TOOL_CHOICE_MODE_AUTO: "auto",
+    pb.TOOL_CHOICE_MODE_REQUIRED: "required",
+    pb.TOOL_CHOICE_MODE_NONE: "none",
+}
+
+
+def finish_reason_name(value: FinishReason | None) -> str:
+    return value.value if value is not None else ""
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+def sampling(msg: pb.SamplingParams, limits: Limits) -> SamplingParams:
+    """Unset fields take the engine's defaults; validated here so errors name the field."""
+    defaults = SamplingParams()
+    params = SamplingParams(
+        temperature=msg.temperature if msg.HasField("temperature") else defaults.temperature,
+        top_p=msg.top_p if msg.HasField("top_p") else defaults.top_p,
+        top_k=msg.top_k if msg.HasField("top_k") else defaults.top_k,
+        seed=msg.seed if msg.HasField("seed") else defaults.seed,
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(defaults.max_tokens, limits.max_tokens_cap),
+    )
+    params.validate()  # InvalidRequest(field=...) -> INVALID_ARGUMENT sampling.<field>
+    if params.max_tokens > limits.max_tokens_cap:
+        raise invalid("sampling.max_tokens", f"must be <= {limits.max_tokens_cap} (the server's cap)", "INVALID_SAMPLING")
+    return params
+
+
+def messages(msgs: Sequence[pb.ChatMessage], field: str = "messages") -> tuple[ChatMessage, ...]:
+    out = []
+    for i, m in enumerate(msgs):
+        role = _ROLES.get(m.role)
+        if role is None:
+            raise invalid(f"{field}[{i}].role", "role must be SYSTEM, USER, ASSISTANT or TOOL")
+        out.append(ChatMessage(role=role, content=m.content))
+    return tuple(out)
+
+
+def speculation(value: int) -> SpeculationMode:
+    return SpeculationMode.OFF if value == pb.SPECULATION_MODE_OFF else SpeculationMode.AUTO
+
+
+def extraction_request(
+    req: pb.ExtractRequest, schema: ResolvedSchema, request_id: str, deadline: float | None, limits: Limits
+) -> ExtractionRequest:
+    has_text, has_messages = bool(req.text), len(req.messages) > 0
+    if has_text == has_messages:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "exactly one of text and messages must be set",
+            "INVALID_ARGUMENT",
+            [FieldViolation("text", "set text or messages"), FieldViolation("messages", "set text or messages")],
+        )
+    return ExtractionRequest(
+        schema=schema.schema,
+        text=req.text,
+        messages=messages(req.messages),
+        instruction=req.instruction if req.HasField("instruction") else None,
+        sampling=sampling(req.sampling, limits),
+        speculation=speculation(req.speculation),
+        fast_forward=not req.disable_fast_forward,
+        deadline=deadline,
+        request_id=request_id,
+        schema_key=schema.key,
+    )
+
+
+def tools(items: Sequence[pb.Tool]) -> tuple[dict[str, Any], ...]:
+    """Proto tools -> OpenAI-style entries, the engine's format."""
+    out, seen = [], set()
+    for i, tool in enumerate(items):
+        if not tool.name:
+            raise invalid(f"tools[{i}].name", "a tool needs a name")
+        if tool.name in seen:
+            raise invalid(f"tools[{i}].name", f"duplicate tool name {tool.name!r}")
+        seen.add(tool.name)
+        params: Any = {"type": "object", "properties": {}}
+        if tool.parameters_json.strip():
+            try:
+                params = json.loads(tool.parameters_json)
+            except json.JSONDecodeError as exc:
+                raise invalid(f"tools[{i}].parameters_json", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "INVALID_SCHEMA") from None
+            if not isinstance(params, dict):
+                raise invalid(f"tools[{i}].parameters_json", "must be a JSON object (a JSON Schema)", "INVALID_SCHEMA")
+        fn = {"name": tool.name, "description": tool.description, "parameters": params}
+        out.append({"type": "function", "function": fn})
+    return tuple(out)
+
+
+def tool_choice(choice: pb.ToolChoice, names: Iterable[str]) -> str:
+    if choice.WhichOneof("choice") == "tool_name":
+        if choice.tool_name not in set(names):
+            raise invalid("tool_choice.tool_name", f"{choice.tool_name!r} is not one of the request's tools")
+        return choice.tool_name
+    return _TOOL_CHOICE.get(choice.mode, "auto")
+
+
+def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | None, limits: Limits) -> ToolCallRequest:
+    if not req.messages:
+        raise invalid("messages", "at least one message is needed")
+    tool_list = tools(req.tools)
+    choice = tool_choice(req.tool_choice, (t.name for t in req.tools))
+    if not tool_list and choice != "none":
+        raise invalid("tools", "at least one tool is needed unless tool_choice is NONE")
+    return ToolCallRequest(
+        messages=messages(req.messages),
+        tools=tool_list,
+        tool_choice=choice,
+        parallel_calls=req.parallel_tool_calls,
+        sampling=sampling(req.sampling, limits),
+        speculation=speculation(req.speculation),
+        fast_forward=not req.disable_fast_forward,
+        deadline=deadline,
+        request_id=request_id,
+    )
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+def usage(u: Usage) -> pb.Usage:
+    return pb.Usage(
+        prompt_tokens=u.prompt_tokens,
+        output_tokens=u.output_tokens,
+        target_forward_passes=u.target_forward_passes,
+        forced_tokens=u.forced_tokens,
+        drafted_tokens=dict(u.drafted),
+        accepted_tokens=dict(u.accepted),
+    )
+
+
+def timings(t: Timings) -> pb.Timings:
+    return pb.Timings(queued_ms=t.queued_ms, prefill_ms=t.prefill_ms, decode_ms=t.decode_ms, total_ms=t.total_ms)
+
+
+def _finite(value: Any) -> bool:
+    """Struct/Value cannot hold NaN or infinities (JSON cannot either, but be safe)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def parsed_value(result: GenerationResult) -> tuple[bool, Any]:
+    """(has a complete JSON value, the value) for outcomes that carry one."""
+    if result.truncated or result.outcome not in (Outcome.VALID, Outcome.SCHEMA_VIOLATION):
+        return False, None
+    if result.value is not None:
+        return True, result.value
+    try:
+        return True, json.loads(result.text)
+    except (json.JSONDecodeError, ValueError):
+        return False, None
+
+
+def struct_of(value: dict[str, Any]) -> struct_pb2.Struct:
+    msg = struct_pb2.Struct()
+    json_format.ParseDict(value, msg)
+    return msg
+
+
+def extract_result(result: GenerationResult, key: str) -> pb.ExtractResult:
+    out = pb.ExtractResult(
+        request_id=result.request_id,
+        json=result.text,
+        finish_reason=_FINISH[result.finish_reason],
+        outcome=_OUTCOME[result.outcome],
+        truncated=result.truncated,
+        usage=usage(result.usage),
+        timings=timings(result.timings),
+        error=result.error or "",
+        schema_key=key,
+    )
+    ok, value = parsed_value(result)
+    if ok and _finite(value):
+        if isinstance(value, dict):
+            out.object.CopyFrom(struct_of(value))
+        else:
+            json_format.ParseDict(value, out.value)
+    return out
+
+
+def tool_result(res: ToolCallResult) -> pb.CallToolResponse:
+    r = res.result
+    out = pb.CallToolResponse(
+        request_id=r.request_id,
+        finish_reason=_FINISH[r.finish_reason],
+        outcome=_OUTCOME[r.outcome],
+        truncated=r.truncated,
+        usage=usage(r.usage),
+        timings=timings(r.timings),
+        error=r.error or "",
+        raw_output=r.text,
+    )
+    if res.text is not None:
+        out.text = res.text
+    if not r.truncated:
+        for call in res.calls:
+            args = dict(call.arguments)
+            msg = pb.ToolCall(name=call.name, arguments_json=json.dumps(args, ensure_ascii=False))
+            if _finite(args):
+                msg.arguments.CopyFrom(struct_of(args))
+            out.tool_calls.append(msg)
+    return out
+
+
+# -- registry and statistics -----------------------------------------------------------------------
+
+
+def timestamp(ts: float) -> timestamp_pb2.Timestamp:
+    seconds = int(ts)
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=int(round((ts - seconds) * 1e9)) % 1_000_000_000)
+
+
+def schema_version(rec: SchemaRecord, omit_content: bool = False) -> pb.SchemaVersion:
+    return pb.SchemaVersion(
+        schema_id=rec.schema_id,
+        version=rec.version,
+        schema_json="" if omit_content else rec.schema_json,
+        sha256=rec.sha256,
+        description=rec.description,
+        created_at=timestamp(rec.created_at),
+        source=rec.source,
+    )
+
+
+DEFAULT_WINDOWS = (300, 3600, 86400)
+MAX_WINDOWS = 8
+MAX_WINDOW_SECONDS = 90 * 86400
+
+
+def windows(requested: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(requested) or DEFAULT_WINDOWS
+    if len(out) > MAX_WINDOWS:
+        raise invalid("window_seconds", f"at most {MAX_WINDOWS} windows")
+    for w in out:
+        if not 1 <= w <= MAX_WINDOW_SECONDS:
+            raise invalid("window_seconds", f"each window must be in [1, {MAX_WINDOW_SECONDS}] seconds")
+    return out
+
+
+def proposer_stats(t: AcceptanceTotals) -> pb.ProposerStats:
+    return pb.ProposerStats(
+        proposer=t.proposer,
+        batch_bucket=t.batch_bucket,
+        drafted=t.drafted,
+        accepted=t.accepted,
+        events=t.events,
+        acceptance_rate=t.acceptance_rate,
+    )
+
+
+def schema_stats(key: str, per_window: Sequence[tuple[int, Sequence[AcceptanceTotals]]]) -> pb.SchemaStats:
+    return pb.SchemaStats(
+        schema_key=key,
+        windows=[pb.StatsWindow(window_seconds=w, proposers=[proposer_stats(t) for t in rows]) for w, rows in per_window],
+    )

@@ -1,0 +1,131 @@
+"""Exceptions -> gRPC status codes, readable messages and field details (pure functions).
+
+Details travel as a serialized ``structspec.v1.ErrorDetails`` in the trailing metadata key
+``structspec-error-details-bin`` (chosen over ``google.rpc.BadRequest`` so the server needs
+no extra dependency; the Python client decodes it).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import grpc
+
+from structspec.engine.types import (
+    ContextTooLong,
+    EngineError,
+    EngineStopped,
+    FinishReason,
+    GenerationResult,
+    InvalidRequest,
+    Outcome,
+    QueueFull,
+)
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.store.base import StoreError
+
+DETAILS_KEY = "structspec-error-details-bin"
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "seed", "max_tokens"})
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+    json_pointer: str = ""
+    keyword: str = ""
+
+
+class ServiceError(Exception):
+    """An error with its status code already decided."""
+
+    def __init__(
+        self, code: grpc.StatusCode, message: str, reason: str, violations: Sequence[FieldViolation] = ()
+    ):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.violations = tuple(violations)
+
+
+def invalid(field: str, message: str, reason: str = "INVALID_ARGUMENT") -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}", reason, [FieldViolation(field, message)])
+
+
+def not_found(message: str, reason: str = "SCHEMA_NOT_FOUND", field: str = "schema_id") -> ServiceError:
+    return ServiceError(grpc.StatusCode.NOT_FOUND, message, reason, [FieldViolation(field, message)])
+
+
+def _schema_error_type() -> type | None:
+    # The grammar layer imports torch; only look for its error class if it is already loaded
+    # (if it is not, nothing can have raised it), so the service imports stay light.
+    module = sys.modules.get("structspec.grammar.base")
+    return getattr(module, "SchemaError", None)
+
+
+def schema_error(exc: Exception, field: str) -> ServiceError:
+    """A grammar-layer ``SchemaError`` -> INVALID_ARGUMENT naming each pointer and keyword."""
+    kind = getattr(exc, "kind", "invalid_schema")
+    issues = list(getattr(exc, "issues", ()))
+    violations = [FieldViolation(field, i.message, i.pointer, i.keyword) for i in issues]
+    where = "; ".join(f"at {i.pointer or '/'} ({i.keyword}): {i.message}" for i in issues[:5])
+    more = f" (+{len(issues) - 5} more)" if len(issues) > 5 else ""
+    label = "unsupported schema" if kind == "unsupported" else "invalid schema"
+    reason = "UNSUPPORTED_SCHEMA" if kind == "unsupported" else ("INVALID_SCHEMA" if kind in ("invalid_schema", "metaschema") else f"SCHEMA_{kind.upper()}")
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {label}: {where or exc}{more}", reason, violations)
+
+
+def from_exception(exc: BaseException, schema_field: str = "json_schema") -> ServiceError | None:
+    """Map a known exception; None for anything unexpected (the caller logs it as INTERNAL)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    schema_error_type = _schema_error_type()
+    if schema_error_type is not None and isinstance(exc, schema_error_type):
+        return schema_error(exc, schema_field)  # type: ignore[arg-type]
+    if isinstance(exc, ContextTooLong):
+        field = exc.field or "text"
+        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}", "CONTEXT_TOO_LONG", [FieldViolation(field, str(exc))])
+    if isinstance(exc, InvalidRequest):
+        field = f"sampling.{exc.field}" if exc.field in SAMPLING_FIELDS else (exc.field or "request")
+        reason = "INVALID_SAMPLING" if exc.field in SAMPLING_FIELDS else "INVALID_ARGUMENT"
+        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}", reason, [FieldViolation(field, str(exc))])
+    if isinstance(exc, QueueFull):
+        return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is at capacity: {exc}", "QUEUE_FULL")
+    if isinstance(exc, EngineStopped):
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, f"engine stopped: {exc}", "ENGINE_STOPPED")
+    if isinstance(exc, EngineError):
+        return ServiceError(grpc.StatusCode.INTERNAL, f"model failure: {exc}", "MODEL_FAILURE")
+    if isinstance(exc, StoreError):
+        return ServiceError(grpc.StatusCode.INTERNAL, "schema store failure", "STORE_FAILURE")
+    return None
+
+
+def check_result(result: GenerationResult, deadline: float | None, now: float | None = None) -> None:
+    """Raise for results that must not be returned as a success: cancelled (deadline or
+    shutdown), errored, or failing the post-check for an unexpected reason. LENGTH and
+    SCHEMA_VIOLATION are successes with their finish reason/outcome."""
+    now = time.monotonic() if now is None else now
+    if result.finish_reason is FinishReason.CANCELLED:
+        if deadline is not None and now >= deadline - 0.005:
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED")
+        raise ServiceError(grpc.StatusCode.CANCELLED, result.error or "decoding was cancelled", "CANCELLED")
+    if result.finish_reason is FinishReason.ERROR:
+        raise ServiceError(grpc.StatusCode.INTERNAL, f"model failure: {result.error or 'unknown error'}", "MODEL_FAILURE")
+    if result.outcome is Outcome.INTERNAL_ERROR:
+        raise ServiceError(grpc.StatusCode.INTERNAL, f"output failed validation: {result.error or 'unknown'}", "OUTPUT_CHECK_FAILED")
+
+
+def details_metadata(err: ServiceError, request_id: str) -> tuple[tuple[str, bytes], ...]:
+    details = pb.ErrorDetails(
+        reason=err.reason,
+        request_id=request_id,
+        field_violations=[
+            pb.FieldViolation(field=v.field, description=v.description, json_pointer=v.json_pointer, keyword=v.keyword)
+            for v in err.violations
+        ],
+    )
+    return ((DETAILS_KEY, details.SerializeToString()),)

@@ -1,0 +1,449 @@
+import datetime
+
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_SYSTEM: _ClassVar[Role]
+    ROLE_USER: _ClassVar[Role]
+    ROLE_ASSISTANT: _ClassVar[Role]
+    ROLE_TOOL: _ClassVar[Role]
+
+class SpeculationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPECULATION_MODE_UNSPECIFIED: _ClassVar[SpeculationMode]
+    SPECULATION_MODE_AUTO: _ClassVar[SpeculationMode]
+    SPECULATION_MODE_OFF: _ClassVar[SpeculationMode]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+    FINISH_REASON_ERROR: _ClassVar[FinishReason]
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    OUTCOME_VALID: _ClassVar[Outcome]
+    OUTCOME_TRUNCATED: _ClassVar[Outcome]
+    OUTCOME_SCHEMA_VIOLATION: _ClassVar[Outcome]
+    OUTCOME_INTERNAL_ERROR: _ClassVar[Outcome]
+    OUTCOME_TEXT: _ClassVar[Outcome]
+    OUTCOME_NOT_CHECKED: _ClassVar[Outcome]
+
+class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+ROLE_UNSPECIFIED: Role
+ROLE_SYSTEM: Role
+ROLE_USER: Role
+ROLE_ASSISTANT: Role
+ROLE_TOOL: Role
+SPECULATION_MODE_UNSPECIFIED: SpeculationMode
+SPECULATION_MODE_AUTO: SpeculationMode
+SPECULATION_MODE_OFF: SpeculationMode
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_CANCELLED: FinishReason
+FINISH_REASON_ERROR: FinishReason
+OUTCOME_UNSPECIFIED: Outcome
+OUTCOME_VALID: Outcome
+OUTCOME_TRUNCATED: Outcome
+OUTCOME_SCHEMA_VIOLATION: Outcome
+OUTCOME_INTERNAL_ERROR: Outcome
+OUTCOME_TEXT: Outcome
+OUTCOME_NOT_CHECKED: Outcome
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+
+class SchemaRef(_message.Message):
+    __slots__ = ("schema_id", "version")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    schema_id: str
+    version: int
+    def __init__(self, schema_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    content: str
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    max_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "output_tokens", "target_forward_passes", "forced_tokens", "drafted_tokens", "accepted_tokens")
+    class DraftedTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AcceptedTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FORWARD_PASSES_FIELD_NUMBER: _ClassVar[int]
+    FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    output_tokens: int
+    target_forward_passes: int
+    forced_tokens: int
+    drafted_tokens: _containers.ScalarMap[str, int]
+    accepted_tokens: _containers.ScalarMap[str, int]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_forward_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., drafted_tokens: _Optional[_Mapping[str, int]] = ..., accepted_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("queued_ms", "prefill_ms", "decode_ms", "total_ms")
+    QUEUED_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    queued_ms: float
+    prefill_ms: float
+    decode_ms: float
+    total_ms: float
+    def __init__(self, queued_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+
+class ExtractRequest(_message.Message):
+    __slots__ = ("schema_ref", "json_schema", "text", "messages", "instruction", "sampling", "speculation", "disable_fast_forward", "request_id")
+    SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_FAST_FORWARD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    schema_ref: SchemaRef
+    json_schema: str
+    text: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    instruction: str
+    sampling: SamplingParams
+    speculation: SpeculationMode
+    disable_fast_forward: bool
+    request_id: str
+    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., json_schema: _Optional[str] = ..., text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., instruction: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ExtractResult(_message.Message):
+    __slots__ = ("request_id", "json", "object", "value", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "schema_key")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    json: str
+    object: _struct_pb2.Struct
+    value: _struct_pb2.Value
+    finish_reason: FinishReason
+    outcome: Outcome
+    truncated: bool
+    usage: Usage
+    timings: Timings
+    error: str
+    schema_key: str
+    def __init__(self, request_id: _Optional[str] = ..., json: _Optional[str] = ..., object: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., schema_key: _Optional[str] = ...) -> None: ...
+
+class ExtractResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: ExtractResult
+    def __init__(self, result: _Optional[_Union[ExtractResult, _Mapping]] = ...) -> None: ...
+
+class TextDelta(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class ExtractStreamResponse(_message.Message):
+    __slots__ = ("delta", "result")
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    delta: TextDelta
+    result: ExtractResult
+    def __init__(self, delta: _Optional[_Union[TextDelta, _Mapping]] = ..., result: _Optional[_Union[ExtractResult, _Mapping]] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
+
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "tool_name")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    tool_name: str
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., tool_name: _Optional[str] = ...) -> None: ...
+
+class CallToolRequest(_message.Message):
+    __slots__ = ("messages", "tools", "tool_choice", "parallel_tool_calls", "sampling", "speculation", "disable_fast_forward", "request_id")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_FAST_FORWARD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    sampling: SamplingParams
+    speculation: SpeculationMode
+    disable_fast_forward: bool
+    request_id: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("name", "arguments_json", "arguments")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    arguments_json: str
+    arguments: _struct_pb2.Struct
+    def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class CallToolResponse(_message.Message):
+    __slots__ = ("request_id", "tool_calls", "text", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "raw_output")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RAW_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    text: str
+    finish_reason: FinishReason
+    outcome: Outcome
+    truncated: bool
+    usage: Usage
+    timings: Timings
+    error: str
+    raw_output: str
+    def __init__(self, request_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., raw_output: _Optional[str] = ...) -> None: ...
+
+class SchemaVersion(_message.Message):
+    __slots__ = ("schema_id", "version", "schema_json", "sha256", "description", "created_at", "source")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    schema_id: str
+    version: int
+    schema_json: str
+    sha256: str
+    description: str
+    created_at: _timestamp_pb2.Timestamp
+    source: str
+    def __init__(self, schema_id: _Optional[str] = ..., version: _Optional[int] = ..., schema_json: _Optional[str] = ..., sha256: _Optional[str] = ..., description: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ...) -> None: ...
+
+class RegisterSchemaRequest(_message.Message):
+    __slots__ = ("schema_id", "schema_json", "description")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    schema_id: str
+    schema_json: str
+    description: str
+    def __init__(self, schema_id: _Optional[str] = ..., schema_json: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class RegisterSchemaResponse(_message.Message):
+    __slots__ = ("schema", "created")
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    schema: SchemaVersion
+    created: bool
+    def __init__(self, schema: _Optional[_Union[SchemaVersion, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetSchemaRequest(_message.Message):
+    __slots__ = ("schema_id", "version")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    schema_id: str
+    version: int
+    def __init__(self, schema_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GetSchemaResponse(_message.Message):
+    __slots__ = ("schema",)
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    schema: SchemaVersion
+    def __init__(self, schema: _Optional[_Union[SchemaVersion, _Mapping]] = ...) -> None: ...
+
+class ListSchemasRequest(_message.Message):
+    __slots__ = ("schema_id", "all_versions", "omit_content")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    ALL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    OMIT_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    schema_id: str
+    all_versions: bool
+    omit_content: bool
+    def __init__(self, schema_id: _Optional[str] = ..., all_versions: _Optional[bool] = ..., omit_content: _Optional[bool] = ...) -> None: ...
+
+class ListSchemasResponse(_message.Message):
+    __slots__ = ("schemas",)
+    SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    schemas: _containers.RepeatedCompositeFieldContainer[SchemaVersion]
+    def __init__(self, schemas: _Optional[_Iterable[_Union[SchemaVersion, _Mapping]]] = ...) -> None: ...
+
+class DeleteSchemaRequest(_message.Message):
+    __slots__ = ("schema_id", "version")
+    SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    schema_id: str
+    version: int
+    def __init__(self, schema_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class DeleteSchemaResponse(_message.Message):
+    __slots__ = ("deleted_versions",)
+    DELETED_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    deleted_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, deleted_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProposerStats(_message.Message):
+    __slots__ = ("proposer", "batch_bucket", "drafted", "accepted", "events", "acceptance_rate")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    proposer: str
+    batch_bucket: int
+    drafted: int
+    accepted: int
+    events: int
+    acceptance_rate: float
+    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., events: _Optional[int] = ..., acceptance_rate: _Optional[float] = ...) -> None: ...
+
+class StatsWindow(_message.Message):
+    __slots__ = ("window_seconds", "proposers")
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSERS_FIELD_NUMBER: _ClassVar[int]
+    window_seconds: int
+    proposers: _containers.RepeatedCompositeFieldContainer[ProposerStats]
+    def __init__(self, window_seconds: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStats, _Mapping]]] = ...) -> None: ...
+
+class SchemaStats(_message.Message):
+    __slots__ = ("schema_key", "windows")
+    SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    schema_key: str
+    windows: _containers.RepeatedCompositeFieldContainer[StatsWindow]
+    def __init__(self, schema_key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[StatsWindow, _Mapping]]] = ...) -> None: ...
+
+class GetSchemaStatsRequest(_message.Message):
+    __slots__ = ("schema_ref", "schema_key", "window_seconds")
+    SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    schema_ref: SchemaRef
+    schema_key: str
+    window_seconds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., schema_key: _Optional[str] = ..., window_seconds: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetSchemaStatsResponse(_message.Message):
+    __slots__ = ("stats",)
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    stats: SchemaStats
+    def __init__(self, stats: _Optional[_Union[SchemaStats, _Mapping]] = ...) -> None: ...
+
+class ListSchemaStatsRequest(_message.Message):
+    __slots__ = ("window_seconds",)
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    window_seconds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, window_seconds: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListSchemaStatsResponse(_message.Message):
+    __slots__ = ("stats",)
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    stats: _containers.RepeatedCompositeFieldContainer[SchemaStats]
+    def __init__(self, stats: _Optional[_Iterable[_Union[SchemaStats, _Mapping]]] = ...) -> None: ...
+
+class FieldViolation(_message.Message):
+    __slots__ = ("field", "description", "json_pointer", "keyword")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    JSON_POINTER_FIELD_NUMBER: _ClassVar[int]
+    KEYWORD_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    description: str
+    json_pointer: str
+    keyword: str
+    def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ..., json_pointer: _Optional[str] = ..., keyword: _Optional[str] = ...) -> None: ...
+
+class ErrorDetails(_message.Message):
+    __slots__ = ("reason", "request_id", "field_violations")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FIELD_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    request_id: str
+    field_violations: _containers.RepeatedCompositeFieldContainer[FieldViolation]
+    def __init__(self, reason: _Optional[str] = ..., request_id: _Optional[str] = ..., field_violations: _Optional[_Iterable[_Union[FieldViolation, _Mapping]]] = ...) -> None: ...

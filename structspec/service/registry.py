@@ -1,0 +1,161 @@
+"""The schema registry: validated, content-addressed, immutable schema versions over a ``Store``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import grpc
+
+from structspec.service.errors import FieldViolation, ServiceError, invalid, not_found
+from structspec.store.base import SchemaRecord, Store
+
+SCHEMA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+MAX_METASCHEMA_ISSUES = 10
+
+
+def canonical_json(value: Any) -> str:
+    """One text per JSON value: sorted keys, no insignificant whitespace, UTF-8 kept."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def schema_key(schema_id: str, version: int) -> str:
+    """The statistics key of a registered schema version."""
+    return f"{schema_id}@{version}"
+
+
+def inline_schema_key(canonical: str) -> str:
+    return f"inline:{content_hash(canonical)[:16]}"
+
+
+def check_schema_id(schema_id: str, field: str = "schema_id") -> None:
+    if not SCHEMA_ID_RE.match(schema_id):
+        raise invalid(field, f"{schema_id!r} is not a valid schema id (1-128 of letters, digits, '_', '-', '.'; first a letter or digit)")
+
+
+def parse_schema_json(text: str, field: str) -> dict[str, Any]:
+    """JSON text -> a schema object, with a readable INVALID_ARGUMENT on failure."""
+    if not text.strip():
+        raise invalid(field, "empty schema", "INVALID_SCHEMA")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(field, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "INVALID_SCHEMA") from None
+    if not isinstance(value, dict):
+        raise invalid(field, f"a JSON Schema must be a JSON object here, got {type(value).__name__}", "INVALID_SCHEMA")
+    return value
+
+
+def metaschema_violations(schema: Mapping[str, Any], field: str) -> list[FieldViolation]:
+    """Problems with ``schema`` against its metaschema ($schema, default draft 2020-12), each
+    with the JSON pointer of the offending subschema and the keyword at fault."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    out = []
+    for err in sorted(cls(cls.META_SCHEMA).iter_errors(schema), key=lambda e: list(map(str, e.path))):
+        path = [str(p) for p in err.path]
+        keyword = path[-1] if path else str(err.validator)
+        pointer = "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path[:-1])
+        out.append(FieldViolation(field, err.message, pointer, keyword))
+        if len(out) >= MAX_METASCHEMA_ISSUES:
+            break
+    return out
+
+
+def check_schema(schema: Mapping[str, Any], field: str) -> None:
+    violations = metaschema_violations(schema, field)
+    if violations:
+        where = "; ".join(f"at {v.json_pointer or '/'} ({v.keyword}): {v.description}" for v in violations[:5])
+        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: invalid schema: {where}", "INVALID_SCHEMA", violations)
+
+
+@dataclass(frozen=True)
+class ResolvedSchema:
+    """A schema ready for the engine."""
+
+    schema: dict[str, Any]
+    key: str  # statistics key
+    record: SchemaRecord | None = None  # None for inline schemas
+
+
+class SchemaRegistry:
+    """Registers and resolves schemas. Versions are immutable, so parsed schemas are cached by
+    (id, version); "latest" lookups always ask the store (another replica may have registered)."""
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time, cache_size: int = 256):
+        self.store = store
+        self._clock = clock
+        self._parsed: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self._cache_size = cache_size
+
+    async def register(
+        self, schema_id: str, schema: Mapping[str, Any] | str, description: str = "", source: str = "api"
+    ) -> tuple[SchemaRecord, bool]:
+        check_schema_id(schema_id)
+        value = parse_schema_json(schema, "schema_json") if isinstance(schema, str) else dict(schema)
+        check_schema(value, "schema_json")
+        text = canonical_json(value)
+        return await self.store.put_schema(schema_id, text, content_hash(text), description, source, self._clock())
+
+    async def get(self, schema_id: str, version: int | None = None) -> SchemaRecord:
+        check_schema_id(schema_id)
+        if version is not None and version < 1:
+            raise invalid("version", "versions start at 1")
+        record = await self.store.get_schema(schema_id, version)
+        if record is None:
+            what = f"schema {schema_id!r}" + (f" version {version}" if version is not None else "")
+            raise not_found(f"{what} is not registered", field="schema_id" if version is None else "version")
+        return record
+
+    async def list(self, schema_id: str | None = None, all_versions: bool = False) -> list[SchemaRecord]:
+        if schema_id:
+            check_schema_id(schema_id)
+        return await self.store.list_schemas(schema_id or None, all_versions)
+
+    async def delete(self, schema_id: str, version: int | None = None) -> list[int]:
+        check_schema_id(schema_id)
+        deleted = await self.store.delete_schema(schema_id, version)
+        if not deleted:
+            what = f"schema {schema_id!r}" + (f" version {version}" if version is not None else "")
+            raise not_found(f"{what} is not registered")
+        for v in deleted:
+            self._parsed.pop((schema_id, v), None)
+        return deleted
+
+    async def resolve(self, schema_id: str, version: int | None = None) -> ResolvedSchema:
+        record = await self.get(schema_id, version)
+        cache_key = (record.schema_id, record.version)
+        schema = self._parsed.get(cache_key)
+        if schema is None:
+            schema = json.loads(record.schema_json)
+            self._parsed[cache_key] = schema
+            while len(self._parsed) > self._cache_size:
+                self._parsed.popitem(last=False)
+        else:
+            self._parsed.move_to_end(cache_key)
+        return ResolvedSchema(schema, schema_key(record.schema_id, record.version), record)
+
+    @staticmethod
+    def inline(text: str, field: str = "json_schema") -> ResolvedSchema:
+        """An inline schema: parsed here, validated by the engine (which reports pointers)."""
+        schema = parse_schema_json(text, field)
+        return ResolvedSchema(schema, inline_schema_key(canonical_json(schema)))
+
+
+async def register_builtins(registry: SchemaRegistry, schemas: Mapping[str, Mapping[str, Any]]) -> list[tuple[SchemaRecord, bool]]:
+    """Register each built-in schema under its name; unchanged content keeps its version."""
+    out = []
+    for name, schema in sorted(schemas.items()):
+        description = str(schema.get("description") or schema.get("title") or "")
+        out.append(await registry.register(name, schema, description=description, source="builtin"))
+    return out

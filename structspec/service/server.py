@@ -1,0 +1,348 @@
+"""The asyncio gRPC server: wiring (store, registry, servicer, health, reflection, auth, TLS,
+metrics) and the lifecycle (load the engine while NOT_SERVING, drain on SIGTERM).
+
+    server = StructSpecServer(settings, engine=my_engine)   # dependency injection (tests)
+    await server.start(); ...; await server.stop(grace=5)
+
+    run_server(settings, engine_factory)                    # `structspec serve`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import ipaddress
+import logging
+import signal
+import threading
+import time
+from typing import Any, Awaitable, Callable, Mapping, Union
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from structspec.engine.api import EngineAPI
+from structspec.service.auth import AuthConfig, AuthInterceptor
+from structspec.service.convert import Limits
+from structspec.service.errors import ServiceError
+from structspec.service.metrics import ServiceMetrics
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+from structspec.service.registry import SchemaRegistry, register_builtins
+from structspec.service.servicer import EngineSlot, StructSpecServicer
+from structspec.service.settings import ServiceSettings
+from structspec.service.tls import server_credentials
+from structspec.store import Store, open_store
+
+log = logging.getLogger("structspec.service")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StructSpec"].full_name
+DEFAULT_ENGINE_FACTORY = "structspec.engine.engine:build_engine"
+# gRPC itself refuses messages above this multiple of max_message_bytes (RESOURCE_EXHAUSTED);
+# between 1x and this, the servicer answers INVALID_ARGUMENT with a readable message.
+TRANSPORT_LIMIT_FACTOR = 2
+
+# Called once, in a worker thread, with the settings (and ``store=`` when it takes that keyword);
+# may return the engine or an awaitable of it. An engine with ``start()`` has it called (and
+# awaited) on the server's loop; ``aclose()``/``close()`` is called after draining.
+EngineFactory = Callable[..., Union[EngineAPI, Awaitable[EngineAPI]]]
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine factory cannot be imported (e.g. the engine is not part of this build)."""
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """'module:callable' -> the callable, with a clear error when it is missing."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise EngineUnavailable(f"engine factory {spec!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise EngineUnavailable(
+            f"cannot import {module_name!r} ({exc}); the decoding engine is not available in this build. "
+            "Use --engine-factory module:callable to plug one in."
+        ) from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise EngineUnavailable(f"{module_name} has no callable {attr!r}")
+    return factory
+
+
+def accepts_store(factory: Callable[..., Any]) -> bool:
+    """Whether ``factory`` takes a ``store`` keyword (then it gets the server's ``Store``)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "store" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def call_factory(factory: Callable[..., Any], settings: ServiceSettings, store: Store | None) -> Any:
+    return factory(settings, store=store) if store is not None and accepts_store(factory) else factory(settings)
+
+
+def default_engine_factory(settings: ServiceSettings, store: Store | None = None) -> EngineAPI | Awaitable[EngineAPI]:
+    """``settings.engine_factory`` or ``structspec.engine.engine:build_engine``, called with the
+    settings (and ``store=`` the server's store, if the factory takes it)."""
+    return call_factory(load_factory(settings.engine_factory or DEFAULT_ENGINE_FACTORY), settings, store)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class StructSpecServer:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        engine: EngineAPI | None = None,
+        *,
+        store: Store | None = None,
+        metrics: ServiceMetrics | None = None,
+        builtin_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
+        self.settings = settings
+        self._slot = EngineSlot(None)
+        self._initial_engine = engine
+        self._owns_store = store is None
+        self.store: Store = store if store is not None else open_store(settings.store_url, settings.data_dir)
+        self.registry = SchemaRegistry(self.store)
+        self.metrics = metrics or ServiceMetrics()
+        self.metrics.bind_engine(lambda: self._slot.engine)
+        self._builtin_schemas = builtin_schemas
+        self._health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._stopping = False
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    @property
+    def engine(self) -> EngineAPI | None:
+        return self._slot.engine
+
+    async def start(self) -> None:
+        s = self.settings
+        await self.store.open()
+        if s.register_builtin_schemas:
+            if self._builtin_schemas is None:
+                from structspec.schemas import SCHEMAS_DIR, load_builtin_schemas
+
+                self._builtin_schemas = load_builtin_schemas()
+                if not self._builtin_schemas:
+                    log.warning("no built-in schemas found in %s (is the package installed from a checkout?)", SCHEMAS_DIR)
+            for record, created in await register_builtins(self.registry, self._builtin_schemas):
+                if created:
+                    log.info("built-in schema %s registered as version %d", record.schema_id, record.version)
+
+        auth = AuthConfig(s.tokens(), s.admin_tokens())
+        interceptors = [AuthInterceptor(auth, self._on_denied)] if auth.enabled else []
+        if not auth.enabled and not _is_loopback(s.host):
+            log.warning("no auth token configured and listening on %s: every client can call every RPC", s.host)
+        transport_limit = s.max_message_bytes * TRANSPORT_LIMIT_FACTOR
+        options = [
+            ("grpc.max_receive_message_length", transport_limit),
+            ("grpc.max_send_message_length", transport_limit),
+            ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
+        ]
+        server = grpc.aio.server(
+            interceptors=interceptors, options=options, maximum_concurrent_rpcs=s.max_concurrent_rpcs or None
+        )
+        servicer = StructSpecServicer(self._slot, self.registry, self.store, self.metrics, Limits(s.max_tokens_cap, s.max_message_bytes))
+        pb_grpc.add_StructSpecServicer_to_server(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        await self._set_health(False)
+
+        address = _bind_address(s.host, s.port)
+        if s.tls_cert_file is not None and s.tls_key_file is not None:
+            creds = server_credentials(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file)
+            self.port = server.add_secure_port(address, creds)
+        else:
+            self.port = server.add_insecure_port(address)
+        await server.start()
+        self._server = server
+        if s.metrics_port >= 0:
+            self.metrics_port = self.metrics.start_http(s.host, s.metrics_port)
+        self._flusher = asyncio.create_task(self._flush_loop(), name="structspec-stats-flush")
+        log.info(
+            "structspec listening on %s (tls=%s, mtls=%s, auth=%s, metrics port=%s)",
+            _bind_address(s.host, self.port), s.tls_enabled, s.tls_client_ca_file is not None, auth.enabled, self.metrics_port,
+        )
+        if self._initial_engine is not None:
+            await self.set_engine(self._initial_engine)
+
+    async def set_engine(self, engine: EngineAPI) -> None:
+        start = getattr(engine, "start", None)
+        if callable(start):
+            await _maybe_await(start())
+        self._slot.engine = engine
+        if not self._stopping:
+            await self._set_health(True)
+            log.info("engine ready: SERVING")
+
+    async def load_engine(self, factory: EngineFactory) -> EngineAPI:
+        """Build the engine in a daemon thread (model loading blocks; health stays NOT_SERVING
+        meanwhile and a SIGTERM during loading does not wait for it), then serve. The factory
+        gets ``store=self.store`` if it takes that keyword: speculation statistics recorded
+        there are flushed by the server periodically and at shutdown."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if not future.done():
+                future.set_result(value) if error is None else future.set_exception(error)
+
+        def build() -> None:
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = call_factory(factory, self.settings, self.store)
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop
+                error = exc
+            try:
+                loop.call_soon_threadsafe(settle, value, error)
+            except RuntimeError:  # the loop closed while loading (shutdown during load)
+                pass
+
+        started = time.perf_counter()
+        threading.Thread(target=build, name="structspec-engine-load", daemon=True).start()
+        engine = await _maybe_await(await future)
+        log.info("engine built in %.1f s", time.perf_counter() - started)
+        await self.set_engine(engine)
+        return engine
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, status)
+        self.metrics.serving.set(1 if serving else 0)
+
+    def _on_denied(self, method: str, err: ServiceError) -> None:
+        self.metrics.requests.labels(method.rsplit("/", 1)[-1], err.code.name, "").inc()
+
+    async def _flush_loop(self) -> None:
+        last_prune = 0.0
+        while True:
+            await asyncio.sleep(self.settings.stats_flush_interval_seconds)
+            try:
+                await self.store.flush()
+                now = time.time()
+                if now - last_prune > 3600:
+                    await self.store.prune_acceptance(now - self.settings.stats_retention_days * 86400)
+                    last_prune = now
+            except Exception:
+                log.exception("writing speculation statistics failed (will retry)")
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace``
+        seconds (default: settings), cancel the rest, then close the engine and flush the store."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        grace = self.settings.drain_grace_seconds if grace is None else grace
+        self._slot.draining = True
+        await self._health.enter_graceful_shutdown()
+        self.metrics.serving.set(0)
+        log.info("draining: up to %.1f s for in-flight requests", grace)
+        try:
+            if self._server is not None:
+                await self._server.stop(grace)
+            if self._flusher is not None:
+                self._flusher.cancel()
+                await asyncio.gather(self._flusher, return_exceptions=True)
+            engine = self._slot.engine
+            for name in ("aclose", "close"):
+                closer = getattr(engine, name, None)
+                if callable(closer):
+                    try:
+                        await asyncio.wait_for(_maybe_await(closer()), timeout=10)
+                    except Exception:
+                        log.exception("closing the engine failed")
+                    break
+            try:
+                if self._owns_store:
+                    await self.store.close()
+                else:
+                    await self.store.flush()
+            except Exception:
+                log.exception("flushing the store failed")
+            self.metrics.stop_http()
+            log.info("stopped")
+        finally:
+            self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def __aenter__(self) -> "StructSpecServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop(grace=0)
+
+
+def configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("structspec").setLevel(level)
+
+
+async def serve(settings: ServiceSettings, engine_factory: EngineFactory | None = None) -> int:
+    """Run until SIGTERM/SIGINT; 0 after a clean drain, 1 if the engine failed to load."""
+    factory = engine_factory or default_engine_factory
+    server = StructSpecServer(settings)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loader = asyncio.create_task(server.load_engine(factory), name="structspec-engine-load")
+    stopper = asyncio.create_task(stop.wait())
+    rc = 0
+    try:
+        done, _ = await asyncio.wait({loader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if loader in done and loader.exception() is not None:
+            exc = loader.exception()
+            log.error("engine failed to load: %s", exc, exc_info=not isinstance(exc, EngineUnavailable))
+            rc = 1
+        elif loader in done:
+            await stopper
+            log.info("signal received")
+        else:
+            log.info("signal received while the engine was loading")
+            loader.cancel()
+    finally:
+        stopper.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop(settings.drain_grace_seconds)
+    return rc
+
+
+def run_server(settings: ServiceSettings, engine_factory: EngineFactory | None = None) -> int:
+    """Blocking entry point of ``structspec serve``; returns the process exit code."""
+    configure_logging(settings.log_level)
+    log.info("settings: %s", settings.public_dict())
+    return asyncio.run(serve(settings, engine_factory))

@@ -1,0 +1,281 @@
+"""The gRPC servicer: convert -> engine/registry -> convert. Errors are mapped in one place
+(``_rpc``) and recorded in the metrics; nothing here knows about sockets, TLS or tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from structspec.engine.api import EngineAPI
+from structspec.engine.types import GenerationResult
+from structspec.service import convert, errors
+from structspec.service.errors import ServiceError
+from structspec.service.metrics import ServiceMetrics
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+from structspec.service.registry import ResolvedSchema, SchemaRegistry, schema_key
+from structspec.store.base import AcceptanceTotals, Store
+
+log = logging.getLogger("structspec.service")
+T = TypeVar("T")
+
+REQUEST_ID_KEY = "x-request-id"
+# The engine ends a request at its deadline by itself; this guard cancels it shortly after in
+# case it does not, so no decoding outlives the caller's deadline.
+DEADLINE_SLACK_S = 0.05
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class EngineSlot:
+    """The engine once loaded; requests before that, or while draining, get UNAVAILABLE."""
+
+    def __init__(self, engine: EngineAPI | None = None):
+        self.engine = engine
+        self.draining = False
+
+    def require(self) -> EngineAPI:
+        if self.draining:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "server is shutting down", "DRAINING")
+        if self.engine is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly", "MODEL_LOADING")
+        return self.engine
+
+
+@dataclass
+class _Call:
+    rpc: str
+    request_id: str
+    deadline: float | None
+    started: float = field(default_factory=time.perf_counter)
+    result: GenerationResult | None = None
+    schema_field: str = "json_schema"
+
+
+def request_id_of(context: grpc.aio.ServicerContext, requested: str = "") -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY and isinstance(value, str) and _REQUEST_ID_RE.match(value):
+            return value
+    if requested and _REQUEST_ID_RE.match(requested):
+        return requested
+    return uuid.uuid4().hex[:16]
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's gRPC deadline as a ``time.monotonic()`` value (the engine's clock)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + max(0.0, remaining)
+
+
+class StructSpecServicer(pb_grpc.StructSpecServicer):
+    def __init__(
+        self,
+        engine: EngineSlot,
+        registry: SchemaRegistry,
+        store: Store,
+        metrics: ServiceMetrics,
+        limits: convert.Limits,
+        clock: Callable[[], float] = time.time,
+    ):
+        self._engine = engine
+        self._registry = registry
+        self._store = store
+        self._metrics = metrics
+        self._limits = limits
+        self._clock = clock
+
+    # -- the one place errors are mapped ----------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _rpc(self, rpc: str, request: Message, context: grpc.aio.ServicerContext) -> AsyncIterator[_Call]:
+        call = _Call(rpc, request_id_of(context, getattr(request, "request_id", "")), deadline_of(context))
+        code = grpc.StatusCode.OK
+        try:
+            size = request.ByteSize()
+            if size > self._limits.max_message_bytes:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"request is {size} bytes; the limit is {self._limits.max_message_bytes}",
+                    "MESSAGE_TOO_LARGE",
+                    [errors.FieldViolation("request", "message too large")],
+                )
+            yield call
+        except (asyncio.CancelledError, GeneratorExit):
+            # the client cancelled or its deadline passed: the awaiting task (and so the
+            # engine's decoding) is cancelled with us
+            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if late else grpc.StatusCode.CANCELLED
+            log.info("rpc=%s request_id=%s %s", rpc, call.request_id, code.name.lower())
+            raise
+        except grpc.aio.AbortError:
+            code = grpc.StatusCode.UNKNOWN
+            raise
+        except Exception as exc:
+            err = errors.from_exception(exc, call.schema_field)
+            if err is None:
+                log.exception("rpc=%s request_id=%s internal error", rpc, call.request_id)
+                err = ServiceError(grpc.StatusCode.INTERNAL, f"internal error (request id {call.request_id})", "INTERNAL")
+            elif err.code is grpc.StatusCode.INTERNAL:
+                log.error("rpc=%s request_id=%s %s: %s", rpc, call.request_id, err.reason, err.message)
+            else:
+                log.info("rpc=%s request_id=%s %s: %s", rpc, call.request_id, err.code.name, err.message)
+            code = err.code
+            await context.abort(err.code, err.message, trailing_metadata=errors.details_metadata(err, call.request_id))
+        finally:
+            seconds = time.perf_counter() - call.started
+            self._metrics.observe(rpc, code.name, seconds, call.result)
+            log.debug("rpc=%s request_id=%s code=%s ms=%.1f", rpc, call.request_id, code.name, seconds * 1000)
+
+    async def _guarded(self, call: _Call, awaitable: Awaitable[T]) -> T:
+        """Await an engine call, cancelling it just after the client's deadline."""
+        if call.deadline is None:
+            return await awaitable
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + (call.deadline - time.monotonic()) + DEADLINE_SLACK_S):
+                return await awaitable
+        except TimeoutError:
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED") from None
+
+    async def _schema(self, request: pb.ExtractRequest, call: _Call) -> ResolvedSchema:
+        which = request.WhichOneof("schema")
+        if which == "schema_ref":
+            call.schema_field = "schema_ref"
+            ref = request.schema_ref
+            return await self._registry.resolve(ref.schema_id, ref.version if ref.HasField("version") else None)
+        if which == "json_schema":
+            return SchemaRegistry.inline(request.json_schema)
+        raise errors.invalid("schema", "set schema_ref or json_schema")
+
+    # -- generation -------------------------------------------------------------------------------
+
+    async def Extract(self, request: pb.ExtractRequest, context: grpc.aio.ServicerContext) -> pb.ExtractResponse:
+        async with self._rpc("Extract", request, context) as call:
+            engine = self._engine.require()
+            schema = await self._schema(request, call)
+            req = convert.extraction_request(request, schema, call.request_id, call.deadline, self._limits)
+            call.result = await self._guarded(call, engine.extract(req))
+            errors.check_result(call.result, call.deadline)
+            return pb.ExtractResponse(result=convert.extract_result(call.result, schema.key))
+        raise AssertionError("unreachable")  # _rpc aborts on every error
+
+    async def ExtractStream(
+        self, request: pb.ExtractRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ExtractStreamResponse]:
+        async with self._rpc("ExtractStream", request, context) as call:
+            engine = self._engine.require()
+            schema = await self._schema(request, call)
+            req = convert.extraction_request(request, schema, call.request_id, call.deadline, self._limits)
+            stream = engine.extract_stream(req)
+            items = stream.__aiter__()
+            final: GenerationResult | None = None
+            first = True
+            try:
+                while True:
+                    try:
+                        item = await self._guarded(call, items.__anext__())
+                    except StopAsyncIteration:
+                        break
+                    if isinstance(item, GenerationResult):
+                        final = item
+                        break
+                    if first:
+                        self._metrics.first_delta.observe(time.perf_counter() - call.started)
+                        first = False
+                    yield pb.ExtractStreamResponse(delta=pb.TextDelta(text=item.text))
+            finally:
+                # release the engine's generator now (a no-op once it finished) rather than at GC
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    with contextlib.suppress(Exception):
+                        await aclose()
+            if final is None:
+                raise ServiceError(grpc.StatusCode.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
+            call.result = final
+            errors.check_result(final, call.deadline)
+            yield pb.ExtractStreamResponse(result=convert.extract_result(final, schema.key))
+
+    async def CallTool(self, request: pb.CallToolRequest, context: grpc.aio.ServicerContext) -> pb.CallToolResponse:
+        async with self._rpc("CallTool", request, context) as call:
+            call.schema_field = "tools"
+            engine = self._engine.require()
+            req = convert.tool_request(request, call.request_id, call.deadline, self._limits)
+            res = await self._guarded(call, engine.call_tool(req))
+            call.result = res.result
+            errors.check_result(res.result, call.deadline)
+            return convert.tool_result(res)
+        raise AssertionError("unreachable")
+
+    # -- registry ---------------------------------------------------------------------------------
+
+    async def RegisterSchema(self, request: pb.RegisterSchemaRequest, context: grpc.aio.ServicerContext) -> pb.RegisterSchemaResponse:
+        async with self._rpc("RegisterSchema", request, context):
+            record, created = await self._registry.register(request.schema_id, request.schema_json, request.description)
+            if created:
+                log.info("registered schema %s version %d", record.schema_id, record.version)
+            return pb.RegisterSchemaResponse(schema=convert.schema_version(record), created=created)
+        raise AssertionError("unreachable")
+
+    async def GetSchema(self, request: pb.GetSchemaRequest, context: grpc.aio.ServicerContext) -> pb.GetSchemaResponse:
+        async with self._rpc("GetSchema", request, context):
+            version = request.version if request.HasField("version") else None
+            record = await self._registry.get(request.schema_id, version)
+            return pb.GetSchemaResponse(schema=convert.schema_version(record))
+        raise AssertionError("unreachable")
+
+    async def ListSchemas(self, request: pb.ListSchemasRequest, context: grpc.aio.ServicerContext) -> pb.ListSchemasResponse:
+        async with self._rpc("ListSchemas", request, context):
+            records = await self._registry.list(request.schema_id or None, request.all_versions)
+            return pb.ListSchemasResponse(schemas=[convert.schema_version(r, request.omit_content) for r in records])
+        raise AssertionError("unreachable")
+
+    async def DeleteSchema(self, request: pb.DeleteSchemaRequest, context: grpc.aio.ServicerContext) -> pb.DeleteSchemaResponse:
+        async with self._rpc("DeleteSchema", request, context):
+            version = request.version if request.HasField("version") else None
+            deleted = await self._registry.delete(request.schema_id, version)
+            log.info("deleted schema %s versions %s", request.schema_id, deleted)
+            return pb.DeleteSchemaResponse(deleted_versions=deleted)
+        raise AssertionError("unreachable")
+
+    # -- statistics -------------------------------------------------------------------------------
+
+    async def GetSchemaStats(self, request: pb.GetSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetSchemaStatsResponse:
+        async with self._rpc("GetSchemaStats", request, context):
+            windows = convert.windows(request.window_seconds)
+            which = request.WhichOneof("target")
+            if which == "schema_ref":
+                ref = request.schema_ref
+                record = await self._registry.get(ref.schema_id, ref.version if ref.HasField("version") else None)
+                key = schema_key(record.schema_id, record.version)
+            elif which == "schema_key" and request.schema_key:
+                key = request.schema_key
+            else:
+                raise errors.invalid("target", "set schema_ref or schema_key")
+            now = self._clock()
+            per_window = [(w, await self._store.acceptance_totals(since=now - w, schema_key=key)) for w in windows]
+            return pb.GetSchemaStatsResponse(stats=convert.schema_stats(key, per_window))
+        raise AssertionError("unreachable")
+
+    async def ListSchemaStats(self, request: pb.ListSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.ListSchemaStatsResponse:
+        async with self._rpc("ListSchemaStats", request, context):
+            windows = convert.windows(request.window_seconds)
+            now = self._clock()
+            by_window: list[tuple[int, dict[str, list[AcceptanceTotals]]]] = []
+            for w in windows:
+                grouped: dict[str, list[AcceptanceTotals]] = {}
+                for t in await self._store.acceptance_totals(since=now - w):
+                    grouped.setdefault(t.schema_key, []).append(t)
+                by_window.append((w, grouped))
+            keys = sorted(by_window[windows.index(max(windows))][1])
+            stats = [convert.schema_stats(k, [(w, g.get(k, [])) for w, g in by_window]) for k in keys]
+            return pb.ListSchemaStatsResponse(stats=stats)
+        raise AssertionError("unreachable")
+

@@ -1,0 +1,290 @@
+"""The server's one settings object, filled from flags > environment (``STRUCTSPEC_*``) >
+TOML file > defaults.
+
+Every field's help text lives here, in its metadata: ``structspec serve --help`` is generated
+from it, so the documentation cannot drift from the settings. Token *values* come only from
+the environment (``STRUCTSPEC_AUTH_TOKEN``, ``STRUCTSPEC_ADMIN_TOKEN``) or from files, never
+from flags (they would show in ``ps``) or the TOML file (it tends to get committed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_PREFIX = "STRUCTSPEC_"
+CONFIG_ENV = "STRUCTSPEC_CONFIG"
+SECRET_FIELDS = frozenset({"auth_token", "admin_token"})
+
+
+class SettingsError(ValueError):
+    """Invalid settings; the message lists every problem and where the value came from."""
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A token value that never shows in reprs, logs or tracebacks."""
+
+    value: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME")
+    return (Path(base) if base else Path.home() / ".local" / "share") / "structspec"
+
+
+def _opt(default: Any = None, help: str = "", choices: tuple[str, ...] = (), factory: Any = None) -> Any:
+    meta = {"help": help, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    # -- model ---------------------------------------------------------------------------------
+    profile: str = _opt("gemma-3-270m", "model profile (structspec.models.profiles): gemma-3-270m | demo")
+    device: str = _opt("auto", "device to run the model on", ("auto", "cpu", "cuda"))
+    dtype: str = _opt("auto", "model weights' dtype", ("auto", "float32", "bfloat16", "float16"))
+    engine_factory: str = _opt(
+        "", "engine factory as 'module:callable' taking these settings; empty: structspec.engine.engine:build_engine"
+    )
+    # -- network -------------------------------------------------------------------------------
+    host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 or :: for every interface)")
+    port: int = _opt(50051, "gRPC port (0 picks a free one)")
+    metrics_port: int = _opt(9464, "Prometheus /metrics HTTP port on the same host; 0 picks a free one, -1 disables")
+    # -- storage -------------------------------------------------------------------------------
+    data_dir: Path = _opt(help="directory for the embedded store and other state", factory=_default_data_dir)
+    store_url: str = _opt("", "store URL: sqlite:///path.db (empty: <data-dir>/structspec.db); postgresql:// later")
+    register_builtin_schemas: bool = _opt(True, "register the built-in schemas (schemas/*.json) at start-up")
+    stats_flush_interval_seconds: float = _opt(5.0, "how often buffered speculation statistics are written")
+    stats_retention_days: float = _opt(30.0, "speculation statistics older than this are pruned")
+    # -- limits --------------------------------------------------------------------------------
+    max_queue: int = _opt(256, "requests waiting beyond the running batch; more get RESOURCE_EXHAUSTED")
+    max_batch: int = _opt(16, "most sequences decoded together")
+    max_tokens_cap: int = _opt(4096, "largest max_tokens a request may ask for (INVALID_ARGUMENT above)")
+    max_message_bytes: int = _opt(4 * 1024 * 1024, "largest request message (INVALID_ARGUMENT above)")
+    max_concurrent_rpcs: int = _opt(0, "most RPCs in flight at once, 0 = unlimited (RESOURCE_EXHAUSTED above)")
+    kv_budget_tokens: int = _opt(0, "KV-cache budget in tokens across running sequences; 0 = sized from free memory")
+    grammar_backend: str = _opt("llguidance", "grammar engine", ("llguidance", "outlines"))
+    # -- speculation ---------------------------------------------------------------------------
+    speculation: str = _opt("all", "proposers on by default (requests may still turn drafting off)",
+                            ("off", "ff+ngram", "ff+ngram+history", "all"))
+    acceptance_threshold: float = _opt(0.55, "speculate for a schema only while its predicted acceptance rate is at least this")
+    min_predicted_length: int = _opt(20, "speculate only when at least this many output tokens remain (predicted)")
+    max_batch_for_speculation: int = _opt(8, "no drafting when more sequences than this are running")
+    # -- security ------------------------------------------------------------------------------
+    tls_cert_file: Path | None = _opt(None, "PEM server certificate (chain); enables TLS with --tls-key-file")
+    tls_key_file: Path | None = _opt(None, "PEM private key of the server certificate")
+    tls_client_ca_file: Path | None = _opt(None, "PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
+    auth_token_file: Path | None = _opt(
+        None, "file of bearer tokens (one a line) accepted on every RPC but health and reflection; env STRUCTSPEC_AUTH_TOKEN also works"
+    )
+    admin_token_file: Path | None = _opt(
+        None, "file of admin tokens (one a line) required for RegisterSchema/DeleteSchema; env STRUCTSPEC_ADMIN_TOKEN also works"
+    )
+    auth_token: Secret | None = _opt(None, "bearer token value (environment only)")
+    admin_token: Secret | None = _opt(None, "admin token value (environment only)")
+    # -- lifecycle -----------------------------------------------------------------------------
+    drain_grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight requests may run before they are cancelled")
+    log_level: str = _opt("INFO", "log level", ("DEBUG", "INFO", "WARNING", "ERROR"))
+
+    # -- derived -------------------------------------------------------------------------------
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
+
+    def tokens(self) -> frozenset[str]:
+        return _read_tokens(self.auth_token, self.auth_token_file)
+
+    def admin_tokens(self) -> frozenset[str]:
+        return _read_tokens(self.admin_token, self.admin_token_file)
+
+    def validate(self) -> "ServiceSettings":
+        problems = []
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                problems.append(f"{f.name}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}")
+        if not 0 <= self.port <= 65535:
+            problems.append("port: must be in [0, 65535]")
+        if not -1 <= self.metrics_port <= 65535:
+            problems.append("metrics_port: must be -1 (off) or in [0, 65535]")
+        for name in ("max_queue", "max_batch", "max_tokens_cap", "max_message_bytes", "max_batch_for_speculation"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: must be >= 1")
+        for name in ("max_concurrent_rpcs", "kv_budget_tokens", "min_predicted_length"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}: must be >= 0")
+        if not 0.0 <= self.acceptance_threshold <= 1.0:
+            problems.append("acceptance_threshold: must be in [0, 1]")
+        for name in ("drain_grace_seconds", "stats_retention_days"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}: must be >= 0")
+        if self.stats_flush_interval_seconds <= 0:
+            problems.append("stats_flush_interval_seconds: must be > 0")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            problems.append("tls_cert_file and tls_key_file: give both or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            problems.append("tls_client_ca_file: mutual TLS needs tls_cert_file and tls_key_file")
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file", "admin_token_file"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                problems.append(f"{name}: {path} is not a readable file")
+        if problems:
+            raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
+        return self
+
+    def public_dict(self) -> dict[str, Any]:
+        """Every field for logging, secrets masked."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = ("***" if value is not None else None) if f.name in SECRET_FIELDS else (str(value) if isinstance(value, Path) else value)
+        return out
+
+
+def _read_tokens(secret: Secret | None, path: Path | None) -> frozenset[str]:
+    tokens = set()
+    if secret is not None and secret.value.strip():
+        tokens.add(secret.value.strip())
+    if path is not None:
+        for line in Path(path).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                tokens.add(line)
+    return frozenset(tokens)
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def settings_fields() -> list[dataclasses.Field[Any]]:
+    return list(fields(ServiceSettings))
+
+
+def _base_type(tp: Any) -> Any:
+    """``Path | None`` -> Path; ``int`` -> int."""
+    if isinstance(tp, str):
+        tp = eval(tp, vars(typing) | {"Path": Path, "Secret": Secret})  # annotations are strings under PEP 563
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0]
+    return tp
+
+
+_FIELD_TYPES = {f.name: _base_type(f.type) for f in fields(ServiceSettings)}
+_OPTIONAL = {f.name for f in fields(ServiceSettings) if "None" in str(f.type)}
+
+
+def field_type(name: str) -> Any:
+    return _FIELD_TYPES[name]
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    tp = _FIELD_TYPES[name]
+    try:
+        if value is None or (isinstance(value, str) and value == "" and name in _OPTIONAL):
+            if name not in _OPTIONAL:
+                raise ValueError("may not be empty")
+            return None
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"{value!r} is not a boolean")
+        if tp is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"{value!r} is not an integer")
+            return int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError(f"{value!r} is not a number")
+            return float(value)
+        if tp is Path:
+            return Path(os.path.expanduser(str(value)))
+        if tp is Secret:
+            return value if isinstance(value, Secret) else Secret(str(value))
+        if tp is str:
+            if not isinstance(value, str):
+                raise ValueError(f"{value!r} is not a string")
+            return value.upper() if name == "log_level" else value
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{name} (from {source}): {exc}") from None
+    raise SettingsError(f"{name}: unsupported type {tp}")
+
+
+def env_var(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out = {}
+    for name in _FIELD_TYPES:
+        key = env_var(name)
+        if key in env:
+            out[name] = _coerce(name, env[key], f"env {key}")
+    return out
+
+
+def from_toml(path: Path) -> dict[str, Any]:
+    """Top-level keys, or a ``[serve]`` table; '-' and '_' are equivalent in key names."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"config file {path}: {exc}") from None
+    if isinstance(data.get("serve"), dict):
+        data = {**{k: v for k, v in data.items() if k != "serve"}, **data["serve"]}
+    out = {}
+    for raw_key, value in data.items():
+        name = raw_key.replace("-", "_")
+        if name in SECRET_FIELDS:
+            raise SettingsError(f"config file {path}: {raw_key}: put token values in a file (*_token_file) or the environment")
+        if name not in _FIELD_TYPES:
+            raise SettingsError(f"config file {path}: unknown setting {raw_key!r}")
+        value = _coerce(name, value, f"config file {path}")
+        if isinstance(value, Path) and not value.is_absolute():
+            value = Path(path).parent / value  # relative paths are relative to the file
+        out[name] = value
+    return out
+
+
+def load_settings(
+    config_file: Path | str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    validate: bool = True,
+) -> ServiceSettings:
+    """Defaults < TOML file (``config_file`` or ``$STRUCTSPEC_CONFIG``) < environment < ``overrides``
+    (the flags; ``None`` values mean "not given")."""
+    env = os.environ if env is None else env
+    config_file = config_file or env.get(CONFIG_ENV) or None
+    values: dict[str, Any] = {}
+    if config_file:
+        values.update(from_toml(Path(config_file)))
+    values.update(from_env(env))
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if name not in _FIELD_TYPES:
+            raise SettingsError(f"unknown setting {name!r}")
+        values[name] = _coerce(name, value, "flag --" + name.replace("_", "-"))
+    settings = ServiceSettings(**values)
+    return settings.validate() if validate else settings

@@ -1,0 +1,1 @@
+from tests.service.fixtures import certs, client, engine, served  # noqa: F401

@@ -1,0 +1,165 @@
+"""The Python client: typed extraction, streams, retries, deadlines and typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+import grpc
+import pytest
+from pydantic import BaseModel, field_validator
+
+from structspec.client import (
+    NO_RETRY,
+    AsyncClient,
+    Client,
+    DeadlineExceededError,
+    ExtractionResult,
+    ModelValidationError,
+    NotFoundError,
+    ResourceExhaustedError,
+    RetryPolicy,
+    SchemaViolationError,
+    StructSpecError,
+    TextDelta,
+    TruncatedOutputError,
+    UnavailableError,
+)
+from structspec.client.convert import extract_request, tool_pb
+from tests.service.fakes import FakeEngine
+from tests.service.harness import ServerThread, settings_for
+
+
+class Address(BaseModel):
+    city: str
+    country: str
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    kind: Literal["customer", "vendor"]
+    address: Address  # nested model: exercised through $defs/$ref
+    tags: list[str]
+
+
+class Strict(BaseModel):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def not_placeholder(cls, v: str) -> str:
+        if v == "text":
+            raise ValueError("placeholder name")
+        return v
+
+
+def test_typed_extraction(client: Client, engine: FakeEngine) -> None:
+    person = client.extract("Ada, 36, customer in London", model=Person)
+    assert isinstance(person, Person) and person.kind == "customer" and person.address.city == "text"
+    assert engine.requests[-1].schema == Person.model_json_schema()
+    with pytest.raises(ModelValidationError) as err:
+        client.extract("x", model=Strict)
+    assert "placeholder" in str(err.value) and err.value.result.outcome == "valid"
+
+
+def test_output_errors(client: Client) -> None:
+    with pytest.raises(TruncatedOutputError) as err:
+        client.extract("[length]", model=Person)
+    assert err.value.partial_text.startswith("{") and err.value.result.finish_reason == "length"
+    with pytest.raises(SchemaViolationError):
+        client.extract("[violation]", schema_id="invoice")
+    r = client.call_tool([("user", "[length]")], [{"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}], check=False)
+    assert r.truncated and r.calls == []
+
+
+def test_typed_errors_carry_code_and_message(client: Client) -> None:
+    with pytest.raises(NotFoundError) as err:
+        client.extract("x", schema_id="nope")
+    assert isinstance(err.value, StructSpecError) and err.value.code is grpc.StatusCode.NOT_FOUND
+    assert str(err.value).startswith("NOT_FOUND: ")
+
+
+def test_timeout_raises_deadline_exceeded(client: Client) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        client.extract("[slow=0.3]", schema_id="contact", timeout=0.4)
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_retries_unavailable_until_the_model_is_loaded(tmp_path: Path) -> None:
+    with ServerThread(settings_for(tmp_path), None) as st:
+        engine = FakeEngine()
+        threading.Timer(0.4, lambda: st.run(st.server.set_engine(engine))).start()  # type: ignore[union-attr]
+        with Client(st.target, retry=RetryPolicy(max_attempts=10, initial_backoff=0.05, max_backoff=0.2)) as c:
+            assert c.extract("x", schema_id="contact")
+            assert list(c.extract_stream("x", schema_id="contact"))
+
+
+def test_no_retry_on_other_codes(tmp_path: Path) -> None:
+    engine = FakeEngine(max_running=1, max_queue=0)
+    with ServerThread(settings_for(tmp_path), engine) as st, Client(st.target, retry=RetryPolicy(max_attempts=5)) as c:
+        blocker = threading.Thread(target=lambda: c.extract("[slow=0.05]", schema_id="contact"))
+        blocker.start()
+        while engine.running() == 0:
+            time.sleep(0.01)
+        before = len(engine.requests)
+        with pytest.raises(ResourceExhaustedError):
+            c.extract("x", schema_id="contact")
+        assert len(engine.requests) == before  # refused at admission, not retried
+        blocker.join()
+
+
+def test_unreachable_server_gives_up_after_retries() -> None:
+    t0 = time.monotonic()
+    with Client("127.0.0.1:1", retry=RetryPolicy(max_attempts=3, initial_backoff=0.05), timeout=5) as c:
+        with pytest.raises(UnavailableError):
+            c.extract("x", schema_id="contact")
+    assert time.monotonic() - t0 < 4
+
+
+def test_async_client(served: ServerThread, engine: FakeEngine) -> None:
+    async def main() -> None:
+        async with AsyncClient(served.target, retry=NO_RETRY, timeout=10) as c:
+            assert await c.health() == "SERVING"
+            person = await c.extract("Ada", model=Person)
+            assert isinstance(person, Person)
+            items = [i async for i in c.extract_stream("Ada", schema_id="contact")]
+            assert isinstance(items[0], TextDelta) and isinstance(items[-1], ExtractionResult)
+            calls = await c.call_tool([{"role": "user", "content": "hi"}], [Address], tool_choice="Address")
+            assert calls.calls[0].name == "Address" and calls.calls[0].arguments == {"city": "text", "country": "text"}
+            info = await c.register_schema("person", Person, description="pydantic")
+            assert info.created and info.schema == json.loads(json.dumps(Person.model_json_schema()))
+            assert (await c.get_schema("person")).version == 1
+            assert [s.schema_id for s in await c.list_schemas("person")] == ["person"]
+            assert (await c.get_schema_stats("person")).schema_key == "person@1"
+            assert await c.list_schema_stats() == []
+            assert await c.delete_schema("person") == [1]
+            with pytest.raises(NotFoundError):
+                await c.get_schema("person")
+            with pytest.raises(TruncatedOutputError):
+                async for _ in c.extract_stream("[length]", schema_id="contact"):
+                    pass
+            with pytest.raises(DeadlineExceededError):
+                await c.extract("[slow=0.3]", schema_id="contact", timeout=0.3)
+
+    asyncio.run(main())
+
+
+def test_request_building() -> None:
+    req = extract_request(text="t", schema={"type": "object"}, seed=0, temperature=0.0)
+    assert req.WhichOneof("schema") == "json_schema" and req.sampling.HasField("seed") and req.sampling.seed == 0
+    assert req.sampling.HasField("temperature") and not req.sampling.HasField("top_p")
+    with pytest.raises(ValueError, match="exactly one of schema_id"):
+        extract_request(text="t", schema_id="a", model=Person)
+    with pytest.raises(ValueError, match="text= and messages="):
+        extract_request(schema_id="a")
+    with pytest.raises(ValueError, match="role"):
+        extract_request(messages=[("robot", "hi")], schema_id="a")
+    t = tool_pb({"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}})
+    assert (t.name, t.description, json.loads(t.parameters_json)) == ("f", "d", {"type": "object"})
+    assert tool_pb(Address).name == "Address"

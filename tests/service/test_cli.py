@@ -1,0 +1,111 @@
+"""The typer sub-commands, mounted on a bare app the way the main CLI will mount them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from structspec.cli_service import register
+from structspec.service.server import EngineUnavailable, load_factory
+from structspec.service.settings import SECRET_FIELDS, settings_fields
+from tests.service.harness import ServerThread
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command("version")  # a command of the main CLI
+    def version() -> None:
+        typer.echo("0")
+
+    register(app)
+    return app
+
+
+def plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def test_commands_registered(app: typer.Typer) -> None:
+    out = plain(runner.invoke(app, ["--help"], env={"COLUMNS": "200"}).output)
+    for name in ("serve", "health", "extract", "call-tool", "schemas", "loadtest", "version"):
+        assert name in out
+    out = plain(runner.invoke(app, ["schemas", "--help"], env={"COLUMNS": "200"}).output)
+    for name in ("list", "show", "register", "delete", "stats"):
+        assert name in out
+
+
+def test_serve_help_documents_every_setting(app: typer.Typer) -> None:
+    result = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "250"})
+    out = plain(result.output)
+    assert result.exit_code == 0
+    for f in settings_fields():
+        if f.name in SECRET_FIELDS:
+            assert f"--{f.name.replace('_', '-')} " not in out
+            continue
+        assert f"--{f.name.replace('_', '-')}" in out, f.name
+        assert f"STRUCTSPEC_{f.name.upper()}" in out, f.name
+    assert "--config" in out and "STRUCTSPEC_AUTH_TOKEN" in out
+
+
+def test_serve_rejects_bad_settings(app: typer.Typer) -> None:
+    result = runner.invoke(app, ["serve", "--device", "tpu", "--port", "0"])
+    assert result.exit_code == 2 and "device" in result.output
+
+
+def test_missing_engine_module_is_a_clear_error() -> None:
+    with pytest.raises(EngineUnavailable, match="no_such_pkg.engine"):
+        load_factory("no_such_pkg.engine:build_engine")
+    with pytest.raises(EngineUnavailable, match="module:function"):
+        load_factory("no-colon")
+    assert load_factory("tests.service.fakes:make_fake_engine").__name__ == "make_fake_engine"
+
+
+def test_client_commands(app: typer.Typer, served: ServerThread, tmp_path: Path) -> None:
+    t = ["--target", served.target]
+    ok = lambda args, **kw: runner.invoke(app, args + t, **kw)  # noqa: E731
+
+    r = ok(["health"])
+    assert r.exit_code == 0 and "SERVING" in r.output
+    r = ok(["extract", "--text", "Ada", "-s", "contact"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["email"] == "ada@example.com"
+    r = ok(["extract", "-s", "contact", "--text-file", "-"], input="from stdin")
+    assert r.exit_code == 0 and json.loads(r.output)
+    r = ok(["extract", "--text", "Ada", "-s", "contact", "--stream", "--full"])
+    assert r.exit_code == 0 and '"outcome": "valid"' in r.output
+    r = ok(["extract", "--text", "x", "-s", "nope"])
+    assert r.exit_code == 1 and "NOT_FOUND" in r.output
+    r = ok(["extract", "--text", "[length]", "-s", "contact"])
+    assert r.exit_code == 3 and "partial output" in r.output
+
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"q": {"type": "integer"}}}))
+    r = ok(["schemas", "register", "cli-schema", str(schema), "--description", "from the cli"])
+    assert r.exit_code == 0 and "cli-schema@1 registered" in r.output
+    r = ok(["schemas", "register", "cli-schema", str(schema)])
+    assert "unchanged" in r.output
+    r = ok(["schemas", "list", "--json"])
+    assert {"cli-schema", "invoice"} <= {s["schema_id"] for s in json.loads(r.output)}
+    r = ok(["schemas", "list"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "cli-schema" in r.output
+    r = ok(["schemas", "show", "cli-schema"])
+    assert json.loads(r.output)["schema"]["properties"]["q"]["type"] == "integer"
+    r = ok(["extract", "--text", "x", "--schema-file", str(schema)])
+    assert json.loads(r.output) == {"q": 1}
+    r = ok(["schemas", "stats", "cli-schema"])
+    assert r.exit_code == 0 and json.loads(r.output)[0]["schema_key"] == "cli-schema@1"
+    r = ok(["schemas", "delete", "cli-schema", "-y"])
+    assert r.exit_code == 0 and "deleted cli-schema versions 1" in r.output
+
+    r = ok(["call-tool", "-m", "user: weather in Oslo?"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["calls"][0]["name"] == "get_weather"

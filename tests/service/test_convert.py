@@ -1,0 +1,95 @@
+"""Pure conversion and error-mapping helpers."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from structspec.engine.api import ToolCall, ToolCallResult
+from structspec.engine.types import (
+    ContextTooLong,
+    FinishReason,
+    GenerationResult,
+    InvalidRequest,
+    Outcome,
+    QueueFull,
+    Timings,
+    Usage,
+)
+from structspec.grammar.base import SchemaError, SchemaIssue
+from structspec.service import convert, errors
+from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.service.registry import canonical_json, content_hash, metaschema_violations
+
+
+def result(text: str, finish: FinishReason = FinishReason.STOP, outcome: Outcome = Outcome.VALID, value: object = None) -> GenerationResult:
+    return GenerationResult("r1", text, [], finish, outcome, Usage(3, 4, 2, 1, {"d": 4}, {"d": 3}), Timings(1, 2, 3, 6), value=value)
+
+
+def test_sampling_defaults_validation_and_cap() -> None:
+    limits = convert.Limits(max_tokens_cap=100)
+    s = convert.sampling(pb.SamplingParams(), limits)
+    assert (s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens) == (0.0, 1.0, 0, None, 100)
+    assert convert.sampling(pb.SamplingParams(seed=0, temperature=0.0), limits).seed == 0  # explicit zero kept
+    with pytest.raises(InvalidRequest):
+        convert.sampling(pb.SamplingParams(top_p=0.0), limits)
+    with pytest.raises(errors.ServiceError, match="<= 100"):
+        convert.sampling(pb.SamplingParams(max_tokens=101), limits)
+
+
+def test_extract_result_parsed_forms() -> None:
+    obj = convert.extract_result(result('{"a": 1, "b": [true, null]}'), "k")
+    assert obj.WhichOneof("parsed") == "object" and obj.object["b"][0] is True and obj.schema_key == "k"
+    assert dict(obj.usage.drafted_tokens) == {"d": 4} and obj.timings.total_ms == 6
+    assert convert.extract_result(result('"hi"'), "k").value.string_value == "hi"
+    assert convert.extract_result(result("null"), "k").WhichOneof("parsed") == "value"
+    cut = convert.extract_result(result('{"a": ', FinishReason.LENGTH, Outcome.TRUNCATED), "k")
+    assert cut.truncated and cut.WhichOneof("parsed") is None and cut.finish_reason == pb.FINISH_REASON_LENGTH
+
+
+def test_tool_result() -> None:
+    res = ToolCallResult(result('[{"name":"f","arguments":{"x":1}}]'), [ToolCall("f", {"x": 1})], None)
+    out = convert.tool_result(res)
+    assert out.tool_calls[0].name == "f" and out.tool_calls[0].arguments["x"] == 1 and not out.HasField("text")
+    text = convert.tool_result(ToolCallResult(result("hello", outcome=Outcome.TEXT), [], "hello"))
+    assert text.text == "hello" and text.outcome == pb.OUTCOME_TEXT
+
+
+def test_exception_mapping() -> None:
+    schema_err = SchemaError([SchemaIssue("/properties/a", "pattern", "lookahead not supported")], kind="unsupported")
+    e = errors.from_exception(schema_err, "schema_ref")
+    assert e is not None and e.code is grpc.StatusCode.INVALID_ARGUMENT and e.reason == "UNSUPPORTED_SCHEMA"
+    assert e.violations[0].json_pointer == "/properties/a" and "pattern" in e.message and e.message.startswith("schema_ref")
+    assert errors.from_exception(SchemaError([], kind="too_large")).reason == "SCHEMA_TOO_LARGE"  # type: ignore[union-attr]
+    assert errors.from_exception(ContextTooLong("too long")).code is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[union-attr]
+    assert errors.from_exception(InvalidRequest("bad", field="top_k")).violations[0].field == "sampling.top_k"  # type: ignore[union-attr]
+    assert errors.from_exception(QueueFull("full")).code is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[union-attr]
+    assert errors.from_exception(KeyError("x")) is None
+
+
+def test_details_roundtrip() -> None:
+    from structspec.client.errors import error_from_rpc
+
+    err = errors.ServiceError(grpc.StatusCode.NOT_FOUND, "missing", "SCHEMA_NOT_FOUND", [errors.FieldViolation("schema_id", "nope")])
+
+    class FakeRpcError(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return err.code
+
+        def details(self) -> str:
+            return err.message
+
+        def trailing_metadata(self) -> object:
+            return errors.details_metadata(err, "rid")
+
+    client_err = error_from_rpc(FakeRpcError())
+    assert type(client_err).__name__ == "NotFoundError" and client_err.request_id == "rid"
+    assert client_err.field_violations[0].field == "schema_id" and client_err.reason == "SCHEMA_NOT_FOUND"
+
+
+def test_registry_helpers() -> None:
+    assert canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == '{"a":[1,{"c":3,"d":2}],"b":1}'
+    assert content_hash(canonical_json({"a": 1})) == content_hash(canonical_json({"a": 1}))
+    v = metaschema_violations({"type": "object", "properties": {"a/b": {"type": "strng"}}}, "schema_json")
+    assert v and v[0].json_pointer == "/properties/a~1b" and v[0].keyword == "type"
+    assert metaschema_violations({"type": "object"}, "f") == []

@@ -1,0 +1,60 @@
+"""Settings: precedence flags > env > file > defaults, validation, secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from structspec.service.settings import SECRET_FIELDS, Secret, ServiceSettings, SettingsError, load_settings, settings_fields
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = load_settings(env={})
+    assert (s.profile, s.device, s.port, s.metrics_port, s.acceptance_threshold, s.min_predicted_length) == ("gemma-3-270m", "auto", 50051, 9464, 0.55, 20)
+    assert s.host == "127.0.0.1" and s.tokens() == frozenset() and not s.tls_enabled
+
+
+def test_precedence(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "c.toml", 'port = 1000\nmax_batch = 4\nlog-level = "debug"\n[serve]\nprofile = "gemma-3-270m"\ndata_dir = "state"\n')
+    env = {"STRUCTSPEC_PORT": "2000", "STRUCTSPEC_MAX_QUEUE": "9", "STRUCTSPEC_REGISTER_BUILTIN_SCHEMAS": "false"}
+    s = load_settings(cfg, overrides={"port": 3000, "max_queue": None}, env=env)
+    assert s.port == 3000  # flag beats env and file
+    assert s.max_queue == 9  # env beats default; a None flag means "not given"
+    assert s.max_batch == 4 and s.profile == "gemma-3-270m" and s.log_level == "DEBUG"  # file
+    assert s.data_dir == tmp_path / "state"  # relative to the file
+    assert s.register_builtin_schemas is False
+    assert load_settings(env={**env, "STRUCTSPEC_CONFIG": str(cfg)}).port == 2000  # env beats file
+
+
+def test_errors_name_the_source(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="STRUCTSPEC_PORT"):
+        load_settings(env={"STRUCTSPEC_PORT": "many"})
+    with pytest.raises(SettingsError, match="unknown setting 'prot'"):
+        load_settings(write(tmp_path / "a.toml", "prot = 1\n"), env={})
+    with pytest.raises(SettingsError, match="token values"):
+        load_settings(write(tmp_path / "b.toml", 'auth_token = "x"\n'), env={})
+    with pytest.raises(SettingsError) as err:
+        load_settings(env={}, overrides={"device": "tpu", "acceptance_threshold": 2, "tls_cert_file": str(tmp_path / "nope.pem")})
+    text = str(err.value)
+    assert "device" in text and "acceptance_threshold" in text and "tls_key_file" in text and "not a readable file" in text
+    with pytest.raises(SettingsError, match="mutual TLS"):
+        ServiceSettings(tls_client_ca_file=write(tmp_path / "ca.pem", "x")).validate()
+
+
+def test_tokens_and_secrets(tmp_path: Path) -> None:
+    f = write(tmp_path / "t", "a\n\n# comment\nb\n")
+    s = load_settings(env={"STRUCTSPEC_AUTH_TOKEN": "c", "STRUCTSPEC_ADMIN_TOKEN": "s3cr3t-adm"}, overrides={"auth_token_file": str(f)})
+    assert s.tokens() == {"a", "b", "c"} and s.admin_tokens() == {"s3cr3t-adm"}
+    assert isinstance(s.auth_token, Secret) and "s3cr3t" not in repr(s) and s.public_dict()["admin_token"] == "***"
+
+
+def test_every_field_documented() -> None:
+    for f in settings_fields():
+        assert f.metadata.get("help"), f.name
+    assert SECRET_FIELDS <= {f.name for f in settings_fields()}
