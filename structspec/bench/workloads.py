@@ -67,8 +67,9 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
         examples = tuple(FewShotExample(s.source, s.output) for s in
                          [s for s in shots if s.schema_name == ex.schema_name][:few_shot])
         if ex.task == "toolcall":
+            # The agent's whole tool list, as a deployed agent sends it: one grammar for the workload.
             out.append(WorkItem("toolcall", "agent_tools", ex.source, ex.value, ex.freetext_fields,
-                                tools=tuple(tools[n] for n in ex.tool_names), examples=examples))
+                                tools=tuple(tools.values()), examples=examples))
         else:
             out.append(WorkItem("extract", ex.schema_name, ex.source, ex.value, ex.freetext_fields,
                                 schema=schemas[ex.schema_name], examples=examples))

@@ -37,6 +37,7 @@ from structspec.engine.verify import verify
 from structspec.grammar.base import allocate_bitmask, bitmask_to_bool
 from structspec.models.executor import ForwardStep, StepInput
 from structspec.spec.base import Draft
+from structspec.store.base import batch_bucket
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,13 @@ class CoreLimits:
     prefill_chunk: int = 256  # prompt tokens one sequence feeds per step
     step_tokens: int = 512  # tokens one forward may carry in all (decodes first, prefill fills the rest)
     max_draft: int = 8  # drafted tokens per sequence per step (KV headroom reserved for them)
+
+
+class AcceptanceSink(Protocol):
+    """Where per-step acceptance counts go (the store's buffered, non-blocking recorder)."""
+
+    def record_acceptance(self, schema_key: str, proposer: str, batch_bucket: int, drafted: int, accepted: int,
+                          ts: float) -> None: ...
 
 
 class Speculator(Protocol):
@@ -83,12 +91,13 @@ class _Inbox:
 
 class EngineCore:
     def __init__(self, executor: ForwardStep, tokenizer, eos_token_id: int, limits: CoreLimits = CoreLimits(),
-                 speculator: Speculator | None = None):
+                 speculator: Speculator | None = None, stats: AcceptanceSink | None = None):
         self.executor = executor
         self.tokenizer = tokenizer
         self.eos = eos_token_id
         self.limits = limits
         self.speculator = speculator
+        self.stats = stats
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.reserved = 0
@@ -245,6 +254,9 @@ class EngineCore:
         verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output))
         if plan.draft is not None:
             seq.add_usage(plan.draft.proposer, plan.drafted, verdict.accepted)
+            if self.stats is not None:
+                self.stats.record_acceptance(seq.schema_key, plan.draft.proposer, batch_bucket(len(self.running)),
+                                             plan.drafted, verdict.accepted, time.time())
         rejected = len(draft) - verdict.accepted
         if rejected:
             self.executor.rollback(seq.seq_id, rejected)

@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+import torch
+
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
 from structspec.engine.core import CoreLimits, EngineCore, Speculator
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text
@@ -77,6 +79,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+
+    close = stop  # the server calls close() after draining
 
     def queue_depth(self) -> int:
         return self.core.queue_depth()
@@ -229,7 +233,7 @@ def _messages_as_text(messages: tuple[ChatMessage, ...]) -> str:
 
 def assemble_engine(models, grammar_backend: str = "llguidance", limits: CoreLimits = CoreLimits(),
                     proposers=None, max_context: int | None = None, options: EngineOptions = EngineOptions(),
-                    compiler: GrammarCompiler | None = None) -> Engine:
+                    compiler: GrammarCompiler | None = None, stats=None) -> Engine:
     """Wire executors, grammar compiler, proposers and the core around loaded models (not started).
 
     ``proposers``: a ``ProposerSet`` (None = no drafting; fast-forward is per request).
@@ -250,28 +254,33 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: CoreLim
         if proposers.draft and models.draft is not None:
             draft = DraftModelProposer(TransformersExecutor(models.draft, max_context=executor.max_context), eos)
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, draft=draft)
-    core = EngineCore(executor, models.tokenizer, eos, limits, speculator)
+    core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)
     return Engine(core, models.tokenizer, compiler, executor.max_context, options)
 
 
-def build_engine(settings: Any) -> Engine:
+def build_engine(settings: Any, store: Any = None) -> Engine:
     """Load the profile named by ``settings.profile`` and start the engine (the server's engine factory).
 
     Reads: profile, device, dtype, grammar_backend, max_batch, max_queue, kv_budget_tokens, max_tokens_cap,
-    speculation ("off" | "ff+ngram" | "ff+ngram+history" | "all"; default "all").
+    speculation ("off" | "ff+ngram" | "ff+ngram+history" | "all"; default "all"). ``store`` receives the
+    per-step acceptance counts (per schema, proposer and batch-size bucket).
     """
     from structspec.models.loading import load_profile
     from structspec.spec.router import ProposerSet
 
-    get = lambda name, default: getattr(settings, name, default)  # noqa: E731
+    get = lambda name, default: getattr(settings, name, default) or default  # noqa: E731
     t0 = time.monotonic()
     proposers = ProposerSet.parse(get("speculation", "all"))
-    models = load_profile(get("profile", "demo"), device=get("device", "cpu"), dtype=get("dtype", "float32"),
+    device = get("device", "cpu")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    dtype = get("dtype", "float32")
+    dtype = ("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype
+    models = load_profile(get("profile", "demo"), device=device, dtype=dtype,
                           with_draft=bool(proposers and proposers.draft))
     limits = CoreLimits(max_batch=get("max_batch", 16), max_queue=get("max_queue", 64),
-                        kv_budget_tokens=get("kv_budget_tokens", 65536))
+                        kv_budget_tokens=get("kv_budget_tokens", 65536))  # 0 = default budget
     engine = assemble_engine(models, get("grammar_backend", "llguidance"), limits, proposers,
-                             options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)))
+                             options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)), stats=store)
     engine.start()
     log.info("engine ready in %.1fs (profile %s)", time.monotonic() - t0, models.profile)
     return engine

@@ -21,6 +21,7 @@ before they are overwritten.
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, Sequence
 
 import torch
@@ -32,8 +33,11 @@ from structspec.models.executor import ContextOverflow, StepInput
 class _SlotCache:
     """The object handed to the model as ``cache``: writes new K/V into slots, returns the batch view."""
 
-    def __init__(self, owner: "TransformersExecutor", slots: torch.Tensor, positions: torch.Tensor, kv_len: int):
-        self.owner, self.slots, self.positions, self.kv_len = owner, slots, positions, kv_len
+    def __init__(self, owner: "TransformersExecutor", slots: list[int], positions: torch.Tensor, kv_len: int):
+        self.owner, self.positions, self.kv_len = owner, positions, kv_len
+        self.slots = torch.tensor(slots, device=positions.device)
+        # Consecutive slots (always so at batch 1) are read through a view instead of a gathered copy.
+        self.span = (slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) else None
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         # key/value: [B, H_kv, T, D] -> buffer[slot_b, :, pos_bt] (advanced indices come first: [B, T, H_kv, D])
@@ -41,7 +45,9 @@ class _SlotCache:
         idx = (self.slots[:, None], slice(None), self.positions)
         kbuf[idx] = key.transpose(1, 2).to(kbuf.dtype)
         vbuf[idx] = value.transpose(1, 2).to(vbuf.dtype)
-        # [B, H_kv, Lk, D]
+        if self.span is not None:  # [B, H_kv, Lk, D]
+            lo, hi = self.span
+            return kbuf[lo:hi, :, : self.kv_len], vbuf[lo:hi, :, : self.kv_len]
         return kbuf[:, :, : self.kv_len].index_select(0, self.slots), vbuf[:, :, : self.kv_len].index_select(0, self.slots)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -106,10 +112,11 @@ class TransformersExecutor:
         if not self._free_slots:
             n = self.slots
             self._alloc(2 * n, self.capacity)
-            self._free_slots.extend(range(n, 2 * n))
+            for slot in range(n, 2 * n):
+                heapq.heappush(self._free_slots, slot)
         seq_id = self._next_id
         self._next_id += 1
-        self._slot[seq_id] = self._free_slots.pop()
+        self._slot[seq_id] = heapq.heappop(self._free_slots)  # lowest first: batches tend to be consecutive
         self._len[seq_id] = 0
         return seq_id
 
@@ -122,7 +129,7 @@ class TransformersExecutor:
         self._len[seq_id] -= n
 
     def free(self, seq_id: int) -> None:
-        self._free_slots.append(self._slot.pop(seq_id))
+        heapq.heappush(self._free_slots, self._slot.pop(seq_id))
         del self._len[seq_id]
 
     @torch.inference_mode()
@@ -147,8 +154,7 @@ class TransformersExecutor:
             ids[b, : counts[b]] = torch.as_tensor(list(x.tokens), dtype=torch.long)
         start = torch.tensor(lens, dtype=torch.long)
         positions = start[:, None] + torch.arange(width)[None, :]  # [B, T]
-        cache = _SlotCache(self, torch.tensor([self._slot[x.seq_id] for x in inputs], device=dev),
-                           positions.to(dev), kv_len)
+        cache = _SlotCache(self, [self._slot[x.seq_id] for x in inputs], positions.to(dev), kv_len)
         mask = self._masks(positions.to(dev), kv_len)
         out = self._base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask, cache=cache,
                          use_cache=True)

@@ -8,6 +8,7 @@ import random
 import time
 
 import pytest
+import torch
 
 from structspec.bench.workloads import build_workload
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
@@ -32,13 +33,19 @@ def run(engine, *requests):
     return seqs
 
 
-def test_greedy_extraction_stops_valid_and_accurate(make_engine):
+def test_greedy_extraction_matches_unconstrained_model_and_validates(make_engine, demo_models):
+    """Where the model's own greedy output is already valid, masking must not change it (same text as HF generate)."""
     engine = make_engine()
     result = asyncio.run(_extract_started(engine, request_for(ITEMS[0])))
     assert result.finish_reason is FinishReason.STOP
     assert result.outcome is Outcome.VALID
-    right, total = ITEMS[0].score(result.value)
-    assert right >= total - 1, (result.text, ITEMS[0].truth)
+    seq = engine.prepare_extraction(request_for(ITEMS[0]))
+    with torch.no_grad():
+        out = demo_models.target.generate(torch.tensor([seq.prompt]), max_new_tokens=200, do_sample=False,
+                                          eos_token_id=engine.tokenizer.eos_token_id,
+                                          pad_token_id=engine.tokenizer.eos_token_id)
+    hf_text = engine.tokenizer.decode(out[0, len(seq.prompt):], skip_special_tokens=True)
+    assert result.text == hf_text
     assert result.usage.output_tokens == len(result.token_ids) > 10
     assert 0 < result.usage.target_forward_passes < result.usage.output_tokens  # fast-forward saved passes
     assert result.usage.forced_tokens > 0
@@ -255,6 +262,7 @@ def test_tool_call_required(make_engine):
                                                        speculation=SpeculationMode.OFF)))
     assert out.result.finish_reason is FinishReason.STOP and out.result.outcome is Outcome.VALID
     assert len(out.calls) == 1 and out.calls[0].name == item.truth["name"]
-    assert out.calls[0].arguments == item.truth["arguments"]
-    tools = {t["function"]["name"] for t in load_builtin_tools()}
-    assert out.calls[0].name in tools
+    import jsonschema
+
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in load_builtin_tools()}
+    jsonschema.validate(out.calls[0].arguments, params[out.calls[0].name])

@@ -116,15 +116,17 @@ def test_sampling_distribution_preserved_with_draft_model(make_engine, demo_mode
                 for s in seeds]
         for i in range(0, len(seqs), 250):
             run_until_idle(engine.core, seqs[i:i + 250])
-        return Counter(engine.tokenizer.decode(s.output) for s in seqs)
+        drafted = sum(s.usage.drafted.get("draft", 0) for s in seqs)
+        accepted = sum(s.usage.accepted.get("draft", 0) for s in seqs)
+        return Counter(engine.tokenizer.decode(s.output) for s in seqs), drafted, accepted
 
     plain = make_engine(max_batch=250, max_queue=300, kv_budget_tokens=10**6, step_tokens=10**5)
     spec = make_engine(ProposerSet(ngram=False, history=False, draft=True), max_batch=250, max_queue=300,
                        kv_budget_tokens=10**6, step_tokens=10**5)
     spec.core.speculator.order = lambda ctx: [spec.core.speculator.draft]  # the draft model at every position
-    a = sample(plain, range(n))
-    b = sample(spec, range(n, 2 * n))
-    drafted = spec.core.speculator  # noqa: F841 - kept for debugging
+    a, _, _ = sample(plain, range(n))
+    b, drafted, accepted = sample(spec, range(n, 2 * n))
+    assert drafted >= n and 0 < accepted < drafted  # the draft really drafted, and was sometimes rejected
     keys = sorted(set(a) | set(b))
     table = [[a.get(k, 0) + 0.5 for k in keys], [b.get(k, 0) + 0.5 for k in keys]]
     assert len(keys) >= 3, keys
