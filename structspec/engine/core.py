@@ -216,9 +216,9 @@ class EngineCore:
             if tok == self.eos or not _allowed(bitmask[i], tok) or not matcher.consume([tok]):
                 break
             consumed += 1
+            matcher.fill_mask(bitmask, i + 1)  # once the grammar is complete this row allows only EOS
             if matcher.is_stopped():
                 break  # no draft continues past grammar termination
-            matcher.fill_mask(bitmask, i + 1)
         matcher.rollback(consumed)
         if draft is not None and consumed < len(draft.tokens):
             draft = Draft(draft.tokens[:consumed], draft.q[:consumed] if draft.q is not None else None, draft.proposer)

@@ -131,3 +131,36 @@ def test_sampling_distribution_preserved_with_draft_model(make_engine, demo_mode
     table = [[a.get(k, 0) + 0.5 for k in keys], [b.get(k, 0) + 0.5 for k in keys]]
     assert len(keys) >= 3, keys
     assert chi2_contingency(table).pvalue > 1e-3, dict(zip(keys, zip(*table)))
+
+
+class OracleProposer:
+    """Drafts the reference continuation: every draft is accepted, and the last one completes the grammar."""
+
+    def __init__(self, reference):
+        self.reference = reference  # request order -> reference output tokens
+
+    def propose(self, seq, k):
+        ref = self.reference[seq.prompt_key]
+        n = len(seq.output)
+        return Draft(ref[n:n + k], None, "oracle") if n < len(ref) else None
+
+    def on_commit(self, seq, tokens):
+        pass
+
+    def on_finish(self, seq):
+        pass
+
+
+def test_draft_that_completes_the_grammar_ends_without_bonus(make_engine):
+    plain, oracle = make_engine(), make_engine()
+    ref = sequences(plain, ITEMS[:5])
+    run_until_idle(plain.core, ref)
+    got = sequences(oracle, ITEMS[:5])
+    for r, g in zip(ref, got):
+        g.prompt_key = r.prompt_key = tuple(r.prompt)
+    oracle.core.speculator = OracleProposer({tuple(r.prompt): r.output for r in ref})
+    run_until_idle(oracle.core, got)
+    for r, g in zip(ref, got):
+        assert g.finish is FinishReason.STOP and g.output == r.output
+        assert g.usage.accepted["oracle"] == g.usage.drafted["oracle"] > 0
+        assert g.usage.target_forward_passes < r.usage.target_forward_passes
