@@ -184,8 +184,8 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
             else:
                 extra: dict[str, Any] = {"stop_strings": ["\n"], "tokenizer": tok}
                 if mode == "hf_assisted":
-                    if models.draft is not None:
-                        extra["assistant_model"] = models.draft
+                    if models.draft is not None:  # the demo draft stops on EOS; HF's assistant path rejects stop strings
+                        extra = {"assistant_model": models.draft}
                     else:
                         extra["prompt_lookup_num_tokens"] = 5
                 out = model.generate(ids, **common, **extra)
@@ -207,10 +207,7 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
 def run_decode_bench(profile: str, workload: str, concurrency: int = 1, requests: int = 20, max_tokens: int = 256,
                      configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES, few_shot: int | None = None,
                      device: str = "cpu", warmup: int = 2) -> dict[str, Any]:
-    from structspec.engine.core import CoreLimits
-    from structspec.engine.engine import assemble_engine
     from structspec.models.loading import load_profile
-    from structspec.spec.router import ProposerSet
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     models = load_profile(profile, device=device, dtype="float32", with_draft=True)
@@ -231,31 +228,45 @@ def run_decode_bench(profile: str, workload: str, concurrency: int = 1, requests
     }
     compiler = None
     for name in configs:
-        if name in BASELINES:
-            if concurrency != 1:
-                continue  # HF generate serves one request at a time
-            _run_hf(models, warm, max_tokens, name)
-            records, wall = _run_hf(models, items, max_tokens, name)
-        else:
-            proposers = ProposerSet.parse(name)
-            if name == "all" and models.draft is None:
-                proposers = ProposerSet(True, True, False)
-            engine = assemble_engine(models, limits=CoreLimits(max_batch=max(16, concurrency)), proposers=proposers,
-                                     compiler=compiler)
-            compiler = engine.compiler  # compiled grammars are shared across configurations
-            engine.start()
-            try:
-                asyncio.run(_run_engine(engine, warm, 1, max_tokens, name != "off", proposers is not None))
-                records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, name != "off",
-                                                        proposers is not None))
-            finally:
-                engine.stop()
-        report["configs"][name] = summarize(records, wall)
+        try:
+            report["configs"][name] = _run_config(name, models, items, warm, concurrency, max_tokens, compiler)
+        except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
+            report["configs"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        compiler = report["configs"][name].pop("_compiler", compiler)
     for name, row in report["configs"].items():
+        if "error" in row:
+            continue
         for ref in ("off", "hf_outlines"):
-            if ref in report["configs"] and report["configs"][ref]["tokens_per_s"]:
+            if "tokens_per_s" in report["configs"].get(ref, {}) and report["configs"][ref]["tokens_per_s"]:
                 row[f"speedup_vs_{ref}"] = row["tokens_per_s"] / report["configs"][ref]["tokens_per_s"]
     return report
+
+
+def _run_config(name, models, items, warm, concurrency, max_tokens, compiler) -> dict[str, Any]:
+    from structspec.engine.core import CoreLimits
+    from structspec.engine.engine import assemble_engine
+    from structspec.spec.router import ProposerSet
+
+    if name in BASELINES:
+        if concurrency != 1:
+            raise ValueError("HF baselines serve one request at a time: run them at concurrency 1")
+        _run_hf(models, warm, max_tokens, name)
+        records, wall = _run_hf(models, items, max_tokens, name)
+        return summarize(records, wall)
+    proposers = ProposerSet.parse(name)
+    if name == "all" and models.draft is None:
+        proposers = ProposerSet(True, True, False)
+    engine = assemble_engine(models, limits=CoreLimits(max_batch=max(16, concurrency)), proposers=proposers,
+                             compiler=compiler)
+    engine.start()
+    try:
+        asyncio.run(_run_engine(engine, warm, 1, max_tokens, name != "off", proposers is not None))
+        records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, name != "off",
+                                                proposers is not None))
+    finally:
+        engine.stop()
+    return {**summarize(records, wall), "_compiler": engine.compiler}  # grammars shared across configurations
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -270,6 +281,9 @@ def format_table(report: dict[str, Any]) -> str:
                 "forced", "valid", "stop", "fields", "acceptance (accepted/drafted)"):
         t.add_column(col)
     for name, r in report["configs"].items():
+        if "error" in r:
+            t.add_row(name, f"error: {r['error'][:80]}")
+            continue
         acc = ", ".join(f"{k} {v:.2f}" for k, v in r["acceptance"].items()) or "-"
         t.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r.get('speedup_vs_off', 0):.2f}",
                   f"{r.get('speedup_vs_hf_outlines', 0):.2f}", f"{r['latency_p50_s']:.2f}",

@@ -48,6 +48,8 @@ class Router:
         self.history_proposer = HistoryProposer(tokenizer, self.history) if proposers.history else None
         self.draft = draft if proposers.draft else None
         self._prompt_text: dict[str, str] = {}
+        self._last: dict[str, tuple[str, int, int]] = {}  # request -> (proposer, output length, drafted)
+        self._accepted: dict[tuple[str, str], float] = {}  # (request, proposer) -> recent accepted per draft
 
     def _context(self, seq: Sequence) -> DraftContext:
         prompt_text = self._prompt_text.get(seq.request_id)
@@ -60,17 +62,37 @@ class Router:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def order(self, ctx: DraftContext) -> list[Proposer]:
+        """Free-text string values: the draft model (copy lookup where there is none); elsewhere
+        history first (key order, enum values seen before), then copy lookup."""
         free = is_free_text(ctx.schema, scan(ctx.output_text))
-        order = [self.ngram, self.draft, self.history_proposer] if free else [self.history_proposer, self.ngram]
+        order = [self.draft, self.ngram, self.history_proposer] if free else [self.history_proposer, self.ngram]
         return [p for p in order if p is not None]
 
     def propose(self, seq: Sequence, max_tokens: int) -> Draft | None:
         ctx = self._context(seq)
         for proposer in self.order(ctx):
-            draft = proposer.propose(ctx, max_tokens)
+            k = self._draft_len(seq.request_id, proposer.name, max_tokens)
+            draft = proposer.propose(ctx, k)
             if draft is not None and draft.tokens:
+                self._last[seq.request_id] = (proposer.name, len(seq.output), len(draft.tokens))
                 return self._fit_q(draft)
         return None
+
+    def _draft_len(self, request_id: str, proposer: str, max_tokens: int) -> int:
+        """Draft about what this proposer got accepted lately in this request (+2), so a proposer that keeps
+        being rejected early does not pay for long verifications; starts at the maximum."""
+        mean = self._accepted.get((request_id, proposer))
+        return max_tokens if mean is None else max(2, min(max_tokens, int(mean + 2.5)))
+
+    def _learn(self, seq: Sequence) -> None:
+        last = self._last.pop(seq.request_id, None)
+        if last is None:
+            return
+        name, start, drafted = last
+        accepted = min(drafted, max(0, len(seq.output) - start - 1))  # committed since the draft, minus the new token
+        key = (seq.request_id, name)
+        prev = self._accepted.get(key)
+        self._accepted[key] = accepted if prev is None else 0.5 * prev + 0.5 * accepted
 
     def _fit_q(self, draft: Draft) -> Draft:
         """The verifier indexes q by the target's vocabulary width."""
@@ -82,10 +104,13 @@ class Router:
         return Draft(draft.tokens, q, draft.proposer)
 
     def on_commit(self, seq: Sequence, tokens: list[int]) -> None:
-        return None  # proposers read the committed text from the sequence when asked
+        self._learn(seq)  # the first commit after a draft: accepted tokens + the new token
 
     def on_finish(self, seq: Sequence) -> None:
         self._prompt_text.pop(seq.request_id, None)
+        self._last.pop(seq.request_id, None)
+        for key in [k for k in self._accepted if k[0] == seq.request_id]:
+            del self._accepted[key]
         if self.draft is not None:
             self.draft.release(seq.request_id)
         if seq.finish is FinishReason.STOP and seq.output:
