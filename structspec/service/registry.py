@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 import grpc
 
+from structspec.grammar.cache import canonical_json as grammar_canonical_json
 from structspec.service.errors import FieldViolation, ServiceError, invalid, not_found
 from structspec.store.base import SchemaRecord, Store
 
@@ -20,8 +21,9 @@ MAX_METASCHEMA_ISSUES = 10
 
 
 def canonical_json(value: Any) -> str:
-    """One text per JSON value: sorted keys, no insignificant whitespace, UTF-8 kept."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """One text per schema: sorted keys except inside ``properties``, whose order is part of the output
+    (properties are generated in schema order), no insignificant whitespace, UTF-8 kept."""
+    return grammar_canonical_json(value)
 
 
 def content_hash(text: str) -> str:
