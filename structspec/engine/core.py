@@ -50,6 +50,7 @@ class CoreLimits:
     prefill_chunk: int = 256  # prompt tokens one sequence feeds per step
     step_tokens: int = 512  # tokens one forward may carry in all (decodes first, prefill fills the rest)
     max_draft: int = 8  # drafted tokens per sequence per step (KV headroom reserved for them)
+    max_spec_batch: int = 8  # no drafting while more sequences than this run (verification stops paying)
 
 
 class AcceptanceSink(Protocol):
@@ -203,7 +204,8 @@ class EngineCore:
     def _attach_draft_and_masks(self, plan: _Plan) -> None:
         seq, matcher = plan.seq, plan.seq.matcher
         draft = None
-        if self.speculator is not None and seq.speculate and seq.remaining > 1:
+        if (self.speculator is not None and seq.speculate and seq.remaining > 1
+                and len(self.running) <= self.limits.max_spec_batch):
             draft = self.speculator.propose(seq, min(self.limits.max_draft, seq.remaining - 1))
         tokens = list(draft.tokens) if draft else []
         plan.drafted = len(tokens)

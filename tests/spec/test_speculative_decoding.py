@@ -54,7 +54,7 @@ def assert_same_or_near_tie(engine, ref, got):
 @pytest.mark.parametrize("config", ["ff+ngram", "ff+ngram+history", "all"])
 def test_greedy_identical_with_speculation(make_engine, config):
     plain = make_engine()
-    spec = make_engine(proposers=ProposerSet.parse(config))
+    spec = make_engine(proposers=ProposerSet.parse(config), max_spec_batch=64)
     ref = sequences(plain, ITEMS)
     run_until_idle(plain.core, ref)
     # twice, so the schema history has something to propose the second time
@@ -122,7 +122,7 @@ def test_sampling_distribution_preserved_with_draft_model(make_engine, demo_mode
 
     plain = make_engine(max_batch=250, max_queue=300, kv_budget_tokens=10**6, step_tokens=10**5)
     spec = make_engine(ProposerSet(ngram=False, history=False, draft=True), max_batch=250, max_queue=300,
-                       kv_budget_tokens=10**6, step_tokens=10**5)
+                       kv_budget_tokens=10**6, step_tokens=10**5, max_spec_batch=250)
     spec.core.speculator.order = lambda ctx: [spec.core.speculator.draft]  # the draft model at every position
     a, _, _ = sample(plain, range(n))
     b, drafted, accepted = sample(spec, range(n, 2 * n))
@@ -164,3 +164,17 @@ def test_draft_that_completes_the_grammar_ends_without_bonus(make_engine):
         assert g.finish is FinishReason.STOP and g.output == r.output
         assert g.usage.accepted["oracle"] == g.usage.drafted["oracle"] > 0
         assert g.usage.target_forward_passes < r.usage.target_forward_passes
+
+
+def test_no_drafting_above_the_speculation_batch_limit(make_engine):
+    spec = make_engine(proposers=ProposerSet.parse("ff+ngram+history"), max_spec_batch=2)
+    seen = []
+    propose = spec.core.speculator.propose
+
+    def counting(seq, k):
+        seen.append(len(spec.core.running))
+        return propose(seq, k)
+
+    spec.core.speculator.propose = counting
+    run_until_idle(spec.core, sequences(spec, ITEMS[:4]))
+    assert seen and max(seen) <= 2  # drafting resumed only once the batch shrank to the limit
