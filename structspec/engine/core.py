@@ -30,11 +30,10 @@ from typing import Protocol, Sequence as Seq
 import torch
 
 from structspec.engine.detok import IncrementalDetokenizer
-from structspec.engine.sampling import mask_logits
 from structspec.engine.sequence import Sequence
 from structspec.engine.types import FinishReason, OverBudget, QueueFull
 from structspec.engine.verify import verify
-from structspec.grammar.base import allocate_bitmask, bitmask_to_bool
+from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
 from structspec.models.executor import ForwardStep, StepInput
 from structspec.spec.base import Draft
 from structspec.store.base import batch_bucket
@@ -247,7 +246,7 @@ class EngineCore:
             seq.first_decode = time.monotonic()
             seq.timings.prefill_ms = (seq.first_decode - (seq.admitted or seq.created)) * 1000
         draft = plan.draft.tokens if plan.draft else []
-        rows = mask_logits(logits, torch.stack([bitmask_to_bool(r, logits.shape[-1]) for r in plan.bitmask]))
+        rows = apply_token_bitmask(logits, plan.bitmask)  # [k+1, V]
         if torch.isinf(rows[0]).all():
             self.executor.rollback(seq.seq_id, len(draft))
             self._finish(seq, FinishReason.ERROR, "grammar allows no token here (dead end)")

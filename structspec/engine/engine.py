@@ -137,8 +137,7 @@ class Engine:
         tools = list(request.tools)
         parsed: dict[str, Any] = {}
 
-        params = {t["function"]["name"] if "function" in t else t["name"]:
-                  (t.get("function", t)).get("parameters", {}) for t in tools}
+        params = {spec.name: spec.parameters for spec in map(ToolSpec.from_openai, tools)}
         post_check = seq.grammar.info.post_check_keywords
 
         def check(text: str) -> CheckResult:

@@ -23,14 +23,6 @@ from structspec.engine.types import SamplingParams
 NEG_INF = float("-inf")
 
 
-def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """logits [..., V], allowed bool [..., V'] (V' <= V: ids past the tokenizer are never allowed)."""
-    if allowed.shape[-1] < logits.shape[-1]:
-        pad = torch.zeros(allowed.shape[:-1] + (logits.shape[-1] - allowed.shape[-1],), dtype=torch.bool)
-        allowed = torch.cat([allowed, pad], dim=-1)
-    return logits.masked_fill(~allowed, NEG_INF)
-
-
 def target_logprobs(masked: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[..., V] masked logits -> [..., V] log-probabilities after temperature, top-k, top-p (-inf = excluded)."""
     x = masked / params.temperature

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from structspec.engine.sampling import keyed_gumbel, mask_logits, target_logprobs
-from structspec.grammar.base import allocate_bitmask, bitmask_to_bool
+from structspec.engine.sampling import keyed_gumbel, target_logprobs
+from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
 from structspec.models.executor import ForwardStep, StepInput
 from structspec.spec.base import Draft, DraftContext
 
@@ -47,7 +47,7 @@ class DraftModelProposer:
         qs: list[torch.Tensor] = []
         for i in range(k):
             matcher.fill_mask(bitmask, 0)
-            masked = mask_logits(logits[0], bitmask_to_bool(bitmask[0], logits.shape[-1]))  # [V]
+            masked = apply_token_bitmask(logits[:1], bitmask)[0]  # [V]
             if torch.isinf(masked).all():
                 break
             if greedy:
