@@ -28,10 +28,12 @@ class Usage:
     forced_tokens: int = 0
     drafted: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
+    cached_prompt_tokens: int = 0
 
     @classmethod
     def from_pb(cls, u: pb.Usage) -> "Usage":
-        return cls(u.prompt_tokens, u.output_tokens, u.target_forward_passes, u.forced_tokens, dict(u.drafted_tokens), dict(u.accepted_tokens))
+        return cls(u.prompt_tokens, u.output_tokens, u.target_forward_passes, u.forced_tokens, dict(u.drafted_tokens),
+                   dict(u.accepted_tokens), u.cached_prompt_tokens)
 
 
 @dataclass(frozen=True)

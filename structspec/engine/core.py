@@ -30,6 +30,7 @@ from typing import Protocol, Sequence as Seq
 import torch
 
 from structspec.engine.detok import IncrementalDetokenizer
+from structspec.engine.prefix_cache import PrefixCache
 from structspec.engine.sequence import Sequence
 from structspec.engine.types import FinishReason, OverBudget, QueueFull
 from structspec.engine.verify import verify
@@ -50,6 +51,7 @@ class CoreLimits:
     step_tokens: int = 512  # tokens one forward may carry in all (decodes first, prefill fills the rest)
     max_draft: int = 8  # drafted tokens per sequence per step (KV headroom reserved for them)
     max_spec_batch: int = 8  # no drafting while more sequences than this run (verification stops paying)
+    prefix_cache_tokens: int = 8192  # prompt KV kept after requests finish, for reuse (0: no prefix caching)
 
 
 class AcceptanceSink(Protocol):
@@ -101,6 +103,7 @@ class EngineCore:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.reserved = 0
+        self.prefix = PrefixCache(limits.prefix_cache_tokens) if limits.prefix_cache_tokens > 0 else None
         self._inbox = _Inbox()
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.wakeup = threading.Event()
@@ -167,6 +170,8 @@ class EngineCore:
         while self.waiting and len(self.running) < self.limits.max_batch:
             seq = self.waiting[0]
             need = self.kv_need(len(seq.prompt), seq.params.max_tokens)
+            while self.prefix and self.reserved + need + self.prefix.tokens > self.limits.kv_budget_tokens:
+                self.executor.free(self.prefix.evict())  # retained prompts are a cache: they never make anyone wait
             if self.reserved + need > self.limits.kv_budget_tokens:
                 break  # FIFO: the head waits for memory rather than being overtaken forever
             self.waiting.popleft()
@@ -187,6 +192,8 @@ class EngineCore:
         plans = []
         # Decoding sequences first (a few tokens each), then prompt chunks in admission order.
         for seq in sorted(self.running, key=lambda s: (s.prefilling, s.admitted)):
+            if seq.prefilling and not seq.prefix_checked and not self._reuse_prefix(seq):
+                continue  # its prefix is being prefilled by another sequence this very moment: copy it when done
             if seq.prefilling:  # prompt chunks share what the decodes left of the step's budget
                 n = min(len(seq.uncached), self.limits.prefill_chunk, budget)
             else:  # a decoding sequence always gets its pending (+ forced) tokens in
@@ -199,6 +206,32 @@ class EngineCore:
                 self._attach_draft_and_masks(plan)
             plans.append(plan)
         return plans
+
+    def _reuse_prefix(self, seq: Sequence) -> bool:
+        """Copy the longest cached prefix of ``seq``'s prompt; False while it should wait for one in flight."""
+        if self.prefix is None:
+            seq.prefix_checked = True
+            return True
+        sources = [(s.seq_id, s.prompt, s.prefilled) for s in self.running if s is not seq and s.prefix_checked]
+        hit = self.prefix.lookup(seq.prompt, sources)
+        if hit is not None and hit.ready < hit.tokens:
+            return False  # a running sequence is prefilling this prefix; computing it twice would waste the step
+        seq.prefix_checked = True
+        if hit is not None:
+            self.executor.copy_prefix(seq.seq_id, hit.source_id, hit.tokens)
+            seq.uncached = seq.uncached[hit.tokens:]
+            seq.prefilled = hit.tokens
+            seq.usage.cached_prompt_tokens = hit.tokens
+        return True
+
+    def _release(self, seq: Sequence, retain: bool) -> None:
+        """Free a finished sequence's cache, or keep its prompt for prefix reuse."""
+        if self.prefix is None or not retain or seq.prefilling:
+            self.executor.free(seq.seq_id)
+            return
+        self.executor.rollback(seq.seq_id, self.executor.seq_len(seq.seq_id) - len(seq.prompt))
+        for sid in self.prefix.retain(seq.seq_id, seq.prompt):
+            self.executor.free(sid)
 
     def _attach_draft_and_masks(self, plan: _Plan) -> None:
         seq, matcher = plan.seq, plan.seq.matcher
@@ -320,7 +353,7 @@ class EngineCore:
         seq.finish, seq.error = reason, error
         if seq in self.running:
             self.running.remove(seq)
-            self.executor.free(seq.seq_id)
+            self._release(seq, retain=reason in (FinishReason.STOP, FinishReason.LENGTH))
             self.reserved -= seq.reserved
         elif seq in self.waiting:
             self.waiting.remove(seq)

@@ -261,7 +261,7 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     """Load the profile named by ``settings.profile`` and start the engine (the server's engine factory).
 
     Reads: profile, device, dtype, grammar_backend, max_batch, max_queue, kv_budget_tokens, max_tokens_cap,
-    max_batch_for_speculation,
+    max_batch_for_speculation, prefix_cache_tokens,
     speculation ("off" | "ff+ngram" | "ff+ngram+history" | "all"; default "all"). ``store`` receives the
     per-step acceptance counts (per schema, proposer and batch-size bucket).
     """
@@ -279,7 +279,8 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
                           with_draft=bool(proposers and proposers.draft))
     limits = CoreLimits(max_batch=get("max_batch", 16), max_queue=get("max_queue", 64),
                         kv_budget_tokens=get("kv_budget_tokens", 65536),  # 0 = default budget
-                        max_spec_batch=get("max_batch_for_speculation", 8))
+                        max_spec_batch=get("max_batch_for_speculation", 8),
+                        prefix_cache_tokens=int(getattr(settings, "prefix_cache_tokens", 8192)))
     engine = assemble_engine(models, get("grammar_backend", "llguidance"), limits, proposers,
                              options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)), stats=store)
     engine.start()

@@ -45,6 +45,7 @@ class Sequence:
     cancelled: bool = False
     # Tokens of the prompt already sent through the model (prefill progress).
     prefilled: int = 0
+    prefix_checked: bool = False  # looked for a reusable cached prompt prefix (done once, before prefilling)
     # Reserved KV tokens (prompt + max_tokens + draft headroom): admission never over-commits.
     reserved: int = 0
 

@@ -48,6 +48,9 @@ class ForwardStep(Protocol):
     def rollback(self, seq_id: int, n: int) -> None:
         """Forget the last ``n`` tokens of one sequence."""
 
+    def copy_prefix(self, seq_id: int, source_id: int, n: int) -> None:
+        """Give the empty sequence ``seq_id`` the first ``n`` cached tokens of ``source_id`` (prefix caching)."""
+
     def free(self, seq_id: int) -> None:
         """Release a sequence and its cache."""
 

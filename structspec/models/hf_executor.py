@@ -128,6 +128,17 @@ class TransformersExecutor:
             raise ValueError(f"cannot roll back {n} tokens of a {self._len[seq_id]}-token sequence")
         self._len[seq_id] -= n
 
+    def copy_prefix(self, seq_id: int, source_id: int, n: int) -> None:
+        # A token's K/V depends only on the tokens up to it, so a shared prompt prefix is copied, not recomputed.
+        if self._len[seq_id] != 0:
+            raise ValueError(f"sequence {seq_id} is not empty")
+        if n < 0 or n > self._len[source_id]:
+            raise ValueError(f"sequence {source_id} holds {self._len[source_id]} tokens, not {n}")
+        dst, src = self._slot[seq_id], self._slot[source_id]
+        for buf in (*self._k, *self._v):  # [slots, H_kv, capacity, D]
+            buf[dst, :, :n] = buf[src, :, :n]
+        self._len[seq_id] = n
+
     def free(self, seq_id: int) -> None:
         heapq.heappush(self._free_slots, self._slot.pop(seq_id))
         del self._len[seq_id]

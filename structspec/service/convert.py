@@ -166,6 +166,7 @@ def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | Non
 def usage(u: Usage) -> pb.Usage:
     return pb.Usage(
         prompt_tokens=u.prompt_tokens,
+        cached_prompt_tokens=u.cached_prompt_tokens,
         output_tokens=u.output_tokens,
         target_forward_passes=u.target_forward_passes,
         forced_tokens=u.forced_tokens,

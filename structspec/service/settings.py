@@ -77,6 +77,7 @@ class ServiceSettings:
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest request message (INVALID_ARGUMENT above)")
     max_concurrent_rpcs: int = _opt(0, "most RPCs in flight at once, 0 = unlimited (RESOURCE_EXHAUSTED above)")
     kv_budget_tokens: int = _opt(0, "KV-cache budget in tokens across running sequences; 0 = sized from free memory")
+    prefix_cache_tokens: int = _opt(8192, "prompt KV-cache tokens kept after requests finish, reused by requests sharing the prefix; 0 = off")
     grammar_backend: str = _opt("llguidance", "grammar engine", ("llguidance", "outlines"))
     # -- speculation ---------------------------------------------------------------------------
     speculation: str = _opt("all", "proposers on by default (requests may still turn drafting off)",
@@ -125,7 +126,7 @@ class ServiceSettings:
         for name in ("max_queue", "max_batch", "max_tokens_cap", "max_message_bytes", "max_batch_for_speculation"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
-        for name in ("max_concurrent_rpcs", "kv_budget_tokens", "min_predicted_length"):
+        for name in ("max_concurrent_rpcs", "kv_budget_tokens", "min_predicted_length", "prefix_cache_tokens"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
         if not 0.0 <= self.acceptance_threshold <= 1.0:

@@ -135,3 +135,24 @@ def test_rollback_bounds(model):
     ex.step([StepInput(seq, [1, 2, 3])])
     with pytest.raises(ValueError):
         ex.rollback(seq, 4)
+
+
+def test_copy_prefix_matches_full_forward_and_leaves_the_source_alone(model):
+    ex = TransformersExecutor(model, initial_slots=2)
+    rng = random.Random(5)
+    shared = [rng.randrange(VOCAB) for _ in range(14)]  # longer than Gemma's window of 8
+    src_tokens = shared + [rng.randrange(VOCAB) for _ in range(6)]
+    src = ex.new_sequence()
+    ex.step([StepInput(src, src_tokens)])
+    dst = ex.new_sequence()  # the executor grows a slot: the copy must survive reallocation
+    ex.copy_prefix(dst, src, len(shared))
+    assert ex.seq_len(dst) == len(shared) and ex.seq_len(src) == len(src_tokens)
+    tail = [rng.randrange(VOCAB) for _ in range(5)]
+    more = rng.randrange(VOCAB)
+    got_dst, got_src = ex.step([StepInput(dst, tail, logits_at=range(5)), StepInput(src, [more])])
+    assert (got_dst - reference_logits(model, shared + tail)[-5:]).abs().max() <= TOL
+    assert (got_src[0] - reference_logits(model, src_tokens + [more])[-1]).abs().max() <= TOL
+    with pytest.raises(ValueError):
+        ex.copy_prefix(dst, src, 3)  # only into an empty sequence
+    with pytest.raises(ValueError):
+        ex.copy_prefix(ex.new_sequence(), src, len(src_tokens) + 2)  # not more than the source holds

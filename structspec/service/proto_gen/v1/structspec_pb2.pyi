@@ -105,7 +105,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "output_tokens", "target_forward_passes", "forced_tokens", "drafted_tokens", "accepted_tokens")
+    __slots__ = ("prompt_tokens", "output_tokens", "target_forward_passes", "forced_tokens", "drafted_tokens", "accepted_tokens", "cached_prompt_tokens")
     class DraftedTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,13 +126,15 @@ class Usage(_message.Message):
     FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     output_tokens: int
     target_forward_passes: int
     forced_tokens: int
     drafted_tokens: _containers.ScalarMap[str, int]
     accepted_tokens: _containers.ScalarMap[str, int]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_forward_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., drafted_tokens: _Optional[_Mapping[str, int]] = ..., accepted_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    cached_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_forward_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., drafted_tokens: _Optional[_Mapping[str, int]] = ..., accepted_tokens: _Optional[_Mapping[str, int]] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queued_ms", "prefill_ms", "decode_ms", "total_ms")

@@ -1,0 +1,102 @@
+"""Prompt-prefix reuse: requests that share a prompt prefix copy its KV cache instead of recomputing it.
+
+Structured-output prompts share long prefixes: the instruction, the schema and the
+few-shot examples are the same for every request of a schema; only the document
+differs. A new sequence looks for the longest common token prefix among
+
+  - the prompts of running sequences (their prompt tokens stay cached while they
+    decode: decoding only writes past the prompt), and
+  - retained prompts: when a request finishes, its executor sequence is cut back
+    to its prompt and kept here, least recently used first out, within a token cap.
+
+Retained prompts hold KV memory, so the scheduler evicts them before it ever
+makes a request wait for memory: they are a cache, never a reservation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    # Compare in blocks first: prompts share hundreds of tokens, so a per-token loop would dominate.
+    i, block = 0, 64
+    while i + block <= n and list(a[i:i + block]) == list(b[i:i + block]):
+        i += block
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    source_id: int  # executor sequence holding the prefix
+    tokens: int  # how many leading prompt tokens it can give
+    ready: int  # how many of those are already in its cache (a running source may still be prefilling)
+
+
+class PrefixCache:
+    """Retained prompt caches (executor sequence id -> its prompt tokens), LRU within ``max_tokens``."""
+
+    def __init__(self, max_tokens: int, max_entries: int = 16, min_tokens: int = 16):
+        self.max_tokens = max_tokens
+        self.max_entries = max_entries
+        self.min_tokens = min_tokens  # shorter matches are not worth a copy
+        self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self.tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, prompt: Sequence[int], running: Iterable[tuple[int, Sequence[int], int]]) -> PrefixHit | None:
+        """Best source for ``prompt``: running ``(seq_id, prompt, cached)`` triples or retained entries.
+
+        Only ``len(prompt) - 1`` tokens can be reused: the last prompt position must be
+        computed to score the first output token.
+        """
+        limit = len(prompt) - 1
+        best: PrefixHit | None = None
+        for sid, tokens in self._entries.items():
+            n = min(limit, common_prefix(prompt, tokens))
+            if best is None or n > best.tokens:
+                best = PrefixHit(sid, n, n)
+        for sid, tokens, cached in running:
+            n = min(limit, common_prefix(prompt, tokens))
+            if best is None or n > best.tokens:
+                best = PrefixHit(sid, n, min(n, cached))
+        if best is None or best.tokens < self.min_tokens:
+            return None
+        if best.source_id in self._entries:
+            self._entries.move_to_end(best.source_id)
+        return best
+
+    def retain(self, seq_id: int, prompt: Sequence[int]) -> list[int]:
+        """Keep ``seq_id`` (already cut back to ``prompt``); returns the sequences evicted to make room."""
+        if len(prompt) < self.min_tokens or len(prompt) > self.max_tokens:
+            return [seq_id]
+        # The same prompt twice is kept once: the newer copy replaces the older.
+        evicted = [sid for sid, toks in self._entries.items() if toks == tuple(prompt)]
+        for sid in evicted:
+            self.tokens -= len(self._entries.pop(sid))
+        self._entries[seq_id] = tuple(prompt)
+        self.tokens += len(prompt)
+        while self.tokens > self.max_tokens or len(self._entries) > self.max_entries:
+            evicted.append(self.evict())
+        return evicted
+
+    def evict(self) -> int:
+        """Drop the least recently used entry; returns its sequence id (the caller frees it)."""
+        sid, toks = self._entries.popitem(last=False)
+        self.tokens -= len(toks)
+        return sid
+
+    def drop(self, seq_id: int) -> bool:
+        toks = self._entries.pop(seq_id, None)
+        if toks is None:
+            return False
+        self.tokens -= len(toks)
+        return True
