@@ -94,7 +94,8 @@ def bench_grammar(
 def bench_decode(
     profile: str = typer.Option("demo", help="demo | gemma-3-270m"),
     workload: str = typer.Option("extraction", help="extraction | toolcall | freetext | mixed"),
-    concurrency: int = typer.Option(1, help="requests in flight (HF baselines run only at 1)"),
+    concurrency: str = typer.Option("1", help="requests in flight; a comma list runs each (e.g. 1,16; HF baselines "
+                                              "run only at 1)"),
     requests: int = typer.Option(20, help="measured requests per configuration (after 2 warm-up ones)"),
     max_tokens: int = typer.Option(256, help="output cap per request"),
     configs: str = typer.Option(",".join(("off", "ff", "ff+ngram", "ff+ngram+history", "all", "hf_outlines",
@@ -107,7 +108,8 @@ def bench_decode(
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
 
-    report = run_decode_bench(profile, workload, concurrency, requests, max_tokens,
+    levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+    report = run_decode_bench(profile, workload, levels, requests, max_tokens,
                               tuple(c.strip() for c in configs.split(",") if c.strip()), few_shot, device)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import platform
 import statistics
 import time
@@ -53,6 +54,9 @@ class Record:
     forced: int = 0
     drafted: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
+    draft_steps: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -67,26 +71,31 @@ def summarize(records: list[Record], wall_s: float) -> dict[str, Any]:
     lat = [r.latency_s for r in records]
     drafted: dict[str, int] = {}
     accepted: dict[str, int] = {}
+    steps: dict[str, int] = {}
     for r in records:
-        for k, v in r.drafted.items():
-            drafted[k] = drafted.get(k, 0) + v
-        for k, v in r.accepted.items():
-            accepted[k] = accepted.get(k, 0) + v
+        for total, part in ((drafted, r.drafted), (accepted, r.accepted), (steps, r.draft_steps)):
+            for k, v in part.items():
+                total[k] = total.get(k, 0) + v
     fields_total = sum(r.fields_total for r in records)
+    prompt_tokens = sum(r.prompt_tokens for r in records)
     return {
         "requests": len(records),
         "output_tokens": out_tokens,
         "wall_s": round(wall_s, 3),
         "tokens_per_s": out_tokens / wall_s if wall_s else 0.0,
-        "latency_p50_s": _pct(lat, 0.5),
-        "latency_p99_s": _pct(lat, 0.99),
+        "latency_ms_p50": 1000 * _pct(lat, 0.5),
+        "latency_ms_p99": 1000 * _pct(lat, 0.99),
         "ms_per_output_token": 1000 * statistics.median(r.latency_s / max(1, r.output_tokens) for r in records),
         "forward_passes_per_token": sum(r.forward_passes for r in records) / max(1, out_tokens),
         "forced_share": sum(r.forced for r in records) / max(1, out_tokens),
-        "validity": sum(r.valid for r in records) / len(records),
-        "stop_share": sum(r.stop for r in records) / len(records),
+        "valid_rate": sum(r.valid for r in records) / len(records),
+        "stop_rate": sum(r.stop for r in records) / len(records),
         "field_accuracy": sum(r.fields_right for r in records) / max(1, fields_total),
+        "cached_prompt_share": sum(r.cached_prompt_tokens for r in records) / max(1, prompt_tokens),
+        # accepted / drafted per proposer, and tokens committed per verification step that carried its draft
+        # (accepted + the recovered or bonus token)
         "acceptance": {k: accepted.get(k, 0) / v for k, v in drafted.items() if v},
+        "mean_accepted_length": {k: (accepted.get(k, 0) + n) / n for k, n in steps.items() if n},
         "drafted": drafted,
         "accepted": accepted,
     }
@@ -120,9 +129,11 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
                 res = await engine.extract(req)
                 value = res.value
             right, total = item.score(value)
-            return Record(time.perf_counter() - t0, res.usage.output_tokens, res.usage.target_forward_passes,
+            u = res.usage
+            return Record(time.perf_counter() - t0, u.output_tokens, u.target_forward_passes,
                           res.finish_reason is FinishReason.STOP, res.outcome is Outcome.VALID, right, total,
-                          res.usage.forced_tokens, dict(res.usage.drafted), dict(res.usage.accepted))
+                          u.forced_tokens, dict(u.drafted), dict(u.accepted), dict(u.draft_steps), u.prompt_tokens,
+                          u.cached_prompt_tokens)
 
     t0 = time.perf_counter()
     records = await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
@@ -197,18 +208,25 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
             right, total = item.score(checked.value)
             stop = n_out < max_tokens
             records.append(Record(latency, n_out, counter.calls - before, stop, checked.outcome is Outcome.VALID,
-                                  right, total))
+                                  right, total, prompt_tokens=ids.shape[1]))
     finally:
         counter.close()
     return records, time.perf_counter() - t_all
 
 
 # -- the run -------------------------------------------------------------------------------------
-def run_decode_bench(profile: str, workload: str, concurrency: int = 1, requests: int = 20, max_tokens: int = 256,
-                     configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES, few_shot: int | None = None,
-                     device: str = "cpu", warmup: int = 2) -> dict[str, Any]:
+def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, ...] = 1, requests: int = 20,
+                     max_tokens: int = 256, configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES,
+                     few_shot: int | None = None, device: str = "cpu", warmup: int = 2) -> dict[str, Any]:
+    """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
+
+    HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
+    within this run: ``speedup_vs_off`` / ``speedup_vs_hf_outlines`` against those rows at the same
+    concurrency (HF at 1), ``speedup_vs_c1`` against the same configuration at concurrency 1.
+    """
     from structspec.models.loading import load_profile
 
+    levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     models = load_profile(profile, device=device, dtype="float32", with_draft=True)
     shots = few_shot if few_shot is not None else (0 if profile == "demo" else 1)
@@ -220,27 +238,42 @@ def run_decode_bench(profile: str, workload: str, concurrency: int = 1, requests
     warm = [next((s for s in spare if s.schema_name == n), None) or next(i for i in items if i.schema_name == n)
             for n in sorted(names)][: max(warmup, len(names))]
     report: dict[str, Any] = {
-        "profile": profile, "workload": workload, "concurrency": concurrency, "requests": requests,
+        "profile": profile, "workload": workload, "concurrency": list(levels), "requests": requests,
         "max_tokens": max_tokens, "few_shot": shots,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "torch_threads": torch.get_num_threads(), "device": device},
-        "configs": {},
+                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device},
+        "runs": [],
     }
     compiler = None
-    for name in configs:
-        try:
-            report["configs"][name] = _run_config(name, models, items, warm, concurrency, max_tokens, compiler)
-        except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
-            report["configs"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-            continue
-        compiler = report["configs"][name].pop("_compiler", compiler)
-    for name, row in report["configs"].items():
+    for level in levels:
+        for name in configs:
+            if name in BASELINES and level != 1:
+                continue  # HF generate serves one request at a time
+            row: dict[str, Any] = {"profile": profile, "workload": workload, "config": name, "concurrency": level}
+            try:
+                result = _run_config(name, models, items, warm, level, max_tokens, compiler)
+                compiler = result.pop("_compiler", compiler)
+                row.update(result)
+            except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            report["runs"].append(row)
+    _add_ratios(report["runs"])
+    return report
+
+
+def _add_ratios(runs: list[dict[str, Any]]) -> None:
+    def rate(config: str, level: int) -> float:
+        row = next((r for r in runs if r["config"] == config and r["concurrency"] == level), {})
+        return row.get("tokens_per_s", 0.0)
+
+    for row in runs:
         if "error" in row:
             continue
-        for ref in ("off", "hf_outlines"):
-            if "tokens_per_s" in report["configs"].get(ref, {}) and report["configs"][ref]["tokens_per_s"]:
-                row[f"speedup_vs_{ref}"] = row["tokens_per_s"] / report["configs"][ref]["tokens_per_s"]
-    return report
+        for key, ref in (("speedup_vs_off", rate("off", row["concurrency"])),
+                         ("speedup_vs_hf_outlines", rate("hf_outlines", 1)),
+                         ("speedup_vs_c1", rate(row["config"], 1))):
+            if ref:
+                row[key] = row["tokens_per_s"] / ref
 
 
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler) -> dict[str, Any]:
@@ -249,8 +282,6 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler) ->
     from structspec.spec.router import ProposerSet
 
     if name in BASELINES:
-        if concurrency != 1:
-            raise ValueError("HF baselines serve one request at a time: run them at concurrency 1")
         _run_hf(models, warm, max_tokens, name)
         records, wall = _run_hf(models, items, max_tokens, name)
         return summarize(records, wall)
@@ -275,23 +306,26 @@ def format_table(report: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"decode: {report['profile']} / {report['workload']} / concurrency {report['concurrency']} / "
-                    f"{report['requests']} requests (greedy)")
-    for col in ("config", "tok/s", "x off", "x hf+outlines", "p50 s", "p99 s", "ms/tok", "passes/tok",
-                "forced", "valid", "stop", "fields", "acceptance (accepted/drafted)"):
+    m = report["machine"]
+    t = Table(title=f"decode: {report['profile']} / {report['workload']} / {report['requests']} requests, greedy, "
+                    f"max_tokens {report['max_tokens']} / {m['processor']} x{m['cpus']}, {m['device']}")
+    for col in ("config", "conc", "tok/s", "x off", "x hf+outl", "x c1", "p50 ms", "p99 ms", "ms/tok",
+                "passes/tok", "forced", "valid", "stop", "fields", "acceptance (mean accepted length)"):
         t.add_column(col)
-    for name, r in report["configs"].items():
+    for r in report["runs"]:
         if "error" in r:
-            t.add_row(name, f"error: {r['error'][:80]}")
+            t.add_row(r["config"], str(r["concurrency"]), f"error: {r['error'][:80]}")
             continue
-        acc = ", ".join(f"{k} {v:.2f}" for k, v in r["acceptance"].items()) or "-"
-        t.add_row(name, f"{r['tokens_per_s']:.1f}", f"{r.get('speedup_vs_off', 0):.2f}",
-                  f"{r.get('speedup_vs_hf_outlines', 0):.2f}", f"{r['latency_p50_s']:.2f}",
-                  f"{r['latency_p99_s']:.2f}", f"{r['ms_per_output_token']:.1f}",
-                  f"{r['forward_passes_per_token']:.2f}", f"{r['forced_share']:.2f}", f"{r['validity']:.2f}",
-                  f"{r['stop_share']:.2f}", f"{r['field_accuracy']:.2f}", acc)
+        acc = ", ".join(f"{k} {v:.2f} ({r['mean_accepted_length'].get(k, 0):.1f})"
+                        for k, v in r["acceptance"].items()) or "-"
+        ratio = lambda key: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
+        t.add_row(r["config"], str(r["concurrency"]), f"{r['tokens_per_s']:.1f}", ratio("speedup_vs_off"),
+                  ratio("speedup_vs_hf_outlines"), ratio("speedup_vs_c1"), f"{r['latency_ms_p50']:.0f}",
+                  f"{r['latency_ms_p99']:.0f}", f"{r['ms_per_output_token']:.1f}",
+                  f"{r['forward_passes_per_token']:.2f}", f"{r['forced_share']:.2f}", f"{r['valid_rate']:.2f}",
+                  f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}", acc)
     buf = StringIO()
-    Console(file=buf, width=200).print(t)
+    Console(file=buf, width=220).print(t)
     return buf.getvalue()
 
 

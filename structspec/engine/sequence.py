@@ -60,3 +60,4 @@ class Sequence:
     def add_usage(self, name: str, drafted: int, accepted: int) -> None:
         self.usage.drafted[name] = self.usage.drafted.get(name, 0) + drafted
         self.usage.accepted[name] = self.usage.accepted.get(name, 0) + accepted
+        self.usage.draft_steps[name] = self.usage.draft_steps.get(name, 0) + 1

@@ -98,6 +98,7 @@ class Usage:
     forced_tokens: int = 0  # fast-forwarded: chosen by the grammar, no model decision
     drafted: dict[str, int] = field(default_factory=dict)  # per proposer
     accepted: dict[str, int] = field(default_factory=dict)  # per proposer
+    draft_steps: dict[str, int] = field(default_factory=dict)  # verification steps that carried a draft, per proposer
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was copied from a cached prefix, not recomputed
 
 

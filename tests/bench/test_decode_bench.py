@@ -1,0 +1,31 @@
+"""The decode benchmark's report: every configuration on the same prompts, ratios within the run."""
+
+from __future__ import annotations
+
+import json
+
+from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
+
+
+def test_report_rows_ratios_and_table():
+    report = run_decode_bench("demo", "extraction", concurrency=(1, 2), requests=3, max_tokens=96,
+                              configs=("off", "ff", "hf_generate"))
+    runs = report["runs"]
+    assert [(r["config"], r["concurrency"]) for r in runs] == [("off", 1), ("ff", 1), ("hf_generate", 1),
+                                                               ("off", 2), ("ff", 2)]  # HF only at 1
+    for r in runs:
+        assert "error" not in r, r
+        assert r["requests"] == 3 and r["output_tokens"] > 0 and r["tokens_per_s"] > 0
+        assert r["latency_ms_p50"] <= r["latency_ms_p99"]
+    engine_rows = [r for r in runs if r["config"] != "hf_generate"]
+    assert all(r["valid_rate"] == 1.0 for r in engine_rows)  # constrained: every output validates
+    off1, ff1 = runs[0], runs[1]
+    assert 0.9 <= off1["forward_passes_per_token"] <= 1.1  # one model decision per token
+    assert ff1["forward_passes_per_token"] < off1["forward_passes_per_token"] and ff1["forced_share"] > 0
+    assert off1["speedup_vs_off"] == 1.0 and abs(ff1["speedup_vs_off"] - ff1["tokens_per_s"] / off1["tokens_per_s"]) < 1e-9
+    assert abs(runs[3]["speedup_vs_c1"] - runs[3]["tokens_per_s"] / off1["tokens_per_s"]) < 1e-9
+    # same prompts, greedy: the configurations agree on what they extracted
+    assert off1["field_accuracy"] == ff1["field_accuracy"] == runs[3]["field_accuracy"]
+    assert json.loads(to_json(report))["runs"][0]["config"] == "off"
+    table = format_table(report)
+    assert "hf_generate" in table and "passes/tok" in table
