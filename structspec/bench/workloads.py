@@ -63,10 +63,19 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
     schemas = load_builtin_schemas()
     tools = {t["function"]["name"]: t for t in load_builtin_tools()}
     out = []
+    # Tool calls: fixed worked calls of *different* tools, the same for every request (as in an agent's
+    # system prompt).
+    tool_shots, seen = [], set()
+    for s in shots:
+        if s.task == "toolcall" and s.value["name"] not in seen and len(tool_shots) < few_shot:
+            seen.add(s.value["name"])
+            tool_shots.append(FewShotExample(s.source, s.output))
     for ex in items:
+        # Extraction: the first worked example(s) of the same schema, fixed per schema.
         examples = tuple(FewShotExample(s.source, s.output) for s in
                          [s for s in shots if s.schema_name == ex.schema_name][:few_shot])
         if ex.task == "toolcall":
+            examples = tuple(tool_shots)
             # The agent's whole tool list, as a deployed agent sends it: one grammar for the workload.
             out.append(WorkItem("toolcall", "agent_tools", ex.source, ex.value, ex.freetext_fields,
                                 tools=tuple(tools.values()), examples=examples))

@@ -1,0 +1,31 @@
+"""Benchmark workloads: held-out items with ground truth, few-shot blocks fixed per schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from structspec.bench.workloads import build_workload
+
+
+def test_extraction_examples_are_fixed_per_schema_and_held_out():
+    items = build_workload("extraction", 30, few_shot=2)
+    by_schema: dict[str, set] = {}
+    for it in items:
+        assert len(it.examples) == 2 and it.schema is not None
+        by_schema.setdefault(it.schema_name, set()).add(it.examples)
+        assert all(ex.text != it.source for ex in it.examples)  # the worked example is never the request itself
+    assert all(len(v) == 1 for v in by_schema.values())  # one prompt prefix per schema: prefix caching applies
+
+
+def test_toolcall_examples_show_different_tools_the_same_for_every_request():
+    items = build_workload("toolcall", 20, few_shot=2)
+    assert len({it.examples for it in items}) == 1
+    shown = [ex.output for ex in items[0].examples]
+    assert len({s.split('"name":"')[1].split('"')[0] for s in shown}) == 2
+    assert all(len(it.tools) == 6 and it.truth["name"] for it in items)
+    assert len({it.truth["name"] for it in items}) >= 4  # the requests exercise several tools
+
+
+def test_unknown_workload_is_refused():
+    with pytest.raises(ValueError, match="unknown workload"):
+        build_workload("poetry", 3)
