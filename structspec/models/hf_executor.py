@@ -128,6 +128,7 @@ class TransformersExecutor:
             raise ValueError(f"cannot roll back {n} tokens of a {self._len[seq_id]}-token sequence")
         self._len[seq_id] -= n
 
+    @torch.inference_mode()  # buffers grown inside a step are inference tensors
     def copy_prefix(self, seq_id: int, source_id: int, n: int) -> None:
         # A token's K/V depends only on the tokens up to it, so a shared prompt prefix is copied, not recomputed.
         if self._len[seq_id] != 0:
