@@ -51,6 +51,7 @@ def _wanted(ex: Example, workload: str) -> bool:
 
 
 def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_SEED) -> list[WorkItem]:
+    """``n`` held-out items; ``few_shot`` worked examples per schema (for tool calls: per tool)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
     share = {"toolcall": 0.9, "extraction": 0.0, "freetext": 0.0, "mixed": 0.25}[workload]
@@ -63,12 +64,12 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
     schemas = load_builtin_schemas()
     tools = {t["function"]["name"]: t for t in load_builtin_tools()}
     out = []
-    # Tool calls: fixed worked calls of *different* tools, the same for every request (as in an agent's
-    # system prompt).
-    tool_shots, seen = [], set()
+    # Tool calls: ``few_shot`` worked calls *per tool*, the same for every request (as in an agent's system
+    # prompt). Fewer than one per tool and a base model calls the tools it was shown, with their values.
+    tool_shots, seen = [], {}
     for s in shots:
-        if s.task == "toolcall" and s.value["name"] not in seen and len(tool_shots) < few_shot:
-            seen.add(s.value["name"])
+        if s.task == "toolcall" and seen.get(s.value["name"], 0) < few_shot:
+            seen[s.value["name"]] = seen.get(s.value["name"], 0) + 1
             tool_shots.append(FewShotExample(s.source, s.output))
     for ex in items:
         # Extraction: the first worked example(s) of the same schema, fixed per schema.
