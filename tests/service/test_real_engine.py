@@ -47,8 +47,8 @@ def test_extract_by_registered_schema_id(server):
 
 def test_typed_extraction_stream_and_tool_call(server):
     with Client(server.target) as client:
-        contact = client.extract("Name: Ada Lovelace\nE: ada@example.com\nLocation: London, United Kingdom",
-                                 model=Contact, max_tokens=80)
+        doc = next(it for it in build_workload("extraction", 20) if it.schema_name == "contact")
+        contact = client.extract(doc.source, model=Contact, max_tokens=200)
         assert isinstance(contact, Contact) and contact.email
         parts = list(client.extract_stream("Ticket TCK-12345 from Bo Li: the app crashes.",
                                            schema_id="support_ticket", max_tokens=200))
