@@ -103,6 +103,7 @@ def bench_decode(
                                 help="comma-separated configurations to run, on the same prompts"),
     few_shot: Optional[int] = typer.Option(None, help="worked examples per prompt (default: 0 demo, 1 gemma)"),
     device: str = typer.Option("cpu", help="cpu | cuda"),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 (all configurations and baselines alike)"),
     out: Path = typer.Option(Path("reports/decode.json"), help="where to write the JSON report"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
@@ -110,7 +111,8 @@ def bench_decode(
 
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     report = run_decode_bench(profile, workload, levels, requests, max_tokens,
-                              tuple(c.strip() for c in configs.split(",") if c.strip()), few_shot, device)
+                              tuple(c.strip() for c in configs.split(",") if c.strip()), few_shot, device,
+                              dtype=dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))

@@ -217,7 +217,8 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
 # -- the run -------------------------------------------------------------------------------------
 def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, ...] = 1, requests: int = 20,
                      max_tokens: int = 256, configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES,
-                     few_shot: int | None = None, device: str = "cpu", warmup: int = 2) -> dict[str, Any]:
+                     few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
+                     dtype: str = "float32") -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
@@ -228,7 +229,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
 
     levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    models = load_profile(profile, device=device, dtype="float32", with_draft=True)
+    models = load_profile(profile, device=device, dtype=dtype, with_draft=True)
     shots = few_shot if few_shot is not None else (0 if profile == "demo" else 1)
     pool = build_workload(workload, requests + 24, few_shot=shots)
     items, spare = pool[:requests], pool[requests:]
@@ -241,7 +242,8 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
         "profile": profile, "workload": workload, "concurrency": list(levels), "requests": requests,
         "max_tokens": max_tokens, "few_shot": shots,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device},
+                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
+                    "dtype": dtype},
         "runs": [],
     }
     compiler = None
@@ -308,7 +310,7 @@ def format_table(report: dict[str, Any]) -> str:
 
     m = report["machine"]
     t = Table(title=f"decode: {report['profile']} / {report['workload']} / {report['requests']} requests, greedy, "
-                    f"max_tokens {report['max_tokens']} / {m['processor']} x{m['cpus']}, {m['device']}")
+                    f"max_tokens {report['max_tokens']} / {m['processor']} x{m['cpus']}, {m['device']}, {m.get('dtype', 'float32')}")
     for col in ("config", "conc", "tok/s", "x off", "x hf+outl", "x c1", "p50 ms", "p99 ms", "ms/tok",
                 "passes/tok", "forced", "valid", "stop", "fields", "acceptance (mean accepted length)"):
         t.add_column(col)
