@@ -35,6 +35,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterable
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -115,18 +116,31 @@ def pack(tokenizer: PreTrainedTokenizerFast, examples: list[Example], block: int
     return torch.tensor(ids[: n * block]).view(n, block)
 
 
-def pack_outputs(tokenizer: PreTrainedTokenizerFast, pairs: list[tuple[str, str]], block: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(prompt, output) pairs packed into [N, block] ids and labels; labels cover output + EOS only."""
+def pack_ids(pairs: Iterable[tuple[list[int], list[int]]], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt ids, output ids) pairs packed into [N, block] ids and labels; labels cover the outputs only."""
     ids: list[int] = []
     labels: list[int] = []
-    for prompt, output in pairs:
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        o = tokenizer(output, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    for p, o in pairs:
         ids += p + o
         labels += [-100] * len(p) + o
     n = len(ids) // block
     return torch.tensor(ids[: n * block]).view(n, block), torch.tensor(labels[: n * block]).view(n, block)
+
+
+def pack_outputs(tokenizer: PreTrainedTokenizerFast, pairs: list[tuple[str, str]], block: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt, output) text pairs packed into [N, block] ids and labels; labels cover output + EOS only."""
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return pack_ids(((enc(p), enc(o) + [tokenizer.eos_token_id]) for p, o in pairs), block)
+
+
+def lr_scale(step: int, steps: int, warmup: int, cosine: bool = True) -> float:
+    """Linear warm-up, then a cosine decay to 10% (or constant)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if not cosine:
+        return 1.0
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
 
 
 def copy_pairs(seed: int, n: int) -> list[tuple[str, str]]:
@@ -164,14 +178,13 @@ def drill_rows(tokenizer: PreTrainedTokenizerFast, seed: int, rows: int, recall:
         return [t if t != eos else 1 for t in (r.randrange(vocab) for _ in range(n))]
 
     def packed(make) -> tuple[torch.Tensor, torch.Tensor]:
-        ids: list[int] = []
-        labels: list[int] = []
-        while len(ids) < 256 * rows:
-            p, o = make()
-            ids += p + o
-            labels += [-100] * len(p) + o
-        n = len(ids) // 256
-        return torch.tensor(ids[: n * 256]).view(n, 256), torch.tensor(labels[: n * 256]).view(n, 256)
+        def drills():  # until the rows are filled
+            total = 0
+            while total < 256 * rows:
+                p, o = make()
+                total += len(p) + len(o)
+                yield p, o
+        return pack_ids(drills(), 256)
 
     pre, mid = enc("### Repeat:\n"), enc("\n### Again:\n")
 
@@ -206,11 +219,8 @@ def train_stage(model: LlamaForCausalLM, tokenizer, stage: Stage, extraction: tu
     losses: list[float] = []
     t0 = time.time()
     for step in range(stage.steps):
-        scale = min(1.0, (step + 1) / 20)
-        if stage.cosine and step >= 20:
-            scale = 0.1 + 0.45 * (1 + math.cos(math.pi * (step - 20) / (stage.steps - 20)))
         for group in opt.param_groups:
-            group["lr"] = stage.lr * scale
+            group["lr"] = stage.lr * lr_scale(step, stage.steps, 20, stage.cosine)
         step_losses = []
         for x, y, n in parts:
             rows = torch.randint(0, x.shape[0], (n,), generator=g)
@@ -247,9 +257,8 @@ def train(model: LlamaForCausalLM, data: torch.Tensor, steps: int, lr: float, ba
     losses = []
     t0 = time.time()
     for step in range(steps):
-        scale = (step + 1) / warmup if step < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
         for group in opt.param_groups:
-            group["lr"] = lr * scale
+            group["lr"] = lr * lr_scale(step, steps, warmup)
         rows = torch.randint(0, data.shape[0], (batch,), generator=g)
         x = data[rows]  # [B, T]
         y = x if labels is None else labels[rows]

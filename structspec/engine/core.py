@@ -170,7 +170,8 @@ class EngineCore:
         while self.waiting and len(self.running) < self.limits.max_batch:
             seq = self.waiting[0]
             need = self.kv_need(len(seq.prompt), seq.params.max_tokens)
-            while self.prefix and self.reserved + need + self.prefix.tokens > self.limits.kv_budget_tokens:
+            while (self.prefix is not None and len(self.prefix)
+                   and self.reserved + need + self.prefix.tokens > self.limits.kv_budget_tokens):
                 self.executor.free(self.prefix.evict())  # retained prompts are a cache: they never make anyone wait
             if self.reserved + need > self.limits.kv_budget_tokens:
                 break  # FIFO: the head waits for memory rather than being overtaken forever

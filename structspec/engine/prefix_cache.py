@@ -93,10 +93,3 @@ class PrefixCache:
         sid, toks = self._entries.popitem(last=False)
         self.tokens -= len(toks)
         return sid
-
-    def drop(self, seq_id: int) -> bool:
-        toks = self._entries.pop(seq_id, None)
-        if toks is None:
-            return False
-        self.tokens -= len(toks)
-        return True
