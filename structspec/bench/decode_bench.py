@@ -226,10 +226,12 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     concurrency (HF at 1), ``speedup_vs_c1`` against the same configuration at concurrency 1.
     """
     from structspec.models.loading import load_profile
+    from structspec.models.worker_thread import run_in_worker
 
     levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    models = load_profile(profile, device=device, dtype=dtype, with_draft=True)
+    # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
+    models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True)
     shots = few_shot if few_shot is not None else (0 if profile == "demo" else 1)
     pool = build_workload(workload, requests + 24, few_shot=shots)
     items, spare = pool[:requests], pool[requests:]
@@ -281,17 +283,18 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler) -> dict[str, Any]:
     from structspec.engine.core import CoreLimits
     from structspec.engine.engine import assemble_engine
+    from structspec.models.worker_thread import run_in_worker
     from structspec.spec.router import ProposerSet
 
-    if name in BASELINES:
-        _run_hf(models, warm, max_tokens, name)
-        records, wall = _run_hf(models, items, max_tokens, name)
+    if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
+        run_in_worker(_run_hf, models, warm, max_tokens, name)
+        records, wall = run_in_worker(_run_hf, models, items, max_tokens, name)
         return summarize(records, wall)
     proposers = ProposerSet.parse(name)
     if name == "all" and models.draft is None:
         proposers = ProposerSet(True, True, False)
-    engine = assemble_engine(models, limits=CoreLimits(max_batch=max(16, concurrency)), proposers=proposers,
-                             compiler=compiler)
+    engine = run_in_worker(assemble_engine, models, limits=CoreLimits(max_batch=max(16, concurrency)),
+                           proposers=proposers, compiler=compiler)
     engine.start()
     try:
         asyncio.run(_run_engine(engine, warm, 1, max_tokens, name != "off", proposers is not None))

@@ -266,6 +266,7 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     per-step acceptance counts (per schema, proposer and batch-size bucket).
     """
     from structspec.models.loading import load_profile
+    from structspec.models.worker_thread import run_in_worker
     from structspec.spec.router import ProposerSet
 
     get = lambda name, default: getattr(settings, name, default) or default  # noqa: E731
@@ -275,14 +276,15 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     dtype = get("dtype", "float32")
     dtype = ("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype
-    models = load_profile(get("profile", "demo"), device=device, dtype=dtype,
-                          with_draft=bool(proposers and proposers.draft))
+    # Model work off the main thread, so the engine thread computes at full speed (see worker_thread).
+    models = run_in_worker(load_profile, get("profile", "demo"), device=device, dtype=dtype,
+                           with_draft=bool(proposers and proposers.draft))
     limits = CoreLimits(max_batch=get("max_batch", 16), max_queue=get("max_queue", 64),
                         kv_budget_tokens=get("kv_budget_tokens", 65536),  # 0 = default budget
                         max_spec_batch=get("max_batch_for_speculation", 8),
                         prefix_cache_tokens=int(getattr(settings, "prefix_cache_tokens", 8192)))
-    engine = assemble_engine(models, get("grammar_backend", "llguidance"), limits, proposers,
-                             options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)), stats=store)
+    engine = run_in_worker(assemble_engine, models, get("grammar_backend", "llguidance"), limits, proposers,
+                           options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)), stats=store)
     engine.start()
     log.info("engine ready in %.1fs (profile %s)", time.monotonic() - t0, models.profile)
     return engine

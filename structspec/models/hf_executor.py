@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from structspec.models.executor import ContextOverflow, StepInput
+from structspec.models.small_gemm import OutputHead, fast_linears_enabled, small_row_linears
 
 
 class _SlotCache:
@@ -72,6 +73,9 @@ class TransformersExecutor:
         self.forward_calls = 0
         self._base = getattr(model, model.base_model_prefix)
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
+        head = model.get_output_embeddings()
+        self._head = OutputHead(head.weight, getattr(head, "bias", None))  # tuned output-layer product
+        small_row_linears(self._base)  # the body's decode-sized products (active only inside step)
         layer_types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
         self._window = getattr(cfg, "sliding_window", None) if "sliding_attention" in layer_types else None
         self._kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -168,8 +172,9 @@ class TransformersExecutor:
         positions = start[:, None] + torch.arange(width)[None, :]  # [B, T]
         cache = _SlotCache(self, [self._slot[x.seq_id] for x in inputs], positions.to(dev), kv_len)
         mask = self._masks(positions.to(dev), kv_len)
-        out = self._base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask, cache=cache,
-                         use_cache=True)
+        with fast_linears_enabled():
+            out = self._base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask, cache=cache,
+                             use_cache=True)
         self.forward_calls += 1
         hidden = out.last_hidden_state  # [B, T, H]
 
@@ -181,7 +186,7 @@ class TransformersExecutor:
             splits.append(len(picked))
         picked_hidden = hidden[torch.tensor(rows_b, dtype=torch.long, device=dev),
                                torch.tensor(rows_t, dtype=torch.long, device=dev)]  # [N, H]
-        logits = self.model.get_output_embeddings()(picked_hidden).float()  # [N, V]
+        logits = self._head(picked_hidden).float()  # [N, V]
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         for x, n, c in zip(inputs, lens, counts):
