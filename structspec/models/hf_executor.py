@@ -16,7 +16,10 @@ A step:
   attention over cache indices    [0, Lk)    Lk = max_b L_b + T
   mask[b, 0, t, j] = j <= L_b + t  (and j > L_b + t - window on sliding layers)
 Padded rows write K/V past their sequence's length, where nothing reads them
-before they are overwritten.
+before they are overwritten. Padding costs compute, so a step whose inputs differ
+a lot in width (a 256-token prompt chunk beside one-token decodes) runs as several
+forwards grouped by width (``plan_forwards``); the output layer then runs once over
+every row asked for.
 """
 
 from __future__ import annotations
@@ -29,6 +32,29 @@ from transformers import PreTrainedModel
 
 from structspec.models.executor import ContextOverflow, StepInput
 from structspec.models.small_gemm import OutputHead, fast_linears_enabled, small_row_linears
+
+
+def plan_forwards(counts: Sequence[int], cost_rows: int) -> list[list[int]]:
+    """Group inputs (by index) into forwards, minimising padded rows + ``cost_rows`` per forward.
+
+    A forward over inputs of widths w costs about ``len(w) * max(w)`` rows of compute plus a fixed
+    part (reading every weight once, the per-layer overheads), here expressed as ``cost_rows`` rows.
+    Sorted by width, the best grouping is a split into runs, found by dynamic programming.
+    """
+    order = sorted(range(len(counts)), key=lambda i: counts[i])
+    widths = [counts[i] for i in order]
+    best = [0] + [None] * len(order)  # best[j]: cost of the first j inputs (by width)
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j):
+            cost = best[i] + cost_rows + (j - i) * widths[j - 1]
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append(order[cut[j]: j])
+        j = cut[j]
+    return groups[::-1]
 
 
 class _SlotCache:
@@ -62,8 +88,9 @@ class TransformersExecutor:
     """``ForwardStep`` over a transformers decoder-only model (Llama, Gemma 3, ...)."""
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None, initial_slots: int = 4,
-                 initial_capacity: int = 256):
+                 initial_capacity: int = 256, split_cost_rows: int = 16):
         self.model = model
+        self.split_cost_rows = split_cost_rows  # what one more forward costs, in padded rows (plan_forwards)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.config = cfg
         self.device = next(model.parameters()).device
@@ -159,39 +186,44 @@ class TransformersExecutor:
         for x, n, c in zip(inputs, lens, counts):
             if n + c > self.max_context:
                 raise ContextOverflow(f"sequence {x.seq_id} would hold {n + c} tokens; the context is {self.max_context}")
-        batch, width = len(inputs), max(counts)
-        kv_len = max(lens) + width
-        if kv_len > self.capacity:
-            self._alloc(self.slots, max(kv_len, 2 * self.capacity))
+        need = max(n + c for n, c in zip(lens, counts))
+        if need > self.capacity:
+            self._alloc(self.slots, max(need, 2 * self.capacity))
 
-        dev = self.device
-        ids = torch.zeros((batch, width), dtype=torch.long)
-        for b, x in enumerate(inputs):
-            ids[b, : counts[b]] = torch.as_tensor(list(x.tokens), dtype=torch.long)
-        start = torch.tensor(lens, dtype=torch.long)
-        positions = start[:, None] + torch.arange(width)[None, :]  # [B, T]
-        cache = _SlotCache(self, [self._slot[x.seq_id] for x in inputs], positions.to(dev), kv_len)
-        mask = self._masks(positions.to(dev), kv_len)
-        with fast_linears_enabled():
-            out = self._base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask, cache=cache,
-                             use_cache=True)
-        self.forward_calls += 1
-        hidden = out.last_hidden_state  # [B, T, H]
-
-        rows_b, rows_t, splits = [], [], []
-        for b, x in enumerate(inputs):
-            picked = [t % counts[b] for t in x.logits_at]
-            rows_b += [b] * len(picked)
-            rows_t += picked
-            splits.append(len(picked))
-        picked_hidden = hidden[torch.tensor(rows_b, dtype=torch.long, device=dev),
-                               torch.tensor(rows_t, dtype=torch.long, device=dev)]  # [N, H]
-        logits = self._head(picked_hidden).float()  # [N, V]
+        # Rows are padded to the widest input of a forward, so inputs of very different widths (a prompt
+        # chunk beside one-token decodes) run as separate forwards when that pads fewer rows than it costs.
+        picked: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
+        for group in plan_forwards(counts, self.split_cost_rows):
+            hidden = self._forward([inputs[i] for i in group], [lens[i] for i in group])
+            for i, h in zip(group, hidden):
+                picked[i] = h
+        splits = [h.shape[0] for h in picked]
+        logits = self._head(torch.cat(picked)).float()  # [N, V]: one output-layer product for the whole step
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         for x, n, c in zip(inputs, lens, counts):
             self._len[x.seq_id] = n + c
         return list(logits.cpu().split(splits))
+
+    def _forward(self, inputs: Sequence[StepInput], lens: list[int]) -> list[torch.Tensor]:
+        """One model forward over ``inputs``; per input the hidden states [len(logits_at), H] asked for."""
+        dev = self.device
+        counts = [len(x.tokens) for x in inputs]
+        batch, width = len(inputs), max(counts)
+        kv_len = max(lens) + width
+        ids = torch.zeros((batch, width), dtype=torch.long)
+        for b, x in enumerate(inputs):
+            ids[b, : counts[b]] = torch.as_tensor(list(x.tokens), dtype=torch.long)
+        start = torch.tensor(lens, dtype=torch.long)
+        positions = (start[:, None] + torch.arange(width)[None, :]).to(dev)  # [B, T]
+        cache = _SlotCache(self, [self._slot[x.seq_id] for x in inputs], positions, kv_len)
+        mask = self._masks(positions, kv_len)
+        with fast_linears_enabled():
+            out = self._base(input_ids=ids.to(dev), position_ids=positions, attention_mask=mask, cache=cache,
+                             use_cache=True)
+        self.forward_calls += 1
+        hidden = out.last_hidden_state  # [B, T, H]
+        return [hidden[b, [t % counts[b] for t in x.logits_at]] for b, x in enumerate(inputs)]  # [n_b, H] each
 
     def _masks(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """Boolean [B, 1, T, Lk] masks (True = attend): causal by absolute position, plus the sliding window."""

@@ -13,7 +13,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from structspec.models.executor import ContextOverflow, StepInput
-from structspec.models.hf_executor import TransformersExecutor
+from structspec.models.hf_executor import TransformersExecutor, plan_forwards
 
 TOL = 1e-4
 VOCAB = 97
@@ -156,3 +156,30 @@ def test_copy_prefix_matches_full_forward_and_leaves_the_source_alone(model):
         ex.copy_prefix(dst, src, 3)  # only into an empty sequence
     with pytest.raises(ValueError):
         ex.copy_prefix(ex.new_sequence(), src, len(src_tokens) + 2)  # not more than the source holds
+
+
+def test_plan_forwards_groups_by_width_when_padding_costs_more_than_a_forward():
+    # One 200-token prompt chunk beside one-token decodes: the chunk runs on its own.
+    assert plan_forwards([1, 200, 1, 1], cost_rows=16) == [[0, 2, 3], [1]]
+    # Similar widths share one forward; every index appears exactly once.
+    assert plan_forwards([3, 2, 4, 1], cost_rows=16) == [[3, 1, 0, 2]]
+    groups = plan_forwards([1, 1, 9, 1, 9, 1, 30], cost_rows=4)
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    assert [sorted(g) for g in groups] == [[0, 1, 3, 5], [2, 4], [6]]
+    assert plan_forwards([], cost_rows=16) == []
+
+
+def test_split_step_matches_full_forward(model):
+    """A prompt chunk and decodes in one step (run as separate forwards) give the reference logits."""
+    ex = TransformersExecutor(model, split_cost_rows=2)
+    rng = random.Random(5)
+    a, b = ex.new_sequence(), ex.new_sequence()
+    ta = [rng.randrange(VOCAB) for _ in range(6)]
+    ex.step([StepInput(a, ta, logits_at=(-1,))])
+    tb = [rng.randrange(VOCAB) for _ in range(30)]
+    calls = ex.forward_calls
+    out_a, out_b = ex.step([StepInput(a, [7], logits_at=(0,)), StepInput(b, tb, logits_at=(-1, 3))])
+    assert ex.forward_calls == calls + 2
+    assert torch.allclose(out_a[0], reference_logits(model, ta + [7])[-1], atol=TOL)
+    ref_b = reference_logits(model, tb)
+    assert torch.allclose(out_b, ref_b[[-1, 3]], atol=TOL)
