@@ -10,72 +10,59 @@ each sequence owns a slot, and a token's cache index is its absolute position.
 Every layer keeps the full history, sliding-window layers included (the window
 is enforced by the attention mask), so rollback is just a shorter length.
 
-A step:
-  input_ids, position_ids         [B, T]     T = longest new chunk; shorter rows padded
-  new K/V written at positions    L_b + t    (L_b = cached length of row b)
-  attention over cache indices    [0, Lk)    Lk = max_b L_b + T
-  mask[b, 0, t, j] = j <= L_b + t  (and j > L_b + t - window on sliding layers)
-Padded rows write K/V past their sequence's length, where nothing reads them
-before they are overwritten. Padding costs compute, so a step whose inputs differ
-a lot in width (a 256-token prompt chunk beside one-token decodes) runs as several
-forwards grouped by width (``plan_forwards``); the output layer then runs once over
-every row asked for.
+A step packs every sequence's new tokens into one row, with no padding:
+  input_ids, position_ids         [1, N]     N = sum of the new tokens; positions are absolute
+  new K/V written at              buffer[slot_n, :, pos_n] for each packed token n
+  attention, per sequence         queries of its new tokens over its own cache [lo, L_b + c_b)
+                                  (causal within the chunk; lo = L_b + 1 - window on sliding layers)
+The model's own modules run unchanged; only the attention function is ours
+(``packed_attention``, registered with transformers), and it reads the slot
+buffers directly, so nothing is gathered or padded: a 256-token prompt chunk
+beside fifteen one-token decodes costs 271 rows, not 16 x 256.
 """
 
 from __future__ import annotations
 
 import heapq
+import threading
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from transformers import PreTrainedModel
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from structspec.models.executor import ContextOverflow, StepInput
 from structspec.models.small_gemm import OutputHead, fast_linears_enabled, small_row_linears
 
 
-def plan_forwards(counts: Sequence[int], cost_rows: int) -> list[list[int]]:
-    """Group inputs (by index) into forwards, minimising padded rows + ``cost_rows`` per forward.
+@dataclass(frozen=True)
+class _Chunk:
+    """One sequence's part of a packed step."""
 
-    A forward over inputs of widths w costs about ``len(w) * max(w)`` rows of compute plus a fixed
-    part (reading every weight once, the per-layer overheads), here expressed as ``cost_rows`` rows.
-    Sorted by width, the best grouping is a split into runs, found by dynamic programming.
-    """
-    order = sorted(range(len(counts)), key=lambda i: counts[i])
-    widths = [counts[i] for i in order]
-    best = [0] + [None] * len(order)  # best[j]: cost of the first j inputs (by width)
-    cut = [0] * (len(order) + 1)
-    for j in range(1, len(order) + 1):
-        for i in range(j):
-            cost = best[i] + cost_rows + (j - i) * widths[j - 1]
-            if best[j] is None or cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], len(order)
-    while j > 0:
-        groups.append(order[cut[j]: j])
-        j = cut[j]
-    return groups[::-1]
+    slot: int
+    start: int  # tokens cached before this step (= absolute position of the first new token)
+    count: int  # new tokens
+    offset: int  # where they sit in the packed row
 
 
-class _SlotCache:
-    """The object handed to the model as ``cache``: writes new K/V into slots, returns the batch view."""
+class _PackedStep:
+    """The object handed to the model as ``cache`` for one packed forward; also what the attention reads."""
 
-    def __init__(self, owner: "TransformersExecutor", slots: list[int], positions: torch.Tensor, kv_len: int):
-        self.owner, self.positions, self.kv_len = owner, positions, kv_len
-        self.slots = torch.tensor(slots, device=positions.device)
-        # Consecutive slots (always so at batch 1) are read through a view instead of a gathered copy.
-        self.span = (slots[0], slots[0] + len(slots)) if slots == list(range(slots[0], slots[0] + len(slots))) else None
+    def __init__(self, owner: "TransformersExecutor", chunks: list[_Chunk], device: torch.device):
+        self.owner, self.chunks = owner, chunks
+        self.slot_idx = torch.tensor([c.slot for c in chunks for _ in range(c.count)], device=device)  # [N]
+        self.pos_idx = torch.tensor([c.start + t for c in chunks for t in range(c.count)], device=device)  # [N]
+        self.kv_len = max(c.start + c.count for c in chunks)
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
-        # key/value: [B, H_kv, T, D] -> buffer[slot_b, :, pos_bt] (advanced indices come first: [B, T, H_kv, D])
+        # key/value: [1, H_kv, N, D] -> buffer[slot_n, :, pos_n] ([N, H_kv, D] through advanced indexing)
         kbuf, vbuf = self.owner._k[layer_idx], self.owner._v[layer_idx]
-        idx = (self.slots[:, None], slice(None), self.positions)
-        kbuf[idx] = key.transpose(1, 2).to(kbuf.dtype)
-        vbuf[idx] = value.transpose(1, 2).to(vbuf.dtype)
-        if self.span is not None:  # [B, H_kv, Lk, D]
-            lo, hi = self.span
-            return kbuf[lo:hi, :, : self.kv_len], vbuf[lo:hi, :, : self.kv_len]
-        return kbuf[:, :, : self.kv_len].index_select(0, self.slots), vbuf[:, :, : self.kv_len].index_select(0, self.slots)
+        kbuf[self.slot_idx, :, self.pos_idx] = key[0].transpose(0, 1).to(kbuf.dtype)
+        vbuf[self.slot_idx, :, self.pos_idx] = value[0].transpose(0, 1).to(vbuf.dtype)
+        return key, value  # packed_attention reads each sequence's history from the buffers
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len
@@ -84,13 +71,52 @@ class _SlotCache:
         return len(self.owner._k)
 
 
+_ACTIVE = threading.local()  # the packed step running on this thread, if any
+
+
+def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: Any, scaling: float | None = None, sliding_window: int | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention for a packed step: each sequence's queries over its own cached keys and values.
+
+    query: [1, H, N, D]. Returns [1, N, H, D] as transformers' attention functions do. Outside an
+    executor step (e.g. HF ``generate`` on the same model) this is transformers' SDPA attention.
+    """
+    step: _PackedStep | None = getattr(_ACTIVE, "step", None)
+    if step is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      sliding_window=sliding_window, **kwargs)
+    kbuf, vbuf = step.owner._k[module.layer_idx], step.owner._v[module.layer_idx]  # [slots, H_kv, cap, D]
+    gqa = query.shape[1] != kbuf.shape[1]
+    outs = []
+    for c in step.chunks:
+        end = c.start + c.count
+        lo = max(0, c.start + 1 - sliding_window) if sliding_window else 0
+        q = query[:, :, c.offset: c.offset + c.count]  # [1, H, c, D]
+        k = kbuf[c.slot, :, lo:end].unsqueeze(0)  # [1, H_kv, end - lo, D]: a view, no copy
+        v = vbuf[c.slot, :, lo:end].unsqueeze(0)
+        mask = None
+        if c.count > 1:  # causal within the chunk (and each query's own window on sliding layers)
+            j = torch.arange(lo, end, device=query.device)[None, :]  # [1, Lk]
+            p = torch.arange(c.start, end, device=query.device)[:, None]  # [c, 1]
+            mask = j <= p
+            if sliding_window:
+                mask &= j > p - sliding_window
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa))
+    return torch.cat(outs, dim=2).transpose(1, 2), None  # [1, N, H, D]
+
+
+ATTENTION_NAME = "structspec_packed"
+AttentionInterface.register(ATTENTION_NAME, packed_attention)
+AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # masks for plain HF calls on the same model
+
+
 class TransformersExecutor:
     """``ForwardStep`` over a transformers decoder-only model (Llama, Gemma 3, ...)."""
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None, initial_slots: int = 4,
-                 initial_capacity: int = 256, split_cost_rows: int = 16):
+                 initial_capacity: int = 256):
         self.model = model
-        self.split_cost_rows = split_cost_rows  # what one more forward costs, in padded rows (plan_forwards)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.config = cfg
         self.device = next(model.parameters()).device
@@ -100,11 +126,13 @@ class TransformersExecutor:
         self.forward_calls = 0
         self._base = getattr(model, model.base_model_prefix)
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
+        if getattr(cfg, "attn_logit_softcapping", None):
+            raise ValueError("attention logit soft-capping (Gemma 2) is not supported by the packed executor")
+        model.set_attn_implementation(ATTENTION_NAME)  # falls back to SDPA outside executor steps
+        self._layer_types = getattr(cfg, "layer_types", None)
         head = model.get_output_embeddings()
         self._head = OutputHead(head.weight, getattr(head, "bias", None))  # tuned output-layer product
         small_row_linears(self._base)  # the body's decode-sized products (active only inside step)
-        layer_types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
-        self._window = getattr(cfg, "sliding_window", None) if "sliding_attention" in layer_types else None
         self._kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self._layers = cfg.num_hidden_layers
@@ -190,46 +218,29 @@ class TransformersExecutor:
         if need > self.capacity:
             self._alloc(self.slots, max(need, 2 * self.capacity))
 
-        # Rows are padded to the widest input of a forward, so inputs of very different widths (a prompt
-        # chunk beside one-token decodes) run as separate forwards when that pads fewer rows than it costs.
-        picked: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
-        for group in plan_forwards(counts, self.split_cost_rows):
-            hidden = self._forward([inputs[i] for i in group], [lens[i] for i in group])
-            for i, h in zip(group, hidden):
-                picked[i] = h
-        splits = [h.shape[0] for h in picked]
-        logits = self._head(torch.cat(picked)).float()  # [N, V]: one output-layer product for the whole step
+        chunks, offset = [], 0
+        for x, n, c in zip(inputs, lens, counts):
+            chunks.append(_Chunk(self._slot[x.seq_id], n, c, offset))
+            offset += c
+        dev = self.device
+        ids = torch.tensor([[t for x in inputs for t in x.tokens]], dtype=torch.long, device=dev)  # [1, N]
+        step = _PackedStep(self, chunks, dev)
+        dummy = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=dev)  # masks are packed_attention's business
+        masks = {t: dummy for t in set(self._layer_types)} if self._layer_types else dummy
+        _ACTIVE.step = step
+        try:
+            with fast_linears_enabled():
+                out = self._base(input_ids=ids, position_ids=step.pos_idx[None, :], attention_mask=masks, cache=step,
+                                 use_cache=True)
+        finally:
+            _ACTIVE.step = None
+        self.forward_calls += 1
+        hidden = out.last_hidden_state[0]  # [N, H]
+        rows = [c.offset + t % c.count for x, c in zip(inputs, chunks) for t in x.logits_at]
+        splits = [len(x.logits_at) for x in inputs]
+        logits = self._head(hidden[rows]).float()  # [sum logits_at, V]
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         for x, n, c in zip(inputs, lens, counts):
             self._len[x.seq_id] = n + c
         return list(logits.cpu().split(splits))
-
-    def _forward(self, inputs: Sequence[StepInput], lens: list[int]) -> list[torch.Tensor]:
-        """One model forward over ``inputs``; per input the hidden states [len(logits_at), H] asked for."""
-        dev = self.device
-        counts = [len(x.tokens) for x in inputs]
-        batch, width = len(inputs), max(counts)
-        kv_len = max(lens) + width
-        ids = torch.zeros((batch, width), dtype=torch.long)
-        for b, x in enumerate(inputs):
-            ids[b, : counts[b]] = torch.as_tensor(list(x.tokens), dtype=torch.long)
-        start = torch.tensor(lens, dtype=torch.long)
-        positions = (start[:, None] + torch.arange(width)[None, :]).to(dev)  # [B, T]
-        cache = _SlotCache(self, [self._slot[x.seq_id] for x in inputs], positions, kv_len)
-        mask = self._masks(positions, kv_len)
-        with fast_linears_enabled():
-            out = self._base(input_ids=ids.to(dev), position_ids=positions, attention_mask=mask, cache=cache,
-                             use_cache=True)
-        self.forward_calls += 1
-        hidden = out.last_hidden_state  # [B, T, H]
-        return [hidden[b, [t % counts[b] for t in x.logits_at]] for b, x in enumerate(inputs)]  # [n_b, H] each
-
-    def _masks(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
-        """Boolean [B, 1, T, Lk] masks (True = attend): causal by absolute position, plus the sliding window."""
-        j = torch.arange(kv_len, device=positions.device)[None, None, :]  # [1, 1, Lk]
-        q = positions[:, :, None]  # [B, T, 1]
-        causal = (j <= q)[:, None]  # [B, 1, T, Lk]
-        if self._window is None:
-            return causal
-        return {"full_attention": causal, "sliding_attention": causal & (j > q - self._window)[:, None]}

@@ -13,7 +13,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from structspec.models.executor import ContextOverflow, StepInput
-from structspec.models.hf_executor import TransformersExecutor, plan_forwards
+from structspec.models.hf_executor import TransformersExecutor
 
 TOL = 1e-4
 VOCAB = 97
@@ -158,20 +158,9 @@ def test_copy_prefix_matches_full_forward_and_leaves_the_source_alone(model):
         ex.copy_prefix(ex.new_sequence(), src, len(src_tokens) + 2)  # not more than the source holds
 
 
-def test_plan_forwards_groups_by_width_when_padding_costs_more_than_a_forward():
-    # One 200-token prompt chunk beside one-token decodes: the chunk runs on its own.
-    assert plan_forwards([1, 200, 1, 1], cost_rows=16) == [[0, 2, 3], [1]]
-    # Similar widths share one forward; every index appears exactly once.
-    assert plan_forwards([3, 2, 4, 1], cost_rows=16) == [[3, 1, 0, 2]]
-    groups = plan_forwards([1, 1, 9, 1, 9, 1, 30], cost_rows=4)
-    assert sorted(i for g in groups for i in g) == list(range(7))
-    assert [sorted(g) for g in groups] == [[0, 1, 3, 5], [2, 4], [6]]
-    assert plan_forwards([], cost_rows=16) == []
-
-
-def test_split_step_matches_full_forward(model):
-    """A prompt chunk and decodes in one step (run as separate forwards) give the reference logits."""
-    ex = TransformersExecutor(model, split_cost_rows=2)
+def test_prompt_chunk_beside_decodes_matches_full_forward(model):
+    """A long prompt chunk and a one-token decode packed into one forward give the reference logits."""
+    ex = TransformersExecutor(model)
     rng = random.Random(5)
     a, b = ex.new_sequence(), ex.new_sequence()
     ta = [rng.randrange(VOCAB) for _ in range(6)]
@@ -179,7 +168,17 @@ def test_split_step_matches_full_forward(model):
     tb = [rng.randrange(VOCAB) for _ in range(30)]
     calls = ex.forward_calls
     out_a, out_b = ex.step([StepInput(a, [7], logits_at=(0,)), StepInput(b, tb, logits_at=(-1, 3))])
-    assert ex.forward_calls == calls + 2
+    assert ex.forward_calls == calls + 1
     assert torch.allclose(out_a[0], reference_logits(model, ta + [7])[-1], atol=TOL)
     ref_b = reference_logits(model, tb)
     assert torch.allclose(out_b, ref_b[[-1, 3]], atol=TOL)
+
+
+def test_plain_transformers_calls_still_work_on_the_same_model(model):
+    """The executor installs its attention on the model; outside its steps the model behaves as before."""
+    tokens = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26]
+    before = reference_logits(model, tokens)
+    greedy_before = model.generate(torch.tensor([tokens]), max_new_tokens=6, do_sample=False)
+    TransformersExecutor(model)
+    assert torch.allclose(reference_logits(model, tokens), before, atol=TOL)
+    assert torch.equal(model.generate(torch.tensor([tokens]), max_new_tokens=6, do_sample=False), greedy_before)
