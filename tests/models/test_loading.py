@@ -90,3 +90,15 @@ def test_gemma_profile_converts_caches_and_reloads():
     with torch.no_grad():
         logits = models.target(ids).logits[0, -1]
     assert torch.isfinite(logits).all()
+
+
+def test_drop_quantization_config_rewrites_only_when_present(tmp_path):
+    import json
+
+    from structspec.models.gemma import drop_quantization_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma3_text", "quantization_config": {"quant_method": "gguf"}}))
+    assert drop_quantization_config(path) is True
+    assert json.loads(path.read_text()) == {"model_type": "gemma3_text"}
+    assert drop_quantization_config(path) is False
