@@ -63,9 +63,10 @@ def test_head_without_tuning_and_with_no_rows():
     assert head(torch.randn(0, 8)).shape == (0, 64)  # a prefill chunk that asks for no logits
 
 
-def test_small_row_linears_only_inside_the_block():
+def test_small_row_linears_only_inside_the_block(monkeypatch):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8, bias=False))
+    monkeypatch.setattr(small_gemm, "SMALL_ROW_MIN_PARAMS", 0)
     x = torch.randn(2, 3, 16)
     expected = model(x)
     assert small_row_linears(model) == 2 and small_row_linears(model) == 2  # idempotent
@@ -90,3 +91,9 @@ def test_run_in_worker_runs_elsewhere_and_reraises():
     assert run_in_worker(lambda a, b=0: (threading.get_ident() != main, a + b), 2, b=3) == (True, 5)
     with pytest.raises(ValueError, match="boom"):
         run_in_worker(lambda: (_ for _ in ()).throw(ValueError("boom")))
+
+
+def test_tiny_layers_keep_f_linear():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(512, 512))
+    assert small_row_linears(model) == 1  # 4k weights: F.linear; 262k: the small-row form
+    assert "forward" not in vars(model[0]) and "forward" in vars(model[1])

@@ -177,3 +177,20 @@ def test_no_drafting_above_the_speculation_batch_limit(make_engine):
     spec.core.speculator.propose = counting
     run_until_idle(spec.core, sequences(spec, ITEMS[:4]))
     assert seen and max(seen) <= 2  # drafting resumed only once the batch shrank to the limit
+
+
+def test_draft_model_stops_after_a_doubted_token(make_engine):
+    """With a confidence bar no token clears, every draft is one token; with none, drafts run longer."""
+    def mean_draft(confidence: float) -> float:
+        engine = make_engine(ProposerSet(ngram=False, history=False, draft=True))
+        engine.core.speculator.order = lambda ctx: [engine.core.speculator.draft]
+        engine.core.speculator.draft.confidence = confidence
+        seqs = sequences(engine, build_workload("freetext", 2), max_tokens=60)
+        run_until_idle(engine.core, seqs)
+        drafted = sum(s.usage.drafted.get("draft", 0) for s in seqs)
+        steps = sum(s.usage.draft_steps.get("draft", 0) for s in seqs)
+        assert steps > 0
+        return drafted / steps
+
+    assert mean_draft(1.01) == 1.0
+    assert mean_draft(0.0) > 1.5
