@@ -236,11 +236,11 @@ class EngineCore:
 
     def _attach_draft_and_masks(self, plan: _Plan) -> None:
         seq, matcher = plan.seq, plan.seq.matcher
-        draft = None
+        draft, k = None, min(self.limits.max_draft, seq.remaining - 1)  # k drafted + 1 new token fit max_tokens
         if (self.speculator is not None and seq.speculate and seq.remaining > 1
                 and len(self.running) <= self.limits.max_spec_batch):
-            draft = self.speculator.propose(seq, min(self.limits.max_draft, seq.remaining - 1))
-        tokens = list(draft.tokens) if draft else []
+            draft = self.speculator.propose(seq, k)
+        tokens = list(draft.tokens)[:k] if draft else []  # a proposer that drafts more than asked is cut
         plan.drafted = len(tokens)
         vocab = self.executor.vocab_size
         bitmask = allocate_bitmask(len(tokens) + 1, vocab)

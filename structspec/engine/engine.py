@@ -22,6 +22,7 @@ import torch
 
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
 from structspec.engine.core import CoreLimits, EngineCore, Speculator
+from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text
 from structspec.engine.sequence import Sequence
 from structspec.engine.types import (ContextTooLong, EngineStopped, FinishReason, GenerationResult, InvalidRequest,
@@ -46,8 +47,9 @@ class Engine:
     """Implements ``EngineAPI`` over one target model (and its proposers)."""
 
     def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
-                 options: EngineOptions = EngineOptions()):
+                 options: EngineOptions = EngineOptions(), examples: ExampleBook | None = None):
         self.core = core
+        self.examples = examples or ExampleBook()  # worked examples for requests that bring none
         self.tokenizer = tokenizer
         self.compiler = compiler
         self.max_context = max_context
@@ -108,7 +110,8 @@ class Engine:
         if len(text) > MAX_INPUT_CHARS:
             raise InvalidRequest(f"text is longer than {MAX_INPUT_CHARS} characters", field="text")
         grammar = self.compiler.compile_schema(request.schema)
-        prompt = extraction_prompt(request.schema, text, request.instruction, request.examples)
+        examples = request.examples or self.examples.for_schema(request.schema)
+        prompt = extraction_prompt(request.schema, text, request.instruction, examples)
         key = request.schema_key or schema_key(request.schema)
         return self._sequence(request, prompt, grammar, key, request.schema)
 
@@ -127,7 +130,8 @@ class Engine:
         tools = list(request.tools)
         grammar = self.compiler.compile_tools(tools, request.tool_choice, request.parallel_calls)
         specs = [ToolSpec.from_openai(t) for t in tools]
-        prompt = toolcall_prompt(specs, [(m.role, m.content) for m in request.messages], request.examples)
+        examples = request.examples or self.examples.for_tools(tools)
+        prompt = toolcall_prompt(specs, [(m.role, m.content) for m in request.messages], examples)
         return self._sequence(request, prompt, grammar, f"tools:{schema_key({'tools': tools})}", None)
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
@@ -232,10 +236,12 @@ def _messages_as_text(messages: tuple[ChatMessage, ...]) -> str:
 
 def assemble_engine(models, grammar_backend: str = "llguidance", limits: CoreLimits = CoreLimits(),
                     proposers=None, max_context: int | None = None, options: EngineOptions = EngineOptions(),
-                    compiler: GrammarCompiler | None = None, stats=None) -> Engine:
+                    compiler: GrammarCompiler | None = None, stats=None,
+                    examples: ExampleBook | None = None) -> Engine:
     """Wire executors, grammar compiler, proposers and the core around loaded models (not started).
 
-    ``proposers``: a ``ProposerSet`` (None = no drafting; fast-forward is per request).
+    ``proposers``: a ``ProposerSet`` (None = no drafting; fast-forward is per request). ``examples``:
+    worked examples added to requests that bring none (``build_engine`` builds them for base-model profiles).
     """
     from structspec.grammar import TokenizerView
     from structspec.models.hf_executor import TransformersExecutor
@@ -254,7 +260,7 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: CoreLim
             draft = DraftModelProposer(TransformersExecutor(models.draft, max_context=executor.max_context), eos)
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, draft=draft)
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)
-    return Engine(core, models.tokenizer, compiler, executor.max_context, options)
+    return Engine(core, models.tokenizer, compiler, executor.max_context, options, examples)
 
 
 def build_engine(settings: Any, store: Any = None) -> Engine:
@@ -266,6 +272,7 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     per-step acceptance counts (per schema, proposer and batch-size bucket).
     """
     from structspec.models.loading import load_profile
+    from structspec.models.profiles import get_profile
     from structspec.models.worker_thread import run_in_worker
     from structspec.spec.router import ProposerSet
 
@@ -283,8 +290,10 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
                         kv_budget_tokens=get("kv_budget_tokens", 65536),  # 0 = default budget
                         max_spec_batch=get("max_batch_for_speculation", 8),
                         prefix_cache_tokens=int(getattr(settings, "prefix_cache_tokens", 8192)))
+    examples = build_example_book(get_profile(models.profile).few_shot)
     engine = run_in_worker(assemble_engine, models, get("grammar_backend", "llguidance"), limits, proposers,
-                           options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)), stats=store)
+                           options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)), stats=store,
+                           examples=examples)
     engine.start()
     log.info("engine ready in %.1fs (profile %s)", time.monotonic() - t0, models.profile)
     return engine

@@ -31,6 +31,7 @@ class ModelProfile:
     draft: str | None = None
     prepare: Callable[[], None] | None = None  # makes ``target`` exist (download, convert...)
     prepare_note: str = ""
+    few_shot: int = 0  # worked examples a request needs to finish cleanly (base models: 1; see default_examples)
 
     def is_ready(self) -> bool:
         return _is_model_dir(Path(self.target)) and (self.draft is None or _is_model_dir(Path(self.draft)))
@@ -56,6 +57,7 @@ def _gemma_profile() -> ModelProfile:
         target=str(gemma.converted_dir()),
         prepare=gemma.ensure_converted,
         prepare_note="first use assembles the GGUF and converts it to safetensors (~1 min)",
+        few_shot=1,  # a base LM: without a worked example it writes prose or loops inside the JSON
     )
 
 

@@ -82,7 +82,7 @@ class Router:
         """Draft about what this proposer got accepted lately in this request (+2), so a proposer that keeps
         being rejected early does not pay for long verifications; starts at the maximum."""
         mean = self._accepted.get((request_id, proposer))
-        return max_tokens if mean is None else max(2, min(max_tokens, int(mean + 2.5)))
+        return max_tokens if mean is None else min(max_tokens, max(2, int(mean + 2.5)))
 
     def _learn(self, seq: Sequence) -> None:
         last = self._last.pop(seq.request_id, None)

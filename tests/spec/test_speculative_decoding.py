@@ -194,3 +194,37 @@ def test_draft_model_stops_after_a_doubted_token(make_engine):
 
     assert mean_draft(1.01) == 1.0
     assert mean_draft(0.0) > 1.5
+
+
+class GreedyOracle(OracleProposer):
+    """The reference continuation, drafted 8 tokens at a time whatever k the engine asks for."""
+
+    def propose(self, seq, k):
+        return super().propose(seq, 8)
+
+
+@pytest.mark.parametrize("max_tokens", [3, 6, 11])
+def test_speculation_never_exceeds_max_tokens(make_engine, max_tokens):
+    """A draft longer than asked is cut, so accepted + the new token fit: a length finish holds exactly max_tokens."""
+    plain, oracle = make_engine(), make_engine()
+    ref = sequences(plain, ITEMS[:4], max_tokens=200)
+    run_until_idle(plain.core, ref)
+    got = sequences(oracle, ITEMS[:4], max_tokens=max_tokens)
+    for r, g in zip(ref, got):
+        g.prompt_key = tuple(r.prompt)
+    oracle.core.speculator = GreedyOracle({tuple(r.prompt): r.output for r in ref})
+    run_until_idle(oracle.core, got)
+    for r, g in zip(ref, got):
+        assert len(g.output) <= max_tokens and g.output == r.output[:len(g.output)]
+        if g.finish is FinishReason.LENGTH:
+            assert len(g.output) == max_tokens
+    assert any(g.finish is FinishReason.LENGTH for g in got)
+
+
+def test_router_draft_length_respects_the_cap(demo_models):
+    from structspec.spec.router import Router
+
+    router = Router(demo_models.tokenizer, ProposerSet(True, True, False), vocab_size=4096)
+    router._accepted[("r", "ngram")] = 3.0  # a proposer that has been doing well
+    assert router._draft_len("r", "ngram", 8) == 5
+    assert router._draft_len("r", "ngram", 1) == 1  # one token left before max_tokens: never two

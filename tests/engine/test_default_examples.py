@@ -1,0 +1,61 @@
+"""Worked examples added for the built-in schemas and tools when a request brings none (base-model profiles)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+
+from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
+from structspec.engine.default_examples import ExampleBook, canonical_key, build_example_book
+from structspec.models.profiles import get_profile
+from structspec.prompts import FewShotExample
+from structspec.schemas import load_builtin_schemas, load_builtin_tools
+
+
+def test_one_valid_example_per_builtin_schema_and_per_tool():
+    book = build_example_book(1)
+    for name, schema in load_builtin_schemas().items():
+        (example,) = book.for_schema(schema)
+        jsonschema.validate(json.loads(example.output), schema)  # a worked example must itself be right
+        assert example.text.strip()
+    tools = load_builtin_tools()
+    calls = [json.loads(e.output) for e in book.for_tools(tools)]
+    assert sorted(c["name"] for c in calls) == sorted(t["function"]["name"] for t in tools)
+    assert build_example_book(1).for_schema(load_builtin_schemas()["invoice"]) == book.for_schema(
+        load_builtin_schemas()["invoice"])  # fixed seed: the same prompts on every start
+
+
+def test_no_examples_for_unknown_schemas_or_when_none_are_wanted():
+    book = build_example_book(1)
+    assert book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}}) == ()
+    assert book.for_tools(load_builtin_tools()[:1]) == ()  # a different tool list
+    assert build_example_book(0).for_schema(load_builtin_schemas()["invoice"]) == ()
+    assert get_profile("gemma-3-270m").few_shot == 1 and get_profile("demo").few_shot == 0
+
+
+def test_engine_adds_book_examples_only_when_the_request_has_none(make_engine):
+    engine = make_engine()
+    invoice = load_builtin_schemas()["invoice"]
+    book = build_example_book(1)
+    engine.examples = book
+    (shown,) = book.for_schema(invoice)
+    tok = engine.tokenizer
+
+    def prompt(req) -> str:
+        return tok.decode(engine.prepare_extraction(req).prompt)
+
+    assert shown.text.strip()[:40] in prompt(ExtractionRequest(schema=invoice, text="INVOICE 7 from Foo Ltd"))
+    own = FewShotExample("INVOICE 1 from Bar Inc", '{"invoice_number":"1"}')
+    mine = prompt(ExtractionRequest(schema=invoice, text="INVOICE 7 from Foo Ltd", examples=(own,)))
+    assert "Bar Inc" in mine and shown.text.strip()[:40] not in mine
+    # Tool calls: keyed by the exact tool list (a short one here: the demo model's context is 1024 tokens).
+    tools = tuple(load_builtin_tools()[:2])
+    shot = FewShotExample("please book the usual example call", json.dumps({"name": tools[0]["function"]["name"],
+                                                                            "arguments": {}}))
+    engine.examples = ExampleBook(by_tools={canonical_key(list(tools)): (shot,)})
+    call = tok.decode(engine.prepare_toolcall(ToolCallRequest(messages=(ChatMessage("user", "hi"),), tools=tools,
+                                                              tool_choice="required")).prompt)
+    assert "please book the usual example call" in call
+    engine.examples = ExampleBook()
+    assert shown.text.strip()[:40] not in prompt(ExtractionRequest(schema=invoice, text="INVOICE 7 from Foo Ltd"))
