@@ -71,6 +71,7 @@ def extract_request(
     speculation: str | None = None,
     disable_fast_forward: bool = False,
     request_id: str | None = None,
+    examples: Iterable[tuple[str, Any]] = (),
 ) -> pb.ExtractRequest:
     sources = [x for x in (schema_id, schema, model) if x is not None]
     if len(sources) != 1:
@@ -86,6 +87,7 @@ def extract_request(
         speculation=SPECULATION[speculation],
         disable_fast_forward=disable_fast_forward,
         request_id=request_id or "",
+        examples=example_pbs(examples),
     )
     if instruction is not None:
         req.instruction = instruction
@@ -97,6 +99,12 @@ def extract_request(
         value = model_schema(model) if model is not None else schema
         req.json_schema = value if isinstance(value, str) else json.dumps(value)
     return req
+
+
+def example_pbs(examples: Iterable[tuple[str, Any]]) -> list[pb.Example]:
+    """Worked examples as ``(input text, output)`` pairs; the output is JSON text or a JSON-able value
+    (for a tool call ``{"name": ..., "arguments": {...}}``)."""
+    return [pb.Example(text=text, output_json=out if isinstance(out, str) else json.dumps(out)) for text, out in examples]
 
 
 def tool_pb(tool: Any) -> pb.Tool:
@@ -128,6 +136,7 @@ def tool_request(
     speculation: str | None = None,
     disable_fast_forward: bool = False,
     request_id: str | None = None,
+    examples: Iterable[tuple[str, Any]] = (),
 ) -> pb.CallToolRequest:
     choice = pb.ToolChoice()
     if tool_choice in TOOL_CHOICE_MODES:
@@ -145,6 +154,7 @@ def tool_request(
         speculation=SPECULATION[speculation],
         disable_fast_forward=disable_fast_forward,
         request_id=request_id or "",
+        examples=example_pbs(examples),
     )
 
 

@@ -95,7 +95,8 @@ class Client:
         """The extracted value: a dict (or other JSON value), or an instance of ``model`` (a
         pydantic model class, whose JSON Schema is sent). Schema: ``schema_id=`` (+ ``version=``),
         ``schema=`` or ``model=``. Input: ``text`` or ``messages=``. Sampling: ``temperature``,
-        ``top_p``, ``top_k``, ``seed``, ``max_tokens``; ``speculation="off"``; ``instruction``."""
+        ``top_p``, ``top_k``, ``seed``, ``max_tokens``; ``speculation="off"``; ``instruction``;
+        ``examples=[(text, output), ...]`` worked examples (base models need one)."""
         result = self.extract_result(text, model=model, timeout=timeout, **kwargs)
         return convert.typed_value(result, model)
 

@@ -11,6 +11,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest, ToolCallResult
 from structspec.engine.types import FinishReason, GenerationResult, Outcome, SamplingParams, SpeculationMode, Timings, Usage
+from structspec.prompts import FewShotExample
 from structspec.service.errors import FieldViolation, ServiceError, invalid
 from structspec.service.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service.registry import ResolvedSchema
@@ -81,6 +82,50 @@ def messages(msgs: Sequence[pb.ChatMessage], field: str = "messages") -> tuple[C
     return tuple(out)
 
 
+MAX_EXAMPLES = 8  # worked examples per request (each costs prompt tokens on every request that carries it)
+
+
+def examples(items: Sequence[pb.Example], check) -> tuple[FewShotExample, ...]:
+    """Proto examples -> prompt examples; ``check(value)`` returns why an output does not fit (or None)."""
+    if len(items) > MAX_EXAMPLES:
+        raise invalid("examples", f"at most {MAX_EXAMPLES} worked examples per request, got {len(items)}")
+    out = []
+    for i, ex in enumerate(items):
+        if not ex.text.strip():
+            raise invalid(f"examples[{i}].text", "a worked example needs an input text")
+        try:
+            value = json.loads(ex.output_json)
+        except json.JSONDecodeError as exc:
+            raise invalid(f"examples[{i}].output_json", f"not JSON: {exc.msg} at position {exc.pos}") from exc
+        reason = check(value)
+        if reason:
+            raise invalid(f"examples[{i}].output_json", reason)
+        # Compact JSON, as the model is asked to write it.
+        out.append(FewShotExample(ex.text, json.dumps(value, ensure_ascii=False, separators=(",", ":"))))
+    return tuple(out)
+
+
+def _instance_error(schema: dict[str, Any]):
+    import jsonschema
+
+    def check(value: Any) -> str | None:
+        error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+        return None if error is None else f"does not match the schema: {error.message}"
+    return check
+
+
+def _call_error(tool_list: Sequence[dict[str, Any]]):
+    names = {t["function"]["name"] for t in tool_list}
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, dict) or set(value) != {"name", "arguments"} or not isinstance(value["arguments"], dict):
+            return 'a call must be {"name": ..., "arguments": {...}}'
+        if value["name"] not in names:
+            return f"calls {value['name']!r}, which is not one of the request's tools"
+        return None
+    return check
+
+
 def speculation(value: int) -> SpeculationMode:
     return SpeculationMode.OFF if value == pb.SPECULATION_MODE_OFF else SpeculationMode.AUTO
 
@@ -101,6 +146,7 @@ def extraction_request(
         text=req.text,
         messages=messages(req.messages),
         instruction=req.instruction if req.HasField("instruction") else None,
+        examples=examples(req.examples, _instance_error(schema.schema)),
         sampling=sampling(req.sampling, limits),
         speculation=speculation(req.speculation),
         fast_forward=not req.disable_fast_forward,
@@ -152,6 +198,7 @@ def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | Non
         tools=tool_list,
         tool_choice=choice,
         parallel_calls=req.parallel_tool_calls,
+        examples=examples(req.examples, _call_error(tool_list)),
         sampling=sampling(req.sampling, limits),
         speculation=speculation(req.speculation),
         fast_forward=not req.disable_fast_forward,

@@ -67,6 +67,14 @@ def test_typed_extraction(client: Client, engine: FakeEngine) -> None:
     assert "placeholder" in str(err.value) and err.value.result.outcome == "valid"
 
 
+def test_worked_examples_reach_the_engine(client: Client, engine: FakeEngine) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    client.extract_result("Grace, 45", schema=schema, examples=[("Ada, 36", {"name": "Ada", "age": 36}),
+                                                                ("Bo, 2", '{"name":"Bo"}')])
+    assert [(e.text, e.output) for e in engine.requests[-1].examples] == [
+        ("Ada, 36", '{"name":"Ada","age":36}'), ("Bo, 2", '{"name":"Bo"}')]
+
+
 def test_output_errors(client: Client) -> None:
     with pytest.raises(TruncatedOutputError) as err:
         client.extract("[length]", model=Person)

@@ -93,3 +93,41 @@ def test_registry_helpers() -> None:
     v = metaschema_violations({"type": "object", "properties": {"a/b": {"type": "strng"}}}, "schema_json")
     assert v and v[0].json_pointer == "/properties/a~1b" and v[0].keyword == "type"
     assert metaschema_violations({"type": "object"}, "f") == []
+
+
+def test_worked_examples_are_checked_and_compacted() -> None:
+    from structspec.service.registry import ResolvedSchema
+
+    schema = ResolvedSchema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}, "k")
+    limits = convert.Limits(max_tokens_cap=100)
+
+    def extract(*examples: tuple[str, str]):
+        req = pb.ExtractRequest(text="doc", examples=[pb.Example(text=t, output_json=o) for t, o in examples])
+        return convert.extraction_request(req, schema, "r1", None, limits)
+
+    got = extract(("one apple", '{ "n" : 1 }'), ("two", '{"n": 2}'))
+    assert [(e.text, e.output) for e in got.examples] == [("one apple", '{"n":1}'), ("two", '{"n":2}')]
+    assert extract().examples == ()
+    cases = [((("x", "{n: 1}"),), "examples[0].output_json", "not JSON"),
+             ((("x", '{"n": 1}'), ("y", '{"n": "two"}')), "examples[1].output_json", "does not match the schema"),
+             ((("  ", '{"n": 1}'),), "examples[0].text", "input text"),
+             (tuple(("x", '{"n": 1}') for _ in range(convert.MAX_EXAMPLES + 1)), "examples", "at most")]
+    for examples, field, reason in cases:
+        with pytest.raises(errors.ServiceError) as err:
+            extract(*examples)
+        assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.violations[0].field == field and reason in err.value.violations[0].description
+
+    tool = pb.Tool(name="get_weather", parameters_json='{"type": "object", "properties": {"city": {"type": "string"}}}')
+
+    def call(output: str):
+        req = pb.CallToolRequest(messages=[pb.ChatMessage(role=pb.ROLE_USER, content="hi")], tools=[tool],
+                                 examples=[pb.Example(text="weather in Oslo?", output_json=output)])
+        return convert.tool_request(req, "r1", None, limits)
+
+    assert call('{"name": "get_weather", "arguments": {"city": "Oslo"}}').examples[0].output == \
+        '{"name":"get_weather","arguments":{"city":"Oslo"}}'
+    for output, reason in (('{"name": "book_flight", "arguments": {}}', "not one of the request's tools"),
+                           ('{"name": "get_weather"}', "a call must be")):
+        with pytest.raises(errors.ServiceError, match=reason):
+            call(output)

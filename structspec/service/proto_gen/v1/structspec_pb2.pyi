@@ -149,7 +149,7 @@ class Timings(_message.Message):
     def __init__(self, queued_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class ExtractRequest(_message.Message):
-    __slots__ = ("schema_ref", "json_schema", "text", "messages", "instruction", "sampling", "speculation", "disable_fast_forward", "request_id")
+    __slots__ = ("schema_ref", "json_schema", "text", "messages", "instruction", "sampling", "speculation", "disable_fast_forward", "request_id", "examples")
     SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class ExtractRequest(_message.Message):
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     DISABLE_FAST_FORWARD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     schema_ref: SchemaRef
     json_schema: str
     text: str
@@ -168,7 +169,16 @@ class ExtractRequest(_message.Message):
     speculation: SpeculationMode
     disable_fast_forward: bool
     request_id: str
-    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., json_schema: _Optional[str] = ..., text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., instruction: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    examples: _containers.RepeatedCompositeFieldContainer[Example]
+    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., json_schema: _Optional[str] = ..., text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., instruction: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[Example, _Mapping]]] = ...) -> None: ...
+
+class Example(_message.Message):
+    __slots__ = ("text", "output_json")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    output_json: str
+    def __init__(self, text: _Optional[str] = ..., output_json: _Optional[str] = ...) -> None: ...
 
 class ExtractResult(_message.Message):
     __slots__ = ("request_id", "json", "object", "value", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "schema_key")
@@ -235,7 +245,7 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., tool_name: _Optional[str] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
-    __slots__ = ("messages", "tools", "tool_choice", "parallel_tool_calls", "sampling", "speculation", "disable_fast_forward", "request_id")
+    __slots__ = ("messages", "tools", "tool_choice", "parallel_tool_calls", "sampling", "speculation", "disable_fast_forward", "request_id", "examples")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +254,7 @@ class CallToolRequest(_message.Message):
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     DISABLE_FAST_FORWARD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: ToolChoice
@@ -252,7 +263,8 @@ class CallToolRequest(_message.Message):
     speculation: SpeculationMode
     disable_fast_forward: bool
     request_id: str
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    examples: _containers.RepeatedCompositeFieldContainer[Example]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[Example, _Mapping]]] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("name", "arguments_json", "arguments")
