@@ -226,13 +226,14 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     concurrency (HF at 1), ``speedup_vs_c1`` against the same configuration at concurrency 1.
     """
     from structspec.models.loading import load_profile
+    from structspec.models.profiles import get_profile
     from structspec.models.worker_thread import run_in_worker
 
     levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
     models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True)
-    shots = few_shot if few_shot is not None else (0 if profile == "demo" else 1)
+    shots = few_shot if few_shot is not None else get_profile(profile).few_shot
     pool = build_workload(workload, requests + 24, few_shot=shots)
     items, spare = pool[:requests], pool[requests:]
     # Warm-up: one request per schema in the workload, so every configuration (and the outlines baseline)

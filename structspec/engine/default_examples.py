@@ -15,20 +15,16 @@ prefix caching shares them across requests).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from structspec.grammar.cache import schema_key
 from structspec.prompts import FewShotExample
 
 EXAMPLES_SEED = 7331  # not BENCH_SEED: serving examples are never benchmark items
 
 
-def canonical_key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
 class ExampleBook:
-    """Worked examples keyed by the exact schema (or tool list) they belong to."""
+    """Worked examples keyed by the exact schema (or tool list) they belong to (``schema_key``)."""
 
     def __init__(self, by_schema: dict[str, tuple[FewShotExample, ...]] | None = None,
                  by_tools: dict[str, tuple[FewShotExample, ...]] | None = None):
@@ -36,10 +32,10 @@ class ExampleBook:
         self._by_tools = by_tools or {}
 
     def for_schema(self, schema: dict[str, Any]) -> tuple[FewShotExample, ...]:
-        return self._by_schema.get(canonical_key(schema), ())
+        return self._by_schema.get(schema_key(schema), ())
 
     def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tuple[FewShotExample, ...]:
-        return self._by_tools.get(canonical_key(list(tools)), ())
+        return self._by_tools.get(schema_key(list(tools)), ())
 
 
 def build_example_book(shots: int, seed: int = EXAMPLES_SEED) -> ExampleBook:
@@ -61,6 +57,6 @@ def build_example_book(shots: int, seed: int = EXAMPLES_SEED) -> ExampleBook:
         if bucket is not None and len(bucket) < shots:
             bucket.append(FewShotExample(ex.source, ex.output))
     return ExampleBook(
-        by_schema={canonical_key(schemas[name]): tuple(found) for name, found in per_schema.items() if found},
-        by_tools={canonical_key(tools): tuple(e for found in per_tool.values() for e in found)},
+        by_schema={schema_key(schemas[name]): tuple(found) for name, found in per_schema.items() if found},
+        by_tools={schema_key(tools): tuple(e for found in per_tool.values() for e in found)},
     )

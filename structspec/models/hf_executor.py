@@ -56,6 +56,24 @@ class _PackedStep:
         self.slot_idx = torch.tensor([c.slot for c in chunks for _ in range(c.count)], device=device)  # [N]
         self.pos_idx = torch.tensor([c.start + t for c in chunks for t in range(c.count)], device=device)  # [N]
         self.kv_len = max(c.start + c.count for c in chunks)
+        self._masks: dict[tuple[int, int | None], torch.Tensor] = {}  # (chunk, window) -> [c, Lk], shared by layers
+
+    def chunk_mask(self, i: int, lo: int, window: int | None) -> torch.Tensor | None:
+        """Chunk i's queries over cache [lo, end): causal within the chunk, each within its own window."""
+        c = self.chunks[i]
+        if c.count == 1:
+            return None  # one query sees its whole slice (the window is already cut by ``lo``)
+        key = (i, window)
+        mask = self._masks.get(key)
+        if mask is None:
+            end = c.start + c.count
+            j = torch.arange(lo, end, device=self.slot_idx.device)[None, :]  # [1, Lk]
+            p = torch.arange(c.start, end, device=self.slot_idx.device)[:, None]  # [c, 1]
+            mask = j <= p
+            if window:
+                mask &= j > p - window
+            self._masks[key] = mask
+        return mask
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         # key/value: [1, H_kv, N, D] -> buffer[slot_n, :, pos_n] ([N, H_kv, D] through advanced indexing)
@@ -89,19 +107,13 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     kbuf, vbuf = step.owner._k[module.layer_idx], step.owner._v[module.layer_idx]  # [slots, H_kv, cap, D]
     gqa = query.shape[1] != kbuf.shape[1]
     outs = []
-    for c in step.chunks:
+    for i, c in enumerate(step.chunks):
         end = c.start + c.count
         lo = max(0, c.start + 1 - sliding_window) if sliding_window else 0
         q = query[:, :, c.offset: c.offset + c.count]  # [1, H, c, D]
         k = kbuf[c.slot, :, lo:end].unsqueeze(0)  # [1, H_kv, end - lo, D]: a view, no copy
         v = vbuf[c.slot, :, lo:end].unsqueeze(0)
-        mask = None
-        if c.count > 1:  # causal within the chunk (and each query's own window on sliding layers)
-            j = torch.arange(lo, end, device=query.device)[None, :]  # [1, Lk]
-            p = torch.arange(c.start, end, device=query.device)[:, None]  # [c, 1]
-            mask = j <= p
-            if sliding_window:
-                mask &= j > p - sliding_window
+        mask = step.chunk_mask(i, lo, sliding_window)
         outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa))
     return torch.cat(outs, dim=2).transpose(1, 2), None  # [1, N, H, D]
 
@@ -129,7 +141,9 @@ class TransformersExecutor:
         if getattr(cfg, "attn_logit_softcapping", None):
             raise ValueError("attention logit soft-capping (Gemma 2) is not supported by the packed executor")
         model.set_attn_implementation(ATTENTION_NAME)  # falls back to SDPA outside executor steps
-        self._layer_types = getattr(cfg, "layer_types", None)
+        layer_types = getattr(cfg, "layer_types", None)
+        dummy = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=self.device)  # masks are packed_attention's job
+        self._placeholder_masks = {t: dummy for t in set(layer_types)} if layer_types else dummy
         head = model.get_output_embeddings()
         self._head = OutputHead(head.weight, getattr(head, "bias", None))  # tuned output-layer product
         small_row_linears(self._base)  # the body's decode-sized products (active only inside step)
@@ -225,13 +239,11 @@ class TransformersExecutor:
         dev = self.device
         ids = torch.tensor([[t for x in inputs for t in x.tokens]], dtype=torch.long, device=dev)  # [1, N]
         step = _PackedStep(self, chunks, dev)
-        dummy = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=dev)  # masks are packed_attention's business
-        masks = {t: dummy for t in set(self._layer_types)} if self._layer_types else dummy
         _ACTIVE.step = step
         try:
             with fast_linears_enabled():
-                out = self._base(input_ids=ids, position_ids=step.pos_idx[None, :], attention_mask=masks, cache=step,
-                                 use_cache=True)
+                out = self._base(input_ids=ids, position_ids=step.pos_idx[None, :],
+                                 attention_mask=self._placeholder_masks, cache=step, use_cache=True)
         finally:
             _ACTIVE.step = None
         self.forward_calls += 1

@@ -98,7 +98,7 @@ def check_shared_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTok
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
                 with_draft: bool = True) -> LoadedModels:
     dev, dt = resolve_device(device), resolve_dtype(dtype)
-    if profile.prepare is not None and not profile.is_ready():
+    if profile.prepare is not None:  # makes the files exist; on a ready profile a quick check (and migration)
         profile.prepare()
     tokenizer = load_tokenizer(profile.target)
     target = load_causal_lm(profile.target, dev, dt)

@@ -136,11 +136,11 @@ def _small_row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def small_row_linears(model: torch.nn.Module, skip: torch.nn.Module | None = None) -> int:
-    """Give the fp32 CPU linear layers of ``model`` (except ``skip``) the small-row form; returns how many."""
+def small_row_linears(model: torch.nn.Module) -> int:
+    """Give the fp32 CPU linear layers of ``model`` the small-row form; returns how many."""
     count = 0
     for module in model.modules():
-        if (isinstance(module, torch.nn.Linear) and module is not skip and module.weight.device.type == "cpu"
+        if (isinstance(module, torch.nn.Linear) and module.weight.device.type == "cpu"
                 and module.weight.dtype == torch.float32 and module.weight.numel() >= SMALL_ROW_MIN_PARAMS):
             if not isinstance(module.forward, types.MethodType) or module.forward.__func__ is not _small_row_forward:
                 module.forward = types.MethodType(_small_row_forward, module)
