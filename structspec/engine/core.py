@@ -149,9 +149,19 @@ class EngineCore:
             for p in plans:
                 self._finish(p.seq, FinishReason.ERROR, f"model failure: {type(exc).__name__}: {exc}")
             return
-        for plan, logits in zip(plans, outs):
-            plan.seq.usage.target_forward_passes += 1
-            self.executor_rollback_and_commit(plan, logits)
+        with torch.inference_mode():  # the step's logits are inference tensors, masked in place
+            for plan, logits in zip(plans, outs):
+                plan.seq.usage.target_forward_passes += 1
+                try:
+                    self.executor_rollback_and_commit(plan, logits)
+                except Exception as exc:  # noqa: BLE001 - a bug ends this request with ERROR, never a hang
+                    log.exception("committing the step failed for request %s", plan.seq.request_id)
+                    self._finish(plan.seq, FinishReason.ERROR, f"internal error: {type(exc).__name__}: {exc}")
+
+    def fail_running(self, error: str) -> None:
+        """End every running request with ERROR (after an unexpected failure of a whole step)."""
+        for seq in list(self.running):
+            self._finish(seq, FinishReason.ERROR, error)
 
     def _take_inbox(self) -> None:
         with self._inbox.lock:
@@ -280,11 +290,11 @@ class EngineCore:
             seq.first_decode = time.monotonic()
             seq.timings.prefill_ms = (seq.first_decode - (seq.admitted or seq.created)) * 1000
         draft = plan.draft.tokens if plan.draft else []
-        rows = apply_token_bitmask(logits, plan.bitmask)  # [k+1, V]
-        if torch.isinf(rows[0]).all():
+        if not bool(plan.bitmask[0].any()):
             self.executor.rollback(seq.seq_id, len(draft))
             self._finish(seq, FinishReason.ERROR, "grammar allows no token here (dead end)")
             return
+        rows = apply_token_bitmask(logits, plan.bitmask, inplace=True)  # [k+1, V]; this step's logits are ours
         q = plan.draft.q if plan.draft else None
         verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output))
         if plan.draft is not None:

@@ -72,8 +72,9 @@ class Engine:
                 continue
             try:
                 self.core.step()
-            except Exception:  # noqa: BLE001 - keep serving; the failing requests were finished with ERROR
+            except Exception as exc:  # noqa: BLE001 - keep serving; the requests in that step end with ERROR
                 log.exception("engine step failed")
+                self.core.fail_running(f"internal error: {type(exc).__name__}: {exc}")
 
     def stop(self) -> None:
         self._stopping = True

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import torch
 
 
@@ -133,20 +134,33 @@ def set_bits(row: torch.Tensor, tokens: Iterable[int]) -> None:
         words[t >> 5] |= 1 << (t & 31)
 
 
+def _unpack(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """[N, W] int32 words -> [N, width] bool (token t is bit t % 32 of word t // 32), on the CPU.
+
+    numpy's ``unpackbits`` does this in one C loop over the bytes (~10 us for Gemma's 262k ids),
+    where shifting every word by 0..31 in torch materialises four [N, 32W] temporaries (~1 ms a row).
+    """
+    words = bitmask.detach().cpu().contiguous().numpy().astype("<i4", copy=False)  # little-endian bytes
+    bits = np.unpackbits(words.view(np.uint8), axis=-1, count=width, bitorder="little")  # [N, width] uint8
+    return torch.from_numpy(bits).bool()
+
+
 def bitmask_to_bool(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """One [ceil(V/32)] int32 row -> [V] bool."""
-    bits = torch.arange(32, dtype=torch.int32)
-    expanded = (bitmask_row.unsqueeze(-1) >> bits) & 1  # [W, 32]
-    return expanded.flatten()[:vocab_size].bool()
+    return _unpack(bitmask_row[None], vocab_size)[0]
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Set disallowed logits to -inf. logits [N, V'] (V' may exceed the tokenizer's V), bitmask [N, W]."""
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Set disallowed logits to -inf. logits [N, V'] (V' may exceed the tokenizer's V), bitmask [N, W].
+
+    Ids past the mask (model-only padding rows of the output layer) are disallowed. ``inplace`` writes
+    into ``logits`` (the engine owns its step's logits) instead of returning a masked copy.
+    """
     vocab = logits.shape[-1]
-    bitmask = bitmask.to(logits.device)
-    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
-    unpacked = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1).bool()  # [N, 32W], all rows at once
-    width = min(vocab, unpacked.shape[1])
-    allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-    allowed[:, :width] = unpacked[:, :width]  # ids past the mask (model-only padding) stay disallowed
-    return logits.masked_fill(~allowed, float("-inf"))
+    width = min(vocab, 32 * bitmask.shape[-1])
+    allowed = _unpack(bitmask, width).to(logits.device, non_blocking=True)  # [N, width]
+    out = logits if inplace else logits.clone()
+    out[:, :width].masked_fill_(~allowed, float("-inf"))
+    if width < vocab:
+        out[:, width:] = float("-inf")
+    return out

@@ -171,6 +171,35 @@ def test_model_failure_finishes_with_error_and_engine_survives(make_engine):
     assert run(engine, request_for(ITEMS[0]))[0].finish is FinishReason.STOP
 
 
+def test_bug_after_the_forward_ends_the_request_with_error_not_a_hang(make_engine, monkeypatch):
+    """An exception while committing a step (a bug, not the model) must finish the request, free its cache
+    and leave the engine serving: before, the engine thread retried the same failing step forever."""
+    import structspec.engine.core as core_module
+
+    engine = make_engine()
+    real_verify = core_module.verify
+    calls = {"n": 0}
+
+    def buggy(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise IndexError("simulated bug")
+        return real_verify(*args, **kwargs)
+
+    monkeypatch.setattr(core_module, "verify", buggy)
+    engine.start()
+
+    async def both():
+        first = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
+        second = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
+        return first, second
+
+    first, second = asyncio.run(both())
+    assert first.finish_reason is FinishReason.ERROR and "simulated bug" in first.error
+    assert second.finish_reason is FinishReason.STOP and second.outcome is Outcome.VALID
+    assert not engine.core.running and engine.core.reserved == 0  # the failed request's reservation is back
+
+
 def test_streaming_deltas_concatenate_to_final_text(make_engine):
     engine = make_engine()
     engine.start()

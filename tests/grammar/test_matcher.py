@@ -159,7 +159,12 @@ def test_apply_token_bitmask_vectorised():
     bitmask[0, 0] = 0b1011
     bitmask[1, 1] = -1  # tokens 32..63, bit 31 included
     bitmask[3, 2] = 1 << 5
+    before = logits.clone()
     out = apply_token_bitmask(logits, bitmask)
+    assert torch.equal(logits, before)  # a masked copy by default
+    inplace = logits.clone()
+    assert apply_token_bitmask(inplace, bitmask, inplace=True) is inplace
+    assert torch.equal(inplace, out)
     for row in range(4):
         expected = torch.zeros(vocab + 6, dtype=torch.bool)
         expected[:vocab] = bitmask_to_bool(bitmask[row], vocab)
