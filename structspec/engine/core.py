@@ -34,7 +34,7 @@ from structspec.engine.prefix_cache import PrefixCache
 from structspec.engine.sequence import Sequence
 from structspec.engine.types import FinishReason, OverBudget, QueueFull
 from structspec.engine.verify import verify
-from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
+from structspec.grammar.base import allocate_bitmask, apply_token_bitmask, small_allowed_set
 from structspec.models.executor import ForwardStep, StepInput
 from structspec.spec.base import Draft
 from structspec.store.base import batch_bucket
@@ -276,7 +276,12 @@ class EngineCore:
         if not plan.scores:
             return StepInput(plan.seq.seq_id, tokens, logits_at=())
         first = len(plan.feed) - 1
-        return StepInput(plan.seq.seq_id, tokens, logits_at=tuple(range(first, first + len(draft) + 1)))
+        allowed = None
+        limit = getattr(self.executor, "restricted_logits_max", 0)
+        if limit:  # let the executor score a small allowed set alone (the rest would be masked out anyway)
+            allowed = tuple(small_allowed_set(row, limit) for row in plan.bitmask)
+        return StepInput(plan.seq.seq_id, tokens, logits_at=tuple(range(first, first + len(draft) + 1)),
+                         allowed=allowed)
 
     def executor_rollback_and_commit(self, plan: _Plan, logits: torch.Tensor) -> None:
         seq = plan.seq

@@ -164,3 +164,18 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, inplace: bo
     if width < vocab:
         out[:, width:] = float("-inf")
     return out
+
+
+def small_allowed_set(bitmask_row: torch.Tensor, limit: int) -> torch.Tensor | None:
+    """The allowed token ids of one [W] int32 row as a LongTensor, or None when there may be more than ``limit``.
+
+    Cheap when the answer is None for a wide set: only the non-zero words are looked at.
+    """
+    words = bitmask_row.detach().cpu().contiguous().numpy().astype("<i4", copy=False)
+    nonzero = np.flatnonzero(words)  # [Z] word indices
+    if len(nonzero) > limit:
+        return None  # every non-zero word holds at least one allowed id
+    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=-1, bitorder="little")  # [Z, 32]
+    ids = (nonzero[:, None] * 32 + np.arange(32))[bits.astype(bool)]  # ascending
+    return torch.from_numpy(ids.astype(np.int64)) if len(ids) <= limit else None
+

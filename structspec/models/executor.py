@@ -28,6 +28,9 @@ class StepInput:
     seq_id: int
     tokens: Sequence[int]
     logits_at: Sequence[int] = (-1,)
+    # Per ``logits_at`` position: the token ids that may follow (a LongTensor), or None for any. An executor
+    # may then return -inf for every other id instead of computing it: the caller masks them anyway.
+    allowed: Sequence[torch.Tensor | None] | None = None
 
 
 class ContextOverflow(ValueError):
@@ -36,6 +39,9 @@ class ContextOverflow(ValueError):
 
 class ForwardStep(Protocol):
     vocab_size: int  # width of the returned logits (may exceed the tokenizer's vocabulary)
+    # Largest ``StepInput.allowed`` set the executor scores alone, skipping the rest of the output layer
+    # (0: it always computes every logit, so callers need not build the sets).
+    restricted_logits_max: int
     max_context: int  # tokens a sequence may hold
     forward_calls: int  # model forward passes run so far (counted here, not estimated)
 

@@ -123,6 +123,10 @@ AttentionInterface.register(ATTENTION_NAME, packed_attention)
 AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # masks for plain HF calls on the same model
 
 
+RESTRICT_MIN_VOCAB = 32768  # vocabularies at least this large score small allowed sets alone
+RESTRICTED_LOGITS_MAX = 1024  # ... of at most this many ids (a gather of 1024 rows costs ~ one GEMV of 30k)
+
+
 class TransformersExecutor:
     """``ForwardStep`` over a transformers decoder-only model (Llama, Gemma 3, ...)."""
 
@@ -146,6 +150,11 @@ class TransformersExecutor:
         self._placeholder_masks = {t: dummy for t in set(layer_types)} if layer_types else dummy
         head = model.get_output_embeddings()
         self._head = OutputHead(head.weight, getattr(head, "bias", None))  # tuned output-layer product
+        self._head_weight, self._head_bias = head.weight, getattr(head, "bias", None)
+        # With a large vocabulary, a position whose grammar allows a few ids (digits, an enum, the end of
+        # an array) is scored on those rows of the output layer alone (Gemma: ~1/3 of an extraction's
+        # scored positions allow <= 256 of 262k ids). Small vocabularies gain nothing from it.
+        self.restricted_logits_max = RESTRICTED_LOGITS_MAX if self.vocab_size >= RESTRICT_MIN_VOCAB else 0
         small_row_linears(self._base)  # the body's decode-sized products (active only inside step)
         self._kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -249,10 +258,32 @@ class TransformersExecutor:
         self.forward_calls += 1
         hidden = out.last_hidden_state[0]  # [N, H]
         rows = [c.offset + t % c.count for x, c in zip(inputs, chunks) for t in x.logits_at]
+        allowed = [None if x.allowed is None else x.allowed[j] for x in inputs for j in range(len(x.logits_at))]
         splits = [len(x.logits_at) for x in inputs]
-        logits = self._head(hidden[rows]).float()  # [sum logits_at, V]
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
+        logits = self._logits(hidden[rows], allowed)  # [sum logits_at, V]
         for x, n, c in zip(inputs, lens, counts):
             self._len[x.seq_id] = n + c
         return list(logits.cpu().split(splits))
+
+    def _logits(self, hidden: torch.Tensor, allowed: list[torch.Tensor | None]) -> torch.Tensor:
+        """hidden [R, H] -> float32 logits [R, V]; a row with a small ``allowed`` set gets only those (else -inf)."""
+        small = [i for i, ids in enumerate(allowed)
+                 if ids is not None and len(ids) <= self.restricted_logits_max]
+        if not small:
+            return self._finish_logits(self._head(hidden).float())
+        logits = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)  # [R, V]
+        full = [i for i in range(hidden.shape[0]) if i not in set(small)]
+        if full:
+            logits[full] = self._finish_logits(self._head(hidden[full]).float())
+        for i in small:
+            ids = allowed[i].to(hidden.device)  # [n]
+            part = self._head_weight.index_select(0, ids) @ hidden[i]  # [n, H] @ [H] -> [n]
+            if self._head_bias is not None:
+                part = part + self._head_bias.index_select(0, ids)
+            logits[i, ids] = self._finish_logits(part.float())
+        return logits
+
+    def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits

@@ -78,6 +78,25 @@ def test_fast_forward_on_off_identical_greedy(make_engine):
         assert b.usage.forced_tokens == 0
 
 
+def test_scoring_small_allowed_sets_alone_keeps_greedy_outputs(make_engine):
+    """The executor may score only the ids a position allows (large vocabularies do): same greedy text."""
+    full = run(make_engine(), *[request_for(it) for it in ITEMS])
+    engine = make_engine()
+    engine.core.executor.restricted_logits_max = 64  # the demo's 4k vocabulary would not use it by itself
+    scored = {"restricted": 0}
+    real_step = engine.core.executor.step
+
+    def counting(inputs):
+        scored["restricted"] += sum(1 for x in inputs for ids in (x.allowed or ()) if ids is not None)
+        return real_step(inputs)
+
+    engine.core.executor.step = counting
+    restricted = run(engine, *[request_for(it) for it in ITEMS])
+    assert scored["restricted"] > 0
+    for a, b in zip(full, restricted):
+        assert a.output == b.output, (a.request_id, a.output, b.output)
+
+
 def test_batched_equals_one_at_a_time(make_engine):
     """Continuous batching (mixed prompt lengths, joins and leaves) does not change greedy outputs."""
     engine = make_engine(max_batch=4, prefill_chunk=32, step_tokens=64)

@@ -182,3 +182,32 @@ def test_plain_transformers_calls_still_work_on_the_same_model(model):
     TransformersExecutor(model)
     assert torch.allclose(reference_logits(model, tokens), before, atol=TOL)
     assert torch.equal(model.generate(torch.tensor([tokens]), max_new_tokens=6, do_sample=False), greedy_before)
+
+
+def test_small_allowed_sets_are_scored_alone(model):
+    """Rows with a small allowed set get exactly those logits (others -inf); other rows are untouched."""
+    ex = TransformersExecutor(model)
+    assert ex.restricted_logits_max == 0  # 97 ids: scoring a subset would save nothing
+    ex.restricted_logits_max = 8  # exercise the path on the tiny model
+    rng = random.Random(5)
+    a_tokens = [rng.randrange(VOCAB) for _ in range(12)]
+    b_tokens = [rng.randrange(VOCAB) for _ in range(7)]
+    a, b = ex.new_sequence(), ex.new_sequence()
+    ids_a, ids_b = torch.tensor([3, 40, 96]), torch.tensor([0, 1, 2, 50, 51, 52, 53, 90])
+    wide = torch.arange(20)  # more than restricted_logits_max: computed in full
+    got_a, got_b = ex.step([StepInput(a, a_tokens, logits_at=(-3, -2, -1), allowed=(ids_a, None, wide)),
+                            StepInput(b, b_tokens, logits_at=(-1,), allowed=(ids_b,))])
+    ref_a, ref_b = reference_logits(model, a_tokens), reference_logits(model, b_tokens)
+    for row, ref, ids in ((got_a[0], ref_a[-3], ids_a), (got_b[0], ref_b[-1], ids_b)):
+        assert (row[ids] - ref[ids]).abs().max() <= TOL
+        rest = torch.ones(VOCAB, dtype=torch.bool)
+        rest[ids] = False
+        assert torch.isneginf(row[rest]).all()
+    assert (got_a[1] - ref_a[-2]).abs().max() <= TOL
+    assert (got_a[2] - ref_a[-1]).abs().max() <= TOL
+
+
+def test_large_vocabularies_restrict_by_default():
+    cfg = LlamaConfig(vocab_size=40000, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, intermediate_size=32, max_position_embeddings=64)
+    assert TransformersExecutor(LlamaForCausalLM(cfg).eval()).restricted_logits_max > 0
