@@ -137,6 +137,22 @@ def _read_text(text: Optional[str], text_file: Optional[Path]) -> str:
     return text_file.read_text()
 
 
+def _read_examples(path: Optional[Path]) -> list[tuple[str, Any]]:
+    """``[{"text": ..., "output": ...}, ...]`` from a JSON file; the server checks each output against the schema."""
+    if path is None:
+        return []
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        typer.echo(f"error: --examples-file {path}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(loaded, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("text"), str) and "output" in e for e in loaded):
+        typer.echo(f'error: --examples-file {path}: expected a JSON list of {{"text": str, "output": ...}}', err=True)
+        raise typer.Exit(2)
+    return [(e["text"], e["output"]) for e in loaded]
+
+
 def health(
     target: Target = DEFAULT_TARGET,
     service: Annotated[str, typer.Option(help="service name ('' = whole server)")] = "",
@@ -167,6 +183,7 @@ def extract(
     speculation: Annotated[str, typer.Option(help="auto | off")] = "auto",
     stream: Annotated[bool, typer.Option("--stream", help="print text as it is generated")] = False,
     full: Annotated[bool, typer.Option("--full", help="print the whole result (usage, timings, ...)")] = False,
+    examples_file: Annotated[Optional[Path], typer.Option("--examples-file", help='JSON list of worked examples [{"text": ..., "output": ...}] (a base model such as Gemma needs one)')] = None,
     target: Target = DEFAULT_TARGET,
     token_file: TokenFile = None,
     tls: Tls = False,
@@ -183,7 +200,8 @@ def extract(
     if (schema_id is None) == (schema_file is None):
         typer.echo("error: give exactly one of --schema-id and --schema-file", err=True)
         raise typer.Exit(2)
-    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "speculation": speculation}
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "speculation": speculation,
+                              "examples": _read_examples(examples_file)}
     if schema_id is not None:
         kwargs.update(schema_id=schema_id, version=version)
     else:
@@ -216,6 +234,7 @@ def call_tool(
     tool_choice: Annotated[str, typer.Option(help="auto | required | none | <tool name>")] = "auto",
     parallel: Annotated[bool, typer.Option("--parallel", help="allow several calls")] = False,
     max_tokens: Annotated[Optional[int], typer.Option(help="most output tokens")] = None,
+    examples_file: Annotated[Optional[Path], typer.Option("--examples-file", help='JSON list of worked examples [{"text": ..., "output": ...}] (a base model such as Gemma needs one)')] = None,
     target: Target = DEFAULT_TARGET,
     token_file: TokenFile = None,
     tls: Tls = False,
@@ -245,7 +264,8 @@ def call_tool(
         tools = load_builtin_tools()
     with _client(target, token_file, tls, ca_file, cert_file, key_file, timeout) as client:
         try:
-            result = client.call_tool(msgs, tools, tool_choice=tool_choice, parallel=parallel, max_tokens=max_tokens)
+            result = client.call_tool(msgs, tools, tool_choice=tool_choice, parallel=parallel, max_tokens=max_tokens,
+                                      examples=_read_examples(examples_file))
         except Exception as exc:
             _fail(exc)
         _print_json({"calls": [{"name": c.name, "arguments": c.arguments} for c in result.calls], "text": result.text, "usage": asdict(result.usage)})

@@ -106,6 +106,19 @@ def test_client_commands(app: typer.Typer, served: ServerThread, tmp_path: Path)
     r = ok(["schemas", "delete", "cli-schema", "-y"])
     assert r.exit_code == 0 and "deleted cli-schema versions 1" in r.output
 
+    examples = tmp_path / "examples.json"
+    examples.write_text(json.dumps([{"text": "Bo Li, CTO at Acme (Oslo, Norway), bo@acme.no, +47 22 33 44 55", "output": {
+        "name": "Bo Li", "email": "bo@acme.no", "phone": "+47 22 33 44 55", "company": "Acme", "job_title": "CTO",
+        "city": "Oslo", "country": "Norway", "preferred_channel": "email"}}]))
+    r = ok(["extract", "--text", "Ada", "-s", "contact", "--examples-file", str(examples)])
+    assert r.exit_code == 0, r.output
+    examples.write_text(json.dumps([{"text": "Bo", "output": {"name": 7}}]))  # not a contact: the server says so
+    r = ok(["extract", "--text", "Ada", "-s", "contact", "--examples-file", str(examples)])
+    assert r.exit_code == 1 and "INVALID_ARGUMENT" in r.output and "examples[0].output_json" in r.output
+    examples.write_text(json.dumps({"text": "Bo"}))
+    r = ok(["extract", "--text", "Ada", "-s", "contact", "--examples-file", str(examples)])
+    assert r.exit_code == 2 and "expected a JSON list" in r.output
+
     r = ok(["call-tool", "-m", "user: weather in Oslo?"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["calls"][0]["name"] == "get_weather"
