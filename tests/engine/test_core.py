@@ -109,10 +109,11 @@ def test_seeded_sampling_reproducible(make_engine):
     engine = make_engine()
     params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=120)
     a, b = run(engine, request_for(ITEMS[2], sampling=params), request_for(ITEMS[2], sampling=params))
-    c = run(engine, request_for(ITEMS[2], sampling=SamplingParams(temperature=1.0, top_p=0.95, seed=99,
-                                                                   max_tokens=120)))[0]
     assert a.output == b.output
-    assert c.output != a.output
+    # Another seed draws other noise: over a few seeds some output differs (a confident model may repeat one).
+    others = run(engine, *[request_for(ITEMS[2], sampling=SamplingParams(temperature=1.0, top_p=0.95, seed=s,
+                                                                          max_tokens=120)) for s in (99, 7, 42, 2024)])
+    assert any(c.output != a.output for c in others)
 
 
 def test_cancel_frees_memory_at_once(make_engine):
