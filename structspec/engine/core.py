@@ -277,7 +277,7 @@ class EngineCore:
             return StepInput(plan.seq.seq_id, tokens, logits_at=())
         first = len(plan.feed) - 1
         allowed = None
-        limit = getattr(self.executor, "restricted_logits_max", 0)
+        limit = self.executor.restricted_logits_max
         if limit:  # let the executor score a small allowed set alone (the rest would be masked out anyway)
             allowed = tuple(small_allowed_set(row, limit) for row in plan.bitmask)
         return StepInput(plan.seq.seq_id, tokens, logits_at=tuple(range(first, first + len(draft) + 1)),

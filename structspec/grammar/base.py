@@ -134,13 +134,18 @@ def set_bits(row: torch.Tensor, tokens: Iterable[int]) -> None:
         words[t >> 5] |= 1 << (t & 31)
 
 
+def _words(bitmask: torch.Tensor) -> np.ndarray:
+    """The int32 mask words as a little-endian numpy array on the CPU (byte order = token order)."""
+    return bitmask.detach().cpu().contiguous().numpy().astype("<i4", copy=False)
+
+
 def _unpack(bitmask: torch.Tensor, width: int) -> torch.Tensor:
     """[N, W] int32 words -> [N, width] bool (token t is bit t % 32 of word t // 32), on the CPU.
 
     numpy's ``unpackbits`` does this in one C loop over the bytes (~10 us for Gemma's 262k ids),
     where shifting every word by 0..31 in torch materialises four [N, 32W] temporaries (~1 ms a row).
     """
-    words = bitmask.detach().cpu().contiguous().numpy().astype("<i4", copy=False)  # little-endian bytes
+    words = _words(bitmask)
     bits = np.unpackbits(words.view(np.uint8), axis=-1, count=width, bitorder="little")  # [N, width] uint8
     return torch.from_numpy(bits).bool()
 
@@ -171,7 +176,7 @@ def small_allowed_set(bitmask_row: torch.Tensor, limit: int) -> torch.Tensor | N
 
     Cheap when the answer is None for a wide set: only the non-zero words are looked at.
     """
-    words = bitmask_row.detach().cpu().contiguous().numpy().astype("<i4", copy=False)
+    words = _words(bitmask_row)
     nonzero = np.flatnonzero(words)  # [Z] word indices
     if len(nonzero) > limit:
         return None  # every non-zero word holds at least one allowed id

@@ -150,7 +150,6 @@ class TransformersExecutor:
         self._placeholder_masks = {t: dummy for t in set(layer_types)} if layer_types else dummy
         head = model.get_output_embeddings()
         self._head = OutputHead(head.weight, getattr(head, "bias", None))  # tuned output-layer product
-        self._head_weight, self._head_bias = head.weight, getattr(head, "bias", None)
         # With a large vocabulary, a position whose grammar allows a few ids (digits, an enum, the end of
         # an array) is scored on those rows of the output layer alone (Gemma: ~1/3 of an extraction's
         # scored positions allow <= 256 of 262k ids). Small vocabularies gain nothing from it.
@@ -272,14 +271,15 @@ class TransformersExecutor:
         if not small:
             return self._finish_logits(self._head(hidden).float())
         logits = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)  # [R, V]
-        full = [i for i in range(hidden.shape[0]) if i not in set(small)]
+        chosen = set(small)
+        full = [i for i in range(hidden.shape[0]) if i not in chosen]
         if full:
             logits[full] = self._finish_logits(self._head(hidden[full]).float())
         for i in small:
             ids = allowed[i].to(hidden.device)  # [n]
-            part = self._head_weight.index_select(0, ids) @ hidden[i]  # [n, H] @ [H] -> [n]
-            if self._head_bias is not None:
-                part = part + self._head_bias.index_select(0, ids)
+            part = self._head.weight.index_select(0, ids) @ hidden[i]  # [n, H] @ [H] -> [n]
+            if self._head.bias is not None:
+                part = part + self._head.bias.index_select(0, ids)
             logits[i, ids] = self._finish_logits(part.float())
         return logits
 
