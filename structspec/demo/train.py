@@ -421,7 +421,8 @@ def main() -> None:
     draft_loss = train(draft, data, plan.draft_steps, plan.draft_lr, plan.batch, plan.torch_seed + 1, "draft")
     t_trained = time.time()
 
-    target.float(), draft.float()
+    for model in (target, draft):  # the figures describe the weights that ship: bf16 on disk, run in fp32
+        model.to(torch.bfloat16).float()
     figures = {
         "plan": asdict(plan),
         "params": {"target": sum(p.numel() for p in target.parameters()),
