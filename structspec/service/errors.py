@@ -22,6 +22,7 @@ from structspec.engine.types import (
     GenerationResult,
     InvalidRequest,
     Outcome,
+    OverBudget,
     QueueFull,
 )
 from structspec.service.proto_gen.v1 import structspec_pb2 as pb
@@ -95,6 +96,10 @@ def from_exception(exc: BaseException, schema_field: str = "json_schema") -> Ser
         return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}", reason, [FieldViolation(field, str(exc))])
     if isinstance(exc, QueueFull):
         return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is at capacity: {exc}", "QUEUE_FULL")
+    if isinstance(exc, OverBudget):  # the request alone exceeds the server's KV budget: retrying will not help
+        field = f"sampling.{exc.field}" if exc.field in SAMPLING_FIELDS else (exc.field or "request")
+        return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{field}: {exc}", "KV_BUDGET",
+                            [FieldViolation(field, str(exc))])
     if isinstance(exc, EngineStopped):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, f"engine stopped: {exc}", "ENGINE_STOPPED")
     if isinstance(exc, EngineError):

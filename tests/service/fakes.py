@@ -14,6 +14,7 @@ in the text (or last message):
     ``[internal]``    outcome INTERNAL_ERROR
     ``[too-long]``    ContextTooLong
     ``[stopped]``     EngineStopped
+    ``[over-budget]`` OverBudget (the request alone needs more KV cache than the server has)
     ``[slow]``        0.1 s per token;  ``[slow=0.5]`` 0.5 s per token
 """
 
@@ -34,6 +35,7 @@ from structspec.engine.types import (
     FinishReason,
     GenerationResult,
     Outcome,
+    OverBudget,
     QueueFull,
     TextDelta,
     Timings,
@@ -191,6 +193,8 @@ class FakeEngine:
     def _check_prompt(prompt: str) -> None:
         if "[too-long]" in prompt:
             raise ContextTooLong("prompt (5000 tokens) + max_tokens exceed the context (4096)", field="text")
+        if "[over-budget]" in prompt:
+            raise OverBudget("request needs 70000 KV-cache tokens; the server's budget is 65536", field="max_tokens")
         if "[stopped]" in prompt:
             raise EngineStopped("engine is shutting down")
         if "[crash]" in prompt:

@@ -237,6 +237,14 @@ def test_queue_full_is_resource_exhausted(tmp_path: Path) -> None:
         assert all(isinstance(v, dict) for v in asyncio.run(main()))
 
 
+def test_a_request_over_the_kv_budget_is_resource_exhausted_naming_max_tokens(client: Client) -> None:
+    # not INTERNAL: the request is fine, the server's budget is too small for it, and retrying will not help
+    with pytest.raises(ResourceExhaustedError) as err:
+        client.extract("[over-budget]", schema_id="contact")
+    assert err.value.reason == "KV_BUDGET" and "65536" in err.value.message
+    assert [v.field for v in err.value.field_violations] == ["sampling.max_tokens"]
+
+
 def test_concurrent_clients(tmp_path: Path) -> None:
     engine = FakeEngine(token_delay=0.002, max_running=8, max_queue=64)
     with ServerThread(settings_for(tmp_path), engine) as st:
