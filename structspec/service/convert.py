@@ -105,11 +105,14 @@ def examples(items: Sequence[pb.Example], check) -> tuple[FewShotExample, ...]:
     return tuple(out)
 
 
-def _instance_error(schema: dict[str, Any]):
+def _instance_error(schema: dict[str, Any], schema_field: str):
     import jsonschema
 
     def check(value: Any) -> str | None:
-        error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+        try:
+            error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+        except Exception as exc:  # noqa: BLE001 - the schema itself is unusable (bad regex, unknown type, dangling $ref)
+            raise invalid(schema_field, f"cannot check the worked examples against it: {type(exc).__name__}: {exc}") from exc
         return None if error is None else f"does not match the schema: {error.message}"
     return check
 
@@ -146,7 +149,7 @@ def extraction_request(
         text=req.text,
         messages=messages(req.messages),
         instruction=req.instruction if req.HasField("instruction") else None,
-        examples=examples(req.examples, _instance_error(schema.schema)),
+        examples=examples(req.examples, _instance_error(schema.schema, "json_schema" if schema.record is None else "schema_id")),
         sampling=sampling(req.sampling, limits),
         speculation=speculation(req.speculation),
         fast_forward=not req.disable_fast_forward,

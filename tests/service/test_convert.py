@@ -118,6 +118,19 @@ def test_worked_examples_are_checked_and_compacted() -> None:
         assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.violations[0].field == field and reason in err.value.violations[0].description
 
+    # a schema jsonschema cannot use (found by review: these were INTERNAL) -> INVALID_ARGUMENT on the schema field
+    broken = [({"properties": {"id": {"type": "string", "pattern": "("}}}, '{"id": "x"}'),
+              ({"type": "foo"}, '{"id": "x"}'),
+              ({"$ref": "#/$defs/missing"}, '{"id": "x"}')]
+    for bad, output in broken:
+        for resolved, field in ((ResolvedSchema(bad, "k"), "json_schema"),
+                                (ResolvedSchema(bad, "k", record=object()), "schema_id")):
+            req = pb.ExtractRequest(text="doc", examples=[pb.Example(text="x", output_json=output)])
+            with pytest.raises(errors.ServiceError) as err:
+                convert.extraction_request(req, resolved, "r1", None, limits)
+            assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT, bad
+            assert err.value.violations[0].field == field and "worked examples" in err.value.message
+
     tool = pb.Tool(name="get_weather", parameters_json='{"type": "object", "properties": {"city": {"type": "string"}}}')
 
     def call(output: str):
