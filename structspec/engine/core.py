@@ -123,9 +123,10 @@ class EngineCore:
             self._inbox.new.append(seq)
         self.wakeup.set()
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, key: str) -> None:
+        """Cancel the sequence whose ``Sequence.key`` is ``key`` (request ids are not unique)."""
         with self._inbox.lock:
-            self._inbox.aborts.add(request_id)
+            self._inbox.aborts.add(key)
         self.wakeup.set()
 
     def queue_depth(self) -> int:
@@ -169,7 +170,7 @@ class EngineCore:
             self._inbox.new, self._inbox.aborts = [], set()
         self.waiting.extend(new)
         if aborts:
-            for seq in [s for s in (*self.running, *self.waiting) if s.request_id in aborts]:
+            for seq in [s for s in (*self.running, *self.waiting) if s.key in aborts]:
                 self._finish(seq, FinishReason.CANCELLED, "cancelled by the caller")
 
     def _expire(self, now: float) -> None:
@@ -185,15 +186,21 @@ class EngineCore:
                 self.executor.free(self.prefix.evict())  # retained prompts are a cache: they never make anyone wait
             if self.reserved + need > self.limits.kv_budget_tokens:
                 break  # FIFO: the head waits for memory rather than being overtaken forever
+            try:  # allocating a slot may grow the cache (out of memory): that request fails, nothing leaks
+                seq_id = self.executor.new_sequence()
+            except Exception as exc:  # noqa: BLE001
+                log.exception("no KV-cache slot for request %s", seq.request_id)
+                self._finish(seq, FinishReason.ERROR, f"model failure: no KV-cache slot: {type(exc).__name__}: {exc}")
+                break  # the running requests may free memory before the next one tries
             self.waiting.popleft()
             seq.reserved = need
             self.reserved += need
-            seq.seq_id = self.executor.new_sequence()
+            seq.seq_id = seq_id
             seq.admitted = time.monotonic()
             seq.timings.queued_ms = (seq.admitted - seq.created) * 1000
             seq.uncached = list(seq.prompt)
             seq.usage.prompt_tokens = len(seq.prompt)
-            self._detok[seq.request_id] = IncrementalDetokenizer(self.tokenizer)
+            self._detok[seq.key] = IncrementalDetokenizer(self.tokenizer)
             self.running.append(seq)
             self._fast_forward(seq)  # the opening forced tokens ride along with the prompt
             self._check_done(seq)
@@ -357,7 +364,7 @@ class EngineCore:
             self._emit(seq)
 
     def _emit(self, seq: Sequence, final: bool = False) -> None:
-        detok = self._detok.get(seq.request_id)
+        detok = self._detok.get(seq.key)
         if detok is not None:
             text = detok.delta(seq.output, final=final)
             if text:
@@ -375,7 +382,7 @@ class EngineCore:
             self.waiting.remove(seq)
         if reason is not FinishReason.CANCELLED:
             self._emit(seq, final=True)
-        self._detok.pop(seq.request_id, None)
+        self._detok.pop(seq.key, None)
         if self.speculator is not None:
             self.speculator.on_finish(seq)
         seq.usage.output_tokens = len(seq.output)

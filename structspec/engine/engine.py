@@ -209,7 +209,7 @@ class Engine:
                     break
         except BaseException:  # cancelled (client gone, deadline) or the consumer stopped iterating
             if seq.finish is None:
-                self.core.abort(seq.request_id)
+                self.core.abort(seq.key)
             raise
         text = self.tokenizer.decode(seq.output, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         yield GenerationResult(

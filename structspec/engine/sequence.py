@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from structspec.engine.types import FinishReason, SamplingParams, Timings, Usage
 from structspec.grammar.base import CompiledGrammar, Matcher
+
+_KEYS = itertools.count()
 
 
 @dataclass
@@ -48,6 +51,9 @@ class Sequence:
     prefix_checked: bool = False  # looked for a reusable cached prompt prefix (done once, before prefilling)
     # Reserved KV tokens (prompt + max_tokens + draft headroom): admission never over-commits.
     reserved: int = 0
+    # The engine's own handle on this sequence. Request ids come from callers and may repeat (a retry
+    # under the same id while the first attempt is still being cancelled): state is keyed by this.
+    key: str = field(default_factory=lambda: f"s{next(_KEYS)}")
 
     @property
     def prefilling(self) -> bool:

@@ -19,7 +19,7 @@ class Draft:
 class DraftContext:
     """What a proposer may look at: the request's text so far and where the grammar stands."""
 
-    request_id: str
+    seq_key: str  # the engine's handle on the sequence (``Sequence.key``): unique while it runs
     schema_key: str
     schema: dict[str, Any] | None
     prompt_text: str

@@ -40,9 +40,9 @@ class DraftModelProposer:
 
     def propose(self, ctx: DraftContext, k: int) -> Draft | None:
         committed = ctx.prompt_ids + ctx.output_ids
-        sid = self._seq.get(ctx.request_id)
+        sid = self._seq.get(ctx.seq_key)
         if sid is None:
-            sid = self._seq[ctx.request_id] = self.executor.new_sequence()
+            sid = self._seq[ctx.seq_key] = self.executor.new_sequence()
         cached = self.executor.seq_len(sid)
         if cached >= len(committed):  # re-score the last committed token to get the next distribution
             self.executor.rollback(sid, cached - len(committed) + 1)
@@ -78,7 +78,7 @@ class DraftModelProposer:
             return None
         return Draft(tokens, None if greedy else torch.stack(qs), self.name)
 
-    def release(self, request_id: str) -> None:
-        sid = self._seq.pop(request_id, None)
+    def release(self, seq_key: str) -> None:
+        sid = self._seq.pop(seq_key, None)
         if sid is not None:
             self.executor.free(sid)

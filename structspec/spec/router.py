@@ -52,10 +52,10 @@ class Router:
         self._accepted: dict[tuple[str, str], float] = {}  # (request, proposer) -> recent accepted per draft
 
     def _context(self, seq: Sequence) -> DraftContext:
-        prompt_text = self._prompt_text.get(seq.request_id)
+        prompt_text = self._prompt_text.get(seq.key)
         if prompt_text is None:
-            prompt_text = self._prompt_text[seq.request_id] = self._decode(seq.prompt)
-        return DraftContext(seq.request_id, seq.schema_key, seq.schema, prompt_text, self._decode(seq.output),
+            prompt_text = self._prompt_text[seq.key] = self._decode(seq.prompt)
+        return DraftContext(seq.key, seq.schema_key, seq.schema, prompt_text, self._decode(seq.output),
                             seq.prompt, seq.output, seq.matcher, seq.seed, seq.params)
 
     def _decode(self, ids: list[int]) -> str:
@@ -71,26 +71,26 @@ class Router:
     def propose(self, seq: Sequence, max_tokens: int) -> Draft | None:
         ctx = self._context(seq)
         for proposer in self.order(ctx):
-            k = self._draft_len(seq.request_id, proposer.name, max_tokens)
+            k = self._draft_len(seq.key, proposer.name, max_tokens)
             draft = proposer.propose(ctx, k)
             if draft is not None and draft.tokens:
-                self._last[seq.request_id] = (proposer.name, len(seq.output), len(draft.tokens))
+                self._last[seq.key] = (proposer.name, len(seq.output), len(draft.tokens))
                 return self._fit_q(draft)
         return None
 
-    def _draft_len(self, request_id: str, proposer: str, max_tokens: int) -> int:
+    def _draft_len(self, seq_key: str, proposer: str, max_tokens: int) -> int:
         """Draft about what this proposer got accepted lately in this request (+2), so a proposer that keeps
         being rejected early does not pay for long verifications; starts at the maximum."""
-        mean = self._accepted.get((request_id, proposer))
+        mean = self._accepted.get((seq_key, proposer))
         return max_tokens if mean is None else min(max_tokens, max(2, int(mean + 2.5)))
 
     def _learn(self, seq: Sequence) -> None:
-        last = self._last.pop(seq.request_id, None)
+        last = self._last.pop(seq.key, None)
         if last is None:
             return
         name, start, drafted = last
         accepted = min(drafted, max(0, len(seq.output) - start - 1))  # committed since the draft, minus the new token
-        key = (seq.request_id, name)
+        key = (seq.key, name)
         prev = self._accepted.get(key)
         self._accepted[key] = accepted if prev is None else 0.5 * prev + 0.5 * accepted
 
@@ -107,11 +107,11 @@ class Router:
         self._learn(seq)  # the first commit after a draft: accepted tokens + the new token
 
     def on_finish(self, seq: Sequence) -> None:
-        self._prompt_text.pop(seq.request_id, None)
-        self._last.pop(seq.request_id, None)
-        for key in [k for k in self._accepted if k[0] == seq.request_id]:
+        self._prompt_text.pop(seq.key, None)
+        self._last.pop(seq.key, None)
+        for key in [k for k in self._accepted if k[0] == seq.key]:
             del self._accepted[key]
         if self.draft is not None:
-            self.draft.release(seq.request_id)
+            self.draft.release(seq.key)
         if seq.finish is FinishReason.STOP and seq.output:
             self.history.add(seq.schema_key, self._decode(seq.output))

@@ -124,7 +124,7 @@ def test_cancel_frees_memory_at_once(make_engine):
     for _ in range(3):
         core.step()
     assert core.executor.cached_tokens() > 0 and core.reserved > 0
-    core.abort(seq.request_id)
+    core.abort(seq.key)
     core.step()
     assert seq.finish is FinishReason.CANCELLED
     assert core.executor.cached_tokens() == 0 and core.reserved == 0 and not core.running
@@ -220,6 +220,34 @@ def test_bug_after_the_forward_ends_the_request_with_error_not_a_hang(make_engin
     assert not engine.core.running and engine.core.reserved == 0  # the failed request's reservation is back
 
 
+def test_a_failed_slot_allocation_ends_that_request_not_the_engine(make_engine, monkeypatch):
+    """Growing the KV cache for a new sequence can fail (out of memory): that request ends with ERROR, its
+    budget is not leaked and it is not left in no queue (before: popped, reserved, then lost: a hung RPC)."""
+    engine = make_engine()
+    executor = engine.core.executor
+    real_new = executor.new_sequence
+    calls = {"n": 0}
+
+    def failing_once():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise MemoryError("simulated out of memory")
+        return real_new()
+
+    monkeypatch.setattr(executor, "new_sequence", failing_once)
+    engine.start()
+
+    async def both():
+        first = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
+        second = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
+        return first, second
+
+    first, second = asyncio.run(both())
+    assert first.finish_reason is FinishReason.ERROR and "out of memory" in first.error
+    assert second.finish_reason is FinishReason.STOP and second.outcome is Outcome.VALID
+    assert not engine.core.running and not engine.core.waiting and engine.core.reserved == 0
+
+
 def test_streaming_deltas_concatenate_to_final_text(make_engine):
     engine = make_engine()
     engine.start()
@@ -236,6 +264,36 @@ def test_streaming_deltas_concatenate_to_final_text(make_engine):
     parts, final = asyncio.run(collect())
     assert len(parts) > 3 and "".join(parts) == final.text
     assert final.outcome is Outcome.VALID
+
+
+def test_requests_sharing_a_request_id_stay_apart(make_engine):
+    """Request ids come from callers (a retry may reuse one while the first attempt is being cancelled):
+    two live requests under one id each stream their own text, and cancelling one leaves the other."""
+    engine = make_engine()
+    engine.start()
+
+    async def stream(item):
+        parts, final = [], None
+        async for x in engine.extract_stream(request_for(item, request_id="same", sampling=SamplingParams(max_tokens=300))):
+            if isinstance(x, TextDelta):
+                parts.append(x.text)
+            else:
+                final = x
+        return parts, final
+
+    async def both():
+        doomed = asyncio.create_task(stream(ITEMS[5]))
+        kept = asyncio.create_task(stream(ITEMS[4]))
+        await asyncio.sleep(0.15)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        return await kept
+
+    parts, final = asyncio.run(both())
+    alone = asyncio.run(engine.extract(request_for(ITEMS[4], sampling=SamplingParams(max_tokens=300))))
+    assert final.finish_reason is FinishReason.STOP and final.outcome is Outcome.VALID
+    assert "".join(parts) == final.text == alone.text
 
 
 def test_cancelling_the_awaiting_task_aborts(make_engine):
