@@ -120,11 +120,18 @@ def batch_bucket(batch_size: int) -> int:
 
 
 class AcceptanceBuffer:
-    """In-memory aggregation of ``record_acceptance`` calls between flushes (thread-safe)."""
+    """In-memory aggregation of ``record_acceptance`` calls between flushes (thread-safe).
+
+    A flush ``take``s the rows, writes them, then marks them ``committed`` (or ``restore``s them after a
+    failed write). Until then they are in flight and ``snapshot`` still counts them, so a reader that
+    sums the database and the snapshot (under the store's lock, which the write holds until
+    ``committed``) sees every count exactly once, mid-flush included.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str, int, int], list[int]] = {}
+        self._in_flight: list[dict[tuple[str, str, int, int], list[int]]] = []
 
     def add(self, schema_key: str, proposer: str, batch_bucket: int, drafted: int, accepted: int, ts: float) -> None:
         key = (schema_key, proposer, int(batch_bucket), stats_bucket(ts))
@@ -135,14 +142,22 @@ class AcceptanceBuffer:
             row[2] += 1
 
     def take(self) -> dict[tuple[str, str, int, int], list[int]]:
-        """Everything buffered, emptying the buffer."""
+        """Everything buffered, emptying the buffer; the rows stay counted (in flight) until committed."""
         with self._lock:
             rows, self._rows = self._rows, {}
+            if rows:
+                self._in_flight.append(rows)
         return rows
+
+    def committed(self, rows: dict[tuple[str, str, int, int], list[int]]) -> None:
+        """The write of ``rows`` (from ``take``) is in the database: stop counting them here."""
+        with self._lock:
+            self._in_flight = [r for r in self._in_flight if r is not rows]
 
     def restore(self, rows: dict[tuple[str, str, int, int], list[int]]) -> None:
         """Put rows back after a failed write, so no count is lost."""
         with self._lock:
+            self._in_flight = [r for r in self._in_flight if r is not rows]
             for (key, proposer, bucket, start), (drafted, accepted, events) in rows.items():
                 row = self._rows.setdefault((key, proposer, bucket, start), [0, 0, 0])
                 row[0] += drafted
@@ -150,8 +165,15 @@ class AcceptanceBuffer:
                 row[2] += events
 
     def snapshot(self) -> dict[tuple[str, str, int, int], tuple[int, int, int]]:
+        """Counts not yet in the database: buffered plus in flight."""
         with self._lock:
-            return {k: (v[0], v[1], v[2]) for k, v in self._rows.items()}
+            out: dict[tuple[str, str, int, int], list[int]] = {}
+            for part in (self._rows, *self._in_flight):
+                for k, v in part.items():
+                    row = out.setdefault(k, [0, 0, 0])
+                    for i in range(3):
+                        row[i] += v[i]
+            return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 
 def sum_totals(

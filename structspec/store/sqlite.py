@@ -202,6 +202,7 @@ class SQLiteStore:
                     [(*k, *v) for k, v in rows.items()],
                 )
                 c.execute("COMMIT")
+                self._buffer.committed(rows)  # still under the connection lock: no reader sees them twice
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
@@ -222,10 +223,13 @@ class SQLiteStore:
             args: tuple[Any, ...] = (lo,)
             if schema_key is not None:
                 sql, args = sql + " AND schema_key = ?", (*args, schema_key)
-            return c.execute(sql, args).fetchall()
+            # the unwritten counts are read under the same lock as the table (a flush commits and
+            # marks its rows committed inside it), so every count is seen exactly once
+            pending = self._buffer.snapshot()
+            return c.execute(sql, args).fetchall() + [(*k, *v) for k, v in pending.items()
+                                                      if schema_key is None or k[0] == schema_key]
 
         rows = list(await self._run(read))
-        rows += [(*k, *v) for k, v in self._buffer.snapshot().items() if schema_key is None or k[0] == schema_key]
         return sum_totals(rows, since, until)
 
     async def prune_acceptance(self, before: float) -> int:

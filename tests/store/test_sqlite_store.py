@@ -95,6 +95,31 @@ async def test_acceptance_windows_buffer_and_prune() -> None:
     await s.close()
 
 
+async def test_counts_stay_visible_while_a_flush_is_writing_them() -> None:
+    """A flush takes the buffered rows before its write gets the lock; a read in between must still count
+    them (before: they were in neither the buffer nor the table), and after the write exactly once."""
+    s = await opened(":memory:")
+    now = 1_000_000.0
+    s.record_acceptance("k", "draft", 1, 5, 4, now)
+
+    async def totals() -> tuple[int, int, int]:
+        (t,) = await s.acceptance_totals(since=now - 300, schema_key="k")
+        return t.drafted, t.accepted, t.events
+
+    with s._lock:  # the write waits for the connection, as it would behind a slow read
+        flushing = asyncio.create_task(s.flush())
+        await asyncio.sleep(0.05)  # the flush has taken the rows and is waiting on the lock
+        assert not s._buffer._rows
+        # what a read adds to the table's rows: the in-flight counts are still there
+        assert list(s._buffer.snapshot().values()) == [(5, 4, 1)]
+    assert await totals() == (5, 4, 1)  # whichever gets the lock first, the read or the write
+    await flushing
+    assert await totals() == (5, 4, 1)  # in the table, counted once
+    s.record_acceptance("k", "draft", 1, 1, 1, now)
+    assert await totals() == (6, 5, 2)
+    await s.close()
+
+
 def test_buckets() -> None:
     assert [batch_bucket(n) for n in (0, 1, 2, 3, 4, 5, 9, 16)] == [1, 1, 2, 4, 4, 8, 16, 16]
     assert stats_bucket(119.9) == 60
