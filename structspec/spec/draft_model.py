@@ -15,8 +15,8 @@ a target step). The stopping rule looks only at the draft's own distribution, so
 rejection sampling stays exact.
 
 Greedy requests draft greedily (point masses, q = None). Sampled requests draw
-from the draft's processed distribution with noise independent of the
-verifier's (its own salt), and return those distributions as q.
+from the draft's processed distribution without EOS (see ``propose``) with noise
+independent of the verifier's (its own salt), and return those distributions as q.
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ class DraftModelProposer:
                 tok = int(torch.argmax(masked))
                 sure = float(torch.softmax(masked, dim=-1)[tok])
             else:
+                # A sampled draft never proposes EOS: ending the draft on a drawn EOS would make whether a
+                # token is drafted here depend on that very draw, and the output would get EOS too rarely
+                # (p(EOS) q(EOS) + ... instead of p(EOS)). Drafting from q without EOS and reporting that q
+                # keeps rejection sampling exact; the verifier still emits EOS from the residual.
+                masked[self.eos] = float("-inf")
+                if torch.isinf(masked).all():
+                    break
                 logp = target_logprobs(masked, ctx.sampling)
                 tok = int(torch.argmax(logp + keyed_gumbel(ctx.seed, len(ctx.output_ids) + i, logp.shape[-1], "draft")))
                 qs.append(logp.exp())
