@@ -76,14 +76,14 @@ class ServiceSettings:
     max_tokens_cap: int = _opt(4096, "largest max_tokens a request may ask for (INVALID_ARGUMENT above)")
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest request message (INVALID_ARGUMENT above)")
     max_concurrent_rpcs: int = _opt(0, "most RPCs in flight at once, 0 = unlimited (RESOURCE_EXHAUSTED above)")
-    kv_budget_tokens: int = _opt(0, "KV-cache budget in tokens across running sequences; 0 = sized from free memory")
+    kv_budget_tokens: int = _opt(0, "KV-cache budget in tokens across running sequences (prompt + max_tokens reserved per request); 0 = the default, 65536")
     prefix_cache_tokens: int = _opt(8192, "prompt KV-cache tokens kept after requests finish, reused by requests sharing the prefix; 0 = off")
     grammar_backend: str = _opt("llguidance", "grammar engine", ("llguidance", "outlines"))
     # -- speculation ---------------------------------------------------------------------------
     speculation: str = _opt("all", "proposers on by default (requests may still turn drafting off)",
                             ("off", "ff+ngram", "ff+ngram+history", "all"))
-    acceptance_threshold: float = _opt(0.55, "speculate for a schema only while its predicted acceptance rate is at least this")
-    min_predicted_length: int = _opt(20, "speculate only when at least this many output tokens remain (predicted)")
+    acceptance_threshold: float = _opt(0.55, "(not read yet: the per-schema speculation policy is to come) speculate for a schema only while its predicted acceptance rate is at least this")
+    min_predicted_length: int = _opt(20, "(not read yet: the per-schema speculation policy is to come) speculate only when at least this many output tokens remain (predicted)")
     max_batch_for_speculation: int = _opt(8, "no drafting when more sequences than this are running")
     # -- security ------------------------------------------------------------------------------
     tls_cert_file: Path | None = _opt(None, "PEM server certificate (chain); enables TLS with --tls-key-file")
