@@ -80,6 +80,11 @@ def schema_error(exc: Exception, field: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {label}: {where or exc}{more}", reason, violations)
 
 
+def _request_field(exc: EngineError) -> str:
+    """The request field an engine error names (sampling parameters live under ``sampling.``)."""
+    return f"sampling.{exc.field}" if exc.field in SAMPLING_FIELDS else (exc.field or "request")
+
+
 def from_exception(exc: BaseException, schema_field: str = "json_schema") -> ServiceError | None:
     """Map a known exception; None for anything unexpected (the caller logs it as INTERNAL)."""
     if isinstance(exc, ServiceError):
@@ -91,13 +96,13 @@ def from_exception(exc: BaseException, schema_field: str = "json_schema") -> Ser
         field = exc.field or "text"
         return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}", "CONTEXT_TOO_LONG", [FieldViolation(field, str(exc))])
     if isinstance(exc, InvalidRequest):
-        field = f"sampling.{exc.field}" if exc.field in SAMPLING_FIELDS else (exc.field or "request")
+        field = _request_field(exc)
         reason = "INVALID_SAMPLING" if exc.field in SAMPLING_FIELDS else "INVALID_ARGUMENT"
         return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}", reason, [FieldViolation(field, str(exc))])
     if isinstance(exc, QueueFull):
         return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is at capacity: {exc}", "QUEUE_FULL")
     if isinstance(exc, OverBudget):  # the request alone exceeds the server's KV budget: retrying will not help
-        field = f"sampling.{exc.field}" if exc.field in SAMPLING_FIELDS else (exc.field or "request")
+        field = _request_field(exc)
         return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{field}: {exc}", "KV_BUDGET",
                             [FieldViolation(field, str(exc))])
     if isinstance(exc, EngineStopped):

@@ -55,19 +55,18 @@ class DraftModelProposer:
         for i in range(k):
             matcher.fill_mask(bitmask, 0)
             masked = apply_token_bitmask(logits[:1], bitmask)[0]  # [V]
+            if not greedy:
+                # A sampled draft never proposes EOS: ending the draft on a drawn EOS would make whether a
+                # token is drafted here depend on that very draw, and the output would get EOS too rarely
+                # (p(EOS) q(EOS) + ... instead of p(EOS)). Drafting from q without EOS and reporting that q
+                # keeps rejection sampling exact; the verifier still emits EOS from the residual.
+                masked[self.eos] = float("-inf")
             if torch.isinf(masked).all():
                 break
             if greedy:
                 tok = int(torch.argmax(masked))
                 sure = float(torch.softmax(masked, dim=-1)[tok])
             else:
-                # A sampled draft never proposes EOS: ending the draft on a drawn EOS would make whether a
-                # token is drafted here depend on that very draw, and the output would get EOS too rarely
-                # (p(EOS) q(EOS) + ... instead of p(EOS)). Drafting from q without EOS and reporting that q
-                # keeps rejection sampling exact; the verifier still emits EOS from the residual.
-                masked[self.eos] = float("-inf")
-                if torch.isinf(masked).all():
-                    break
                 logp = target_logprobs(masked, ctx.sampling)
                 tok = int(torch.argmax(logp + keyed_gumbel(ctx.seed, len(ctx.output_ids) + i, logp.shape[-1], "draft")))
                 qs.append(logp.exp())

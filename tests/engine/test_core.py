@@ -191,6 +191,13 @@ def test_model_failure_finishes_with_error_and_engine_survives(make_engine):
     assert run(engine, request_for(ITEMS[0]))[0].finish is FinishReason.STOP
 
 
+async def _two_in_a_row(engine):
+    """The same request twice, one after the other (each within a timeout: a hang fails the test)."""
+    first = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
+    second = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
+    return first, second
+
+
 def test_bug_after_the_forward_ends_the_request_with_error_not_a_hang(make_engine, monkeypatch):
     """An exception while committing a step (a bug, not the model) must finish the request, free its cache
     and leave the engine serving: before, the engine thread retried the same failing step forever."""
@@ -209,12 +216,7 @@ def test_bug_after_the_forward_ends_the_request_with_error_not_a_hang(make_engin
     monkeypatch.setattr(core_module, "verify", buggy)
     engine.start()
 
-    async def both():
-        first = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
-        second = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
-        return first, second
-
-    first, second = asyncio.run(both())
+    first, second = asyncio.run(_two_in_a_row(engine))
     assert first.finish_reason is FinishReason.ERROR and "simulated bug" in first.error
     assert second.finish_reason is FinishReason.STOP and second.outcome is Outcome.VALID
     assert not engine.core.running and engine.core.reserved == 0  # the failed request's reservation is back
@@ -237,31 +239,28 @@ def test_a_failed_slot_allocation_ends_that_request_not_the_engine(make_engine, 
     monkeypatch.setattr(executor, "new_sequence", failing_once)
     engine.start()
 
-    async def both():
-        first = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
-        second = await asyncio.wait_for(engine.extract(request_for(ITEMS[0])), timeout=60)
-        return first, second
-
-    first, second = asyncio.run(both())
+    first, second = asyncio.run(_two_in_a_row(engine))
     assert first.finish_reason is FinishReason.ERROR and "out of memory" in first.error
     assert second.finish_reason is FinishReason.STOP and second.outcome is Outcome.VALID
     assert not engine.core.running and not engine.core.waiting and engine.core.reserved == 0
+
+
+async def _collect(engine, request):
+    """A streamed extraction: (text deltas, final result)."""
+    parts, final = [], None
+    async for item in engine.extract_stream(request):
+        if isinstance(item, TextDelta):
+            parts.append(item.text)
+        else:
+            final = item
+    return parts, final
 
 
 def test_streaming_deltas_concatenate_to_final_text(make_engine):
     engine = make_engine()
     engine.start()
 
-    async def collect():
-        parts, final = [], None
-        async for item in engine.extract_stream(request_for(ITEMS[4])):
-            if isinstance(item, TextDelta):
-                parts.append(item.text)
-            else:
-                final = item
-        return parts, final
-
-    parts, final = asyncio.run(collect())
+    parts, final = asyncio.run(_collect(engine, request_for(ITEMS[4])))
     assert len(parts) > 3 and "".join(parts) == final.text
     assert final.outcome is Outcome.VALID
 
@@ -272,14 +271,8 @@ def test_requests_sharing_a_request_id_stay_apart(make_engine):
     engine = make_engine()
     engine.start()
 
-    async def stream(item):
-        parts, final = [], None
-        async for x in engine.extract_stream(request_for(item, request_id="same", sampling=SamplingParams(max_tokens=300))):
-            if isinstance(x, TextDelta):
-                parts.append(x.text)
-            else:
-                final = x
-        return parts, final
+    def stream(item):
+        return _collect(engine, request_for(item, request_id="same", sampling=SamplingParams(max_tokens=300)))
 
     async def both():
         doomed = asyncio.create_task(stream(ITEMS[5]))
