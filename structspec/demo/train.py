@@ -16,21 +16,18 @@
 
 Everything is seeded; torch runs deterministic CPU kernels with two threads,
 so a re-run reproduces the figures within noise (thread scheduling can move
-the last bits of a float reduction). Runtime on a 2-core CPU: phase 1 ~28 min,
-phase 2 ~12 min, phase 3 ~85 min (stages of ~10, ~10, ~16, ~16, ~16, ~16 min), draft
-~1.5 min, evaluation ~3 min. ``--resume-phase1``, ``--resume-stage N --resume-from DIR``
-and ``--reuse-target`` re-run the later stages alone (each phase/stage saves its target
-beside ``--out``). The shipped pair was made in such pieces: phase 1, phase 2, then
-phase-3 stages 1-2 (run as stand-alone scripts of the same logic before they were
-folded in here), then ``--resume-stage 3`` and ``--resume-stage 4`` with this script;
-stages 5 and 6 ran ``train_stage`` with this script's plan and seeds on the shipped
-(bf16) stage-4 target, and ``--reuse-target`` trained the draft and wrote the figures
-(``figures.json`` records this under ``provenance``). A from-scratch run of the whole
-script (2026-11-30, a slower 2-vCPU machine: phase 1 ~29 min, phase 2 ~20, stages 1-4 17, 16, 27
-and 27 min, stopped there for lack of time) did not retrace the shipped pair's history: its
-weights differ from phase 2 on (the early pieces were stand-alone scripts), its phase-2 figures
-match within noise, and after four stages it scores 0.92 field accuracy where the shipped pair
-had 0.79 (``structspec/models/demo/reproduction/``, compared with ``structspec.demo.compare``).
+the last bits of a float reduction). Runtime of the whole script from nothing on
+a 2-vCPU CPU (2026-11-30): corpus and tokenizer ~1 min, phase 1 ~24 min, phase 2 ~18, phase 3
+~89 min (stages of 17, 17, 28 and 27 min), draft ~2 min, evaluation ~2 min: 2 h 15 min in all; run nothing
+else meanwhile (a concurrent CPU job slows it 2-5x through OpenMP contention).
+The shipped pair is exactly this: one uninterrupted run of
+``python -m structspec.demo.train --out structspec/models/demo``.
+``--resume-phase1``, ``--resume-stage N --resume-from DIR`` and ``--reuse-target``
+re-run the later stages alone (each phase/stage saves its target beside ``--out``);
+``python -m structspec.demo.compare A/figures.json B/figures.json`` decides whether
+two runs agree within noise. The pair shipped before 2026-11-30 was made in pieces
+(stand-alone scripts for the early phases, then two more stages); its history is kept in
+``structspec/models/demo/reproduction/`` beside the from-scratch runs that replaced it.
 """
 
 from __future__ import annotations
@@ -94,10 +91,10 @@ class TrainPlan:
     # 0.29: it writes a plausible *other* name). Spans of random tokens (nothing to guess from, so the only
     # way down is to copy: induction heads) and key -> value look-ups over random values (finding the
     # first token of a field), each mixed with extraction rows so the format is kept.
-    # Stages 5-6 (added 2026-11-30): field accuracy 0.79 after stage 4 -> 0.84 after 5 -> 0.91 after 6.
+    # From scratch, field accuracy goes 0.32 after phase 2 -> 0.92 after these four stages (2026-11-30). The
+    # pair made in pieces before needed two more stages to get there (0.79 after four, 0.91 after six).
     stages: tuple[Stage, ...] = (Stage(600, 1e-3, recall=False), Stage(500, 1e-3, recall=True),
-                                 Stage(800, 7e-4, recall=True, cosine=True), Stage(800, 5e-4, recall=True, cosine=True),
-                                 Stage(800, 5e-4, recall=True, cosine=True), Stage(800, 4e-4, recall=True, cosine=True))
+                                 Stage(800, 7e-4, recall=True, cosine=True), Stage(800, 5e-4, recall=True, cosine=True))
     draft: ModelShape = ModelShape(hidden=128, layers=2, heads=4, intermediate=384)
     draft_steps: int = 500
     draft_lr: float = 2e-3
