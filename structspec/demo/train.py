@@ -25,9 +25,7 @@ The shipped pair is exactly this: one uninterrupted run of
 ``--resume-phase1``, ``--resume-stage N --resume-from DIR`` and ``--reuse-target``
 re-run the later stages alone (each phase/stage saves its target beside ``--out``);
 ``python -m structspec.demo.compare A/figures.json B/figures.json`` decides whether
-two runs agree within noise. The pair shipped before 2026-11-30 was made in pieces
-(stand-alone scripts for the early phases, then two more stages); its history is kept in
-``structspec/models/demo/reproduction/`` beside the from-scratch runs that replaced it.
+two runs agree within noise (``structspec/models/demo/reproduction/README.md``).
 """
 
 from __future__ import annotations
