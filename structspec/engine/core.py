@@ -304,7 +304,7 @@ class EngineCore:
         draft = plan.draft.tokens if plan.draft else []
         if not bool(plan.bitmask[0].any()):
             self.executor.rollback(seq.seq_id, len(draft))
-            self._finish(seq, FinishReason.ERROR, "grammar allows no token here (dead end)")
+            self._grammar_failed(seq, "grammar allows no token here (dead end)")
             return
         rows = apply_token_bitmask(logits, plan.bitmask, inplace=True)  # [k+1, V]; this step's logits are ours
         q = plan.draft.q if plan.draft else None
@@ -326,6 +326,8 @@ class EngineCore:
         """Accepted draft tokens are already cached; the new token becomes pending (uncached)."""
         if token == self.eos:
             self._consume(seq, accepted)
+            if seq.finish is None and seq.matcher.error:  # a broken matcher allows EOS alone: not an end
+                self._grammar_failed(seq, "grammar error")
             if seq.finish is None:
                 self._finish(seq, FinishReason.STOP)
             return
@@ -336,7 +338,7 @@ class EngineCore:
         if not tokens:
             return
         if not seq.matcher.consume(tokens):
-            self._finish(seq, FinishReason.ERROR, f"grammar rejected a committed token: {seq.matcher.error}")
+            self._grammar_failed(seq, "grammar rejected a committed token")
             return
         seq.output.extend(tokens)
         if self.speculator is not None:
@@ -355,7 +357,7 @@ class EngineCore:
         if seq.finish is not None:
             return
         if seq.matcher.error:
-            self._finish(seq, FinishReason.ERROR, f"grammar error: {seq.matcher.error}")
+            self._grammar_failed(seq, "grammar error")
         elif seq.matcher.is_stopped():
             self._finish(seq, FinishReason.STOP)
         elif seq.remaining <= 0:
@@ -369,6 +371,16 @@ class EngineCore:
             text = detok.delta(seq.output, final=final)
             if text:
                 seq.on_event("delta", text)
+
+    def _grammar_failed(self, seq: Sequence, what: str) -> None:
+        """End with ERROR, telling a grammar engine's resource limit (the schema's) from a bug."""
+        limit = seq.matcher.limit_exceeded
+        if limit is not None:
+            seq.grammar_limit = limit
+            self._finish(seq, FinishReason.ERROR, f"the schema's grammar exceeded the grammar engine's limit "
+                                                  f"{limit} while decoding: {seq.matcher.error}")
+        else:
+            self._finish(seq, FinishReason.ERROR, f"{what}: {seq.matcher.error}" if seq.matcher.error else what)
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         if seq.finish is not None:

@@ -23,7 +23,7 @@ import torch
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
 from structspec.engine.core import CoreLimits, EngineCore, Speculator
 from structspec.engine.default_examples import ExampleBook, build_example_book
-from structspec.engine.postcheck import CheckResult, check_instance, check_json_text
+from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
 from structspec.engine.sequence import Sequence
 from structspec.engine.types import (ContextTooLong, EngineStopped, FinishReason, GenerationResult, InvalidRequest,
                                      Outcome, TextDelta)
@@ -121,7 +121,8 @@ class Engine:
         post_check = seq.grammar.info.post_check_keywords
         async for item in self._run(seq, stream):
             if isinstance(item, GenerationResult):
-                yield self._finalize(item, lambda t: check_json_text(t, request.schema, post_check))
+                # off the event loop: the post-check runs the caller's schema over the output
+                yield await asyncio.to_thread(self._finalize, item, lambda t: check_json_text(t, request.schema, post_check))
             else:
                 yield item
 
@@ -146,6 +147,9 @@ class Engine:
         post_check = seq.grammar.info.post_check_keywords
 
         def check(text: str) -> CheckResult:
+            deep = too_deep(text)
+            if deep is not None:
+                return deep
             try:
                 out = parse_tool_output(text, tools, request.tool_choice, request.parallel_calls)
             except ValueError as exc:
@@ -161,7 +165,7 @@ class Engine:
 
         result = None
         async for item in self._run(seq, stream=False):
-            result = self._finalize(item, check)  # type: ignore[arg-type]
+            result = await asyncio.to_thread(self._finalize, item, check)  # type: ignore[arg-type]
         assert result is not None
         out = parsed.get("out")
         calls = [ToolCall(c.name, c.arguments) for c in out.calls] if out else []
@@ -215,6 +219,7 @@ class Engine:
         yield GenerationResult(
             request_id=seq.request_id, text=text, token_ids=list(seq.output), finish_reason=seq.finish,
             outcome=Outcome.NOT_CHECKED, usage=seq.usage, timings=seq.timings, error=seq.error,
+            grammar_limit=seq.grammar_limit,
         )
 
     def _finalize(self, result: GenerationResult, check) -> GenerationResult:

@@ -40,6 +40,7 @@ class Sequence:
     seq_id: int | None = None  # executor sequence, once admitted
     finish: FinishReason | None = None
     error: str | None = None
+    grammar_limit: str | None = None  # the grammar engine's resource limit that ended it (finish ERROR)
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     created: float = field(default_factory=time.monotonic)

@@ -121,6 +121,9 @@ class GenerationResult:
     timings: Timings
     value: Any = None  # the parsed JSON when outcome is VALID or SCHEMA_VIOLATION
     error: str | None = None  # what went wrong (finish ERROR, SCHEMA_VIOLATION, INTERNAL_ERROR)
+    # finish ERROR because the schema's grammar passed one of the grammar engine's resource limits
+    # (a property of the schema, not a model failure): the limit's name
+    grammar_limit: str | None = None
 
     @property
     def truncated(self) -> bool:

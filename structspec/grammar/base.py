@@ -35,7 +35,7 @@ class SchemaError(ValueError):
 
     def __init__(self, issues: Sequence[SchemaIssue], kind: str = "invalid_schema"):
         self.issues = tuple(issues)
-        self.kind = kind  # invalid_schema | metaschema | unsupported | external_ref | too_large | timeout
+        self.kind = kind  # invalid_schema | metaschema | unsupported | external_ref | too_deep | too_large | timeout
         super().__init__("; ".join(str(i) for i in self.issues) or kind)
 
 
@@ -88,6 +88,11 @@ class Matcher(Protocol):
 
     @property
     def error(self) -> str | None: ...
+
+    @property
+    def limit_exceeded(self) -> str | None:
+        """When ``error`` is the grammar engine running out of one of its resource limits (a
+        property of the schema, not of the output), that limit's name; else None."""
 
 
 class CompiledGrammar(Protocol):

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from structspec.grammar import intake
+from structspec.grammar import intake, json_text
 from structspec.grammar import tools as toolcalls
 from structspec.grammar.base import (
     CompiledGrammar,
@@ -61,6 +61,10 @@ class GrammarCompiler:
         return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, tool_choice, bool(parallel), options))
 
     def _key(self, kind: str, value: Any, options: GrammarOptions) -> str:
+        pointer = json_text.value_too_deep(value)  # canonical JSON recurses: bound the nesting first
+        if pointer is not None:
+            message = f"schema {json_text.TooDeep(pointer, json_text.MAX_JSON_DEPTH)}"
+            raise SchemaError([SchemaIssue(pointer, "", message)], kind="too_deep")
         try:
             return cache_key(kind, value, self.view.fingerprint, self.backend.name, options)
         except (TypeError, ValueError) as exc:

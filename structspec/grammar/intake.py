@@ -1,7 +1,7 @@
 """Schema intake, before any compile: size budget, metaschema, references.
 
 Backend-independent refusals, as plain data (``SchemaError`` with pointer + keyword):
-too_large, metaschema (against the draft named by ``$schema``, default 2020-12),
+too_deep (nesting past ``json_text``'s limits), too_large, metaschema (against the draft named by ``$schema``, default 2020-12),
 external_ref (a ``$ref`` that leaves the document), unsupported (dynamic references),
 invalid_schema (not an object, a local ``$ref`` that resolves to nothing).
 """
@@ -16,7 +16,7 @@ from urllib.parse import unquote
 import jsonschema
 from jsonschema.protocols import Validator
 
-from structspec.grammar import schema_walk
+from structspec.grammar import json_text, schema_walk
 from structspec.grammar.base import GrammarOptions, SchemaError, SchemaIssue
 from structspec.grammar.keywords import REFUSED
 
@@ -31,6 +31,10 @@ def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Val
     """
     if not isinstance(schema, dict):
         raise SchemaError([SchemaIssue(at, "", "a schema must be a JSON object")], kind="invalid_schema")
+    try:  # first: everything below recurses (json.dumps, the metaschema check, the compile)
+        json_text.check_schema_depth(schema)
+    except json_text.TooDeep as exc:
+        raise SchemaError([SchemaIssue(at + exc.pointer, "", f"schema {exc}")], kind="too_deep") from None
     try:
         size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     except (TypeError, ValueError) as exc:
@@ -44,12 +48,37 @@ def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Val
         issues.sort(key=lambda i: i.pointer)
         raise SchemaError(issues[:MAX_ISSUES], kind="metaschema")
     _check_references(schema, at)
+    _check_patterns(schema, at)
     return cls
+
+
+def _check_patterns(schema: dict[str, Any], at: str) -> None:
+    """Every regex must compile on RE2: the post-check runs them there, in linear time."""
+    from structspec.grammar.postcheck import linear_regex
+
+    issues = []
+    for pointer, node in schema_walk.iter_schemas(schema):
+        found = [("pattern", node["pattern"], schema_walk.join(at + pointer, "pattern"))] if isinstance(node.get("pattern"), str) else []
+        if isinstance(node.get("patternProperties"), dict):
+            found += [("patternProperties", p, schema_walk.join(at + pointer, "patternProperties", p)) for p in node["patternProperties"]]
+        for keyword, pattern, where in found:
+            try:
+                linear_regex(pattern)
+            except Exception as exc:  # noqa: BLE001 - re2.error; its words go to the caller
+                words = exc.args[0] if exc.args else exc
+                words = words.decode("utf-8", "replace") if isinstance(words, bytes) else str(words)
+                issues.append(SchemaIssue(where, keyword, f"regex {pattern[:100]!r} needs backtracking "
+                                                          f"(back-references, look-arounds): {words[:120]}"))
+    if issues:
+        raise SchemaError(issues[:MAX_ISSUES], kind="unsupported")
 
 
 def _draft(schema: dict[str, Any], at: str) -> type[Validator]:
     if "$schema" not in schema:
         return jsonschema.Draft202012Validator
+    if not isinstance(schema["$schema"], str):
+        raise SchemaError([SchemaIssue(schema_walk.join(at, "$schema"), "$schema", "must be a string (a metaschema URI)")],
+                          kind="metaschema")
     cls = jsonschema.validators.validator_for(schema, default=None)
     if cls is None:
         raise SchemaError([SchemaIssue(schema_walk.join(at, "$schema"), "$schema",

@@ -38,13 +38,47 @@ _TEXT_NOT_JSON = r"/[^{\[](?s:.)*/"
 _TEXT_ANY = r"/(?s:.)+/"
 
 
+# llguidance's resource limits, set explicitly (its defaults) so they are part of what a compile
+# reports (``CompileInfo.extra["limits"]``). A schema whose grammar exhausts one mid-decode ends
+# with ``limit_exceeded`` naming it: RESOURCE_EXHAUSTED (GRAMMAR_LIMIT) at the API, not a model failure.
+DEFAULT_LIMITS = {
+    "max_items_in_row": 2000,  # Earley items in one row of the parse
+    "step_max_items": 50_000,  # Earley items computed in one step (mask, forced tokens)
+    "initial_lexer_fuel": 1_000_000,  # building the lexer's regexes at compile time
+    "step_lexer_fuel": 200_000,  # lexer work in one step
+    "max_lexer_states": 250_000,
+    "max_grammar_size": 500_000,  # symbols in the grammar's productions
+}
+
+# Phrases of llguidance's error messages -> the limit each one reports.
+_LIMIT_MESSAGES = (
+    ("Too many items", "step_max_items"),
+    ("max_items_in_row", "max_items_in_row"),
+    ("initial_lexer_fuel", "initial_lexer_fuel"),
+    ("fuel exhausted", "step_lexer_fuel"),
+    ("lex fuel", "step_lexer_fuel"),
+    ("too many expressions constructed", "step_lexer_fuel"),
+    ("LexerTooComplex", "max_lexer_states"),
+    ("lexer configuration (grammar) too big", "max_lexer_states"),
+    ("grammar size (number of symbols) too big", "max_grammar_size"),
+)
+
+
+def limit_in(message: str | None) -> str | None:
+    """The resource limit an llguidance error message reports, or None."""
+    if not message:
+        return None
+    return next((limit for phrase, limit in _LIMIT_MESSAGES if phrase in message), None)
+
+
 class LLGuidanceBackend:
     name = "llguidance"
 
-    def __init__(self, view: TokenizerView, limits: llguidance.LLParserLimits | None = None):
+    def __init__(self, view: TokenizerView, limits: dict[str, int] | None = None):
         self.view = view
+        self.limit_values = {**DEFAULT_LIMITS, **(limits or {})}
         # verbose_errors=False: error texts go to API clients; no parser dumps in them.
-        self.limits = limits or llguidance.LLParserLimits(verbose_errors=False)
+        self.limits = llguidance.LLParserLimits(verbose_errors=False, **self.limit_values)
 
     def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_json_options(options))
@@ -78,8 +112,31 @@ class LLGuidanceBackend:
         if matcher.is_error():
             kind, issues = explain_error(matcher.get_error(), schema)
             raise SchemaError(issues, kind=kind)
-        info = CompileInfo(warnings=warnings, post_check_keywords=post_check, extra={"backend": self.name})
+        _trial_walk(matcher.deep_copy(), scratch, schema)
+        info = CompileInfo(warnings=warnings, post_check_keywords=post_check,
+                           extra={"backend": self.name, "limits": dict(self.limit_values)})
         return LLGuidanceGrammar(self.view, matcher, info)
+
+
+TRIAL_STEPS = 16
+
+
+def _trial_walk(matcher: llguidance.LLMatcher, scratch: torch.Tensor, schema: dict[str, Any]) -> None:
+    """Walk the path every request takes (the forced tokens, mask by mask, on a copy): a grammar
+    that exhausts a resource limit there is refused now rather than failing every request.
+    Microseconds: forced runs are short and each mask is one step."""
+    for _ in range(TRIAL_STEPS):
+        forced = matcher.compute_ff_tokens()
+        if matcher.is_error() or not forced:
+            break
+        matcher.consume_tokens(forced)
+        if not matcher.is_error():
+            matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
+        if matcher.is_error():
+            break
+    if matcher.is_error():
+        kind, issues = explain_error(matcher.get_error(), schema)
+        raise SchemaError(issues, kind=kind)
 
 
 def _json_options(options: GrammarOptions) -> dict[str, Any]:
@@ -117,6 +174,10 @@ class LLGuidanceMatcher:
         if self._error is None and self._m.is_error():
             self._error = _first_line(self._m.get_error())
         return self._error
+
+    @property
+    def limit_exceeded(self) -> str | None:
+        return limit_in(self.error)
 
     def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
         words = self._view.mask_words
@@ -189,7 +250,8 @@ class LLGuidanceMatcher:
 
 
 def _first_line(message: str) -> str:
-    return message.split("\n<state>", 1)[0].strip()
+    """llguidance's message without the parser dump (or its ``<non-verbose/>`` placeholder)."""
+    return message.split("\n<state>", 1)[0].replace("<non-verbose/>", "").strip()
 
 
 # -- mapping llguidance's messages to schema keywords -------------------------------------------
@@ -226,6 +288,16 @@ def explain_error(message: str, schema: dict[str, Any]) -> tuple[str, list[Schem
     """A compile error -> (SchemaError kind, issues with pointers where they can be found)."""
     text = _first_line(message)
     short = text if len(text) <= 300 else text[:300] + "..."
+    if limit := limit_in(text):
+        return "grammar_limit", [SchemaIssue("", "", f"its grammar exceeds the grammar engine's limit {limit} "
+                                                     f"({DEFAULT_LIMITS.get(limit, '?')}): {short}")]
+    if text.startswith("NoExtension"):  # the parser cannot take a single step: nothing can be generated
+        why = "no JSON value can be generated for this schema"
+        refs = _uses(schema, "$ref")
+        if refs:
+            return "invalid_schema", [SchemaIssue(p, "$ref", f"{why}: the reference loops back with nothing "
+                                                              "else to generate") for p in refs]
+        return "invalid_schema", [SchemaIssue("", "", why)]
     if m := _UNIMPLEMENTED.search(text):
         names = json.loads(m.group(1))
         return "unsupported", [SchemaIssue(p, k, "not supported by llguidance") for k in names for p in _uses(schema, k)]

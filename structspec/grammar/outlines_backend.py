@@ -123,6 +123,10 @@ class OutlinesMatcher:
     def error(self) -> str | None:
         return self._error
 
+    @property
+    def limit_exceeded(self) -> str | None:
+        return None  # an outlines-core index is built whole at compile time: nothing runs out mid-decode
+
     def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
         words = self._g.view.mask_words
         target = bitmask_row(bitmask, row, words)

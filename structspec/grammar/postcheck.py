@@ -3,15 +3,23 @@
 An error is *excused* when the keyword that failed is one the compile declared
 post-check-only (``CompileInfo.post_check_keywords``): the grammar never promised
 it. Any other error means the grammar let through something it should not have.
+
+Regular expressions from schemas (``pattern``, ``patternProperties`` and the
+``additionalProperties`` that depends on them) run on RE2, in time linear in the
+text: jsonschema's own ``re.search`` backtracks, and ``^(a+)+$`` against 40
+characters would pin a core for minutes. Intake refuses a pattern RE2 cannot
+compile (``intake``), so every pattern that reaches a check has a linear matcher.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
 from typing import Any
 
 import jsonschema
+import re2
 
 from structspec.grammar import schema_walk
 from structspec.grammar.base import SchemaIssue
@@ -19,10 +27,57 @@ from structspec.grammar.base import SchemaIssue
 _FORMATS = jsonschema.FormatChecker()
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is the caller's error, reported to them, not logged
+
+
+@lru_cache(maxsize=1024)
+def linear_regex(pattern: str) -> re2._Regexp:
+    """The RE2 form of a schema's pattern. Raises: ``re2.error`` when RE2 cannot compile it
+    (back-references, look-arounds): intake refuses those schemas."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    if validator.is_type(instance, "string") and not linear_regex(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        regex = linear_regex(pattern)
+        for key, value in instance.items():
+            if regex.search(key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, additional: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    regexes = [linear_regex(p) for p in schema.get("patternProperties", {})]
+    extras = [k for k in instance if k not in properties and not any(r.search(k) for r in regexes)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        yield jsonschema.ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} unexpected)")
+
+
+_LINEAR = {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties}
+
+
+@lru_cache(maxsize=None)
+def _linear_class(cls: type) -> type:
+    return jsonschema.validators.extend(cls, _LINEAR)
+
+
 def validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    """The validator of the draft named by ``$schema`` (default 2020-12), formats checked."""
+    """The validator of the draft named by ``$schema`` (default 2020-12), formats checked, patterns on RE2."""
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=_FORMATS)
+    return _linear_class(cls)(schema, format_checker=_FORMATS)
 
 
 def instance_errors(instance: Any, schema: dict[str, Any]) -> list[jsonschema.ValidationError]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -11,8 +12,9 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest, ToolCallResult
 from structspec.engine.types import FinishReason, GenerationResult, Outcome, SamplingParams, SpeculationMode, Timings, Usage
+from structspec.grammar import json_text
 from structspec.prompts import FewShotExample
-from structspec.service.errors import FieldViolation, ServiceError, invalid
+from structspec.service.errors import FieldViolation, ServiceError, invalid, schema_too_deep
 from structspec.service.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service.registry import ResolvedSchema
 from structspec.store.base import AcceptanceTotals, SchemaRecord
@@ -94,7 +96,9 @@ def examples(items: Sequence[pb.Example], check) -> tuple[FewShotExample, ...]:
         if not ex.text.strip():
             raise invalid(f"examples[{i}].text", "a worked example needs an input text")
         try:
-            value = json.loads(ex.output_json)
+            value = json_text.loads(ex.output_json)
+        except json_text.TooDeep as exc:
+            raise invalid(f"examples[{i}].output_json", str(exc), "INSTANCE_TOO_DEEP") from None
         except json.JSONDecodeError as exc:
             raise invalid(f"examples[{i}].output_json", f"not JSON: {exc.msg} at position {exc.pos}") from exc
         reason = check(value)
@@ -108,9 +112,11 @@ def examples(items: Sequence[pb.Example], check) -> tuple[FewShotExample, ...]:
 def _instance_error(schema: dict[str, Any], schema_field: str):
     import jsonschema
 
+    from structspec.grammar.postcheck import validator
+
     def check(value: Any) -> str | None:
-        try:
-            error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+        try:  # patterns on RE2 (linear time): an example cannot pin a core
+            error = jsonschema.exceptions.best_match(validator(schema).iter_errors(value))
         except Exception as exc:  # noqa: BLE001 - the schema itself is unusable (bad regex, unknown type, dangling $ref)
             raise invalid(schema_field, f"cannot check the worked examples against it: {type(exc).__name__}: {exc}") from exc
         return None if error is None else f"does not match the schema: {error.message}"
@@ -171,7 +177,9 @@ def tools(items: Sequence[pb.Tool]) -> tuple[dict[str, Any], ...]:
         params: Any = {"type": "object", "properties": {}}
         if tool.parameters_json.strip():
             try:
-                params = json.loads(tool.parameters_json)
+                params = json_text.loads(tool.parameters_json)
+            except json_text.TooDeep as exc:
+                raise schema_too_deep(f"tools[{i}].parameters_json", exc) from None
             except json.JSONDecodeError as exc:
                 raise invalid(f"tools[{i}].parameters_json", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "INVALID_SCHEMA") from None
             if not isinstance(params, dict):
@@ -229,10 +237,15 @@ def timings(t: Timings) -> pb.Timings:
     return pb.Timings(queued_ms=t.queued_ms, prefill_ms=t.prefill_ms, decode_ms=t.decode_ms, total_ms=t.total_ms)
 
 
+_MAX_DOUBLE = int(sys.float_info.max)
+
+
 def _finite(value: Any) -> bool:
     """Struct/Value cannot hold NaN or infinities (JSON cannot either, but be safe)."""
     if isinstance(value, float):
         return math.isfinite(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) <= _MAX_DOUBLE  # a Value holds a double: beyond that it overflows
     if isinstance(value, dict):
         return all(_finite(v) for v in value.values())
     if isinstance(value, list):
@@ -250,6 +263,15 @@ def parsed_value(result: GenerationResult) -> tuple[bool, Any]:
         return True, json.loads(result.text)
     except (json.JSONDecodeError, ValueError):
         return False, None
+
+
+# protobuf decoders stop at 100 nested messages and each JSON level costs up to three of them
+# (Struct, map entry, Value): deeper values travel as JSON text only (``json``, ``arguments_json``).
+STRUCT_MAX_DEPTH = 30
+
+
+def _fits_struct(value: Any) -> bool:
+    return json_text.value_too_deep(value, STRUCT_MAX_DEPTH) is None and _finite(value)
 
 
 def struct_of(value: dict[str, Any]) -> struct_pb2.Struct:
@@ -271,7 +293,7 @@ def extract_result(result: GenerationResult, key: str) -> pb.ExtractResult:
         schema_key=key,
     )
     ok, value = parsed_value(result)
-    if ok and _finite(value):
+    if ok and _fits_struct(value):
         if isinstance(value, dict):
             out.object.CopyFrom(struct_of(value))
         else:
@@ -297,7 +319,7 @@ def tool_result(res: ToolCallResult) -> pb.CallToolResponse:
         for call in res.calls:
             args = dict(call.arguments)
             msg = pb.ToolCall(name=call.name, arguments_json=json.dumps(args, ensure_ascii=False))
-            if _finite(args):
+            if _fits_struct(args):
                 msg.arguments.CopyFrom(struct_of(args))
             out.tool_calls.append(msg)
     return out

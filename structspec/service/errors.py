@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import grpc
 
@@ -55,6 +55,13 @@ class ServiceError(Exception):
 
 def invalid(field: str, message: str, reason: str = "INVALID_ARGUMENT") -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}", reason, [FieldViolation(field, message)])
+
+
+def schema_too_deep(field: str, exc: Any) -> ServiceError:
+    """A schema (or tool parameters) nesting past a documented limit (``grammar.json_text``)."""
+    message = f"schema {exc}"
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}", "SCHEMA_TOO_DEEP",
+                        [FieldViolation(field, message, getattr(exc, "pointer", ""))])
 
 
 def not_found(message: str, reason: str = "SCHEMA_NOT_FOUND", field: str = "schema_id") -> ServiceError:
@@ -114,7 +121,8 @@ def from_exception(exc: BaseException, schema_field: str = "json_schema") -> Ser
     return None
 
 
-def check_result(result: GenerationResult, deadline: float | None, now: float | None = None) -> None:
+def check_result(result: GenerationResult, deadline: float | None, now: float | None = None,
+                 schema_field: str = "json_schema") -> None:
     """Raise for results that must not be returned as a success: cancelled (deadline or
     shutdown), errored, or failing the post-check for an unexpected reason. LENGTH and
     SCHEMA_VIOLATION are successes with their finish reason/outcome."""
@@ -123,6 +131,10 @@ def check_result(result: GenerationResult, deadline: float | None, now: float | 
         if deadline is not None and now >= deadline - 0.005:
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED")
         raise ServiceError(grpc.StatusCode.CANCELLED, result.error or "decoding was cancelled", "CANCELLED")
+    if result.finish_reason is FinishReason.ERROR and result.grammar_limit:  # the schema's, not the model's
+        message = f"{schema_field}: {result.error or 'grammar engine limit ' + result.grammar_limit}"
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, message, "GRAMMAR_LIMIT",
+                           [FieldViolation(schema_field, message, keyword=result.grammar_limit)])
     if result.finish_reason is FinishReason.ERROR:
         raise ServiceError(grpc.StatusCode.INTERNAL, f"model failure: {result.error or 'unknown error'}", "MODEL_FAILURE")
     if result.outcome is Outcome.INTERNAL_ERROR:

@@ -24,6 +24,9 @@ class ServiceMetrics:
         self.latency = Histogram(
             "structspec_request_latency_seconds", "RPC latency, by method and status code", ["rpc", "code"], buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.malformed = Counter(
+            "structspec_malformed_requests", "requests whose bytes did not decode (answered INVALID_ARGUMENT)", ["rpc"], registry=r
+        )
         self.first_delta = Histogram(
             "structspec_stream_first_delta_seconds", "time to the first text delta of ExtractStream", buckets=_LATENCY_BUCKETS, registry=r
         )

@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping
 
 import grpc
 
+from structspec.grammar import json_text
 from structspec.grammar.cache import canonical_json as grammar_canonical_json
-from structspec.service.errors import FieldViolation, ServiceError, invalid, not_found
+from structspec.service.errors import FieldViolation, ServiceError, invalid, not_found, schema_too_deep
 from structspec.store.base import SchemaRecord, Store
 
 SCHEMA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -49,7 +50,9 @@ def parse_schema_json(text: str, field: str) -> dict[str, Any]:
     if not text.strip():
         raise invalid(field, "empty schema", "INVALID_SCHEMA")
     try:
-        value = json.loads(text)
+        value = json_text.loads(text)
+    except json_text.TooDeep as exc:
+        raise schema_too_deep(field, exc) from None
     except json.JSONDecodeError as exc:
         raise invalid(field, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "INVALID_SCHEMA") from None
     if not isinstance(value, dict):
@@ -62,6 +65,8 @@ def metaschema_violations(schema: Mapping[str, Any], field: str) -> list[FieldVi
     with the JSON pointer of the offending subschema and the keyword at fault."""
     import jsonschema
 
+    if "$schema" in schema and not isinstance(schema["$schema"], str):
+        return [FieldViolation(field, "must be a string (a metaschema URI)", "", "$schema")]
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     out = []
     for err in sorted(cls(cls.META_SCHEMA).iter_errors(schema), key=lambda e: list(map(str, e.path))):
@@ -75,6 +80,10 @@ def metaschema_violations(schema: Mapping[str, Any], field: str) -> list[FieldVi
 
 
 def check_schema(schema: Mapping[str, Any], field: str) -> None:
+    try:  # before the metaschema check, which recurses
+        json_text.check_schema_depth(schema)
+    except json_text.TooDeep as exc:
+        raise schema_too_deep(field, exc) from None
     violations = metaschema_violations(schema, field)
     if violations:
         where = "; ".join(f"at {v.json_pointer or '/'} ({v.keyword}): {v.description}" for v in violations[:5])

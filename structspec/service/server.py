@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from structspec.engine.api import EngineAPI
 from structspec.service.auth import AuthConfig, AuthInterceptor
 from structspec.service.convert import Limits
+from structspec.service.decoding import DecodeGuardInterceptor
 from structspec.service.errors import ServiceError
 from structspec.service.metrics import ServiceMetrics
 from structspec.service.proto_gen.v1 import structspec_pb2 as pb
@@ -154,7 +155,10 @@ class StructSpecServer:
                     log.info("built-in schema %s registered as version %d", record.schema_id, record.version)
 
         auth = AuthConfig(s.tokens(), s.admin_tokens())
-        interceptors = [AuthInterceptor(auth, self._on_denied)] if auth.enabled else []
+        # Auth first (a denied call is denied whatever its bytes), then the guard that answers
+        # undecodable requests with INVALID_ARGUMENT instead of the runtime's UNKNOWN.
+        interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(auth, self._on_denied)] if auth.enabled else []
+        interceptors.append(DecodeGuardInterceptor(self._on_malformed))
         if not auth.enabled and not _is_loopback(s.host):
             log.warning("no auth token configured and listening on %s: every client can call every RPC", s.host)
         transport_limit = s.max_message_bytes * TRANSPORT_LIMIT_FACTOR
@@ -238,6 +242,11 @@ class StructSpecServer:
 
     def _on_denied(self, method: str, err: ServiceError) -> None:
         self.metrics.requests.labels(method.rsplit("/", 1)[-1], err.code.name, "").inc()
+
+    def _on_malformed(self, method: str) -> None:
+        rpc = method.rsplit("/", 1)[-1]
+        self.metrics.requests.labels(rpc, grpc.StatusCode.INVALID_ARGUMENT.name, "").inc()
+        self.metrics.malformed.labels(rpc).inc()
 
     async def _flush_loop(self) -> None:
         last_prune = 0.0

@@ -155,15 +155,20 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             return SchemaRegistry.inline(request.json_schema)
         raise errors.invalid("schema", "set schema_ref or json_schema")
 
+    async def _extraction_request(self, request: pb.ExtractRequest, schema: ResolvedSchema, call: _Call):
+        # Off the event loop: checking worked examples runs the caller's schema over the caller's data.
+        return await asyncio.to_thread(convert.extraction_request, request, schema, call.request_id, call.deadline,
+                                       self._limits)
+
     # -- generation -------------------------------------------------------------------------------
 
     async def Extract(self, request: pb.ExtractRequest, context: grpc.aio.ServicerContext) -> pb.ExtractResponse:
         async with self._rpc("Extract", request, context) as call:
             engine = self._engine.require()
             schema = await self._schema(request, call)
-            req = convert.extraction_request(request, schema, call.request_id, call.deadline, self._limits)
+            req = await self._extraction_request(request, schema, call)
             call.result = await self._guarded(call, engine.extract(req))
-            errors.check_result(call.result, call.deadline)
+            errors.check_result(call.result, call.deadline, schema_field=call.schema_field)
             return pb.ExtractResponse(result=convert.extract_result(call.result, schema.key))
         raise AssertionError("unreachable")  # _rpc aborts on every error
 
@@ -173,7 +178,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         async with self._rpc("ExtractStream", request, context) as call:
             engine = self._engine.require()
             schema = await self._schema(request, call)
-            req = convert.extraction_request(request, schema, call.request_id, call.deadline, self._limits)
+            req = await self._extraction_request(request, schema, call)
             stream = engine.extract_stream(req)
             items = stream.__aiter__()
             final: GenerationResult | None = None
@@ -200,7 +205,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             if final is None:
                 raise ServiceError(grpc.StatusCode.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
             call.result = final
-            errors.check_result(final, call.deadline)
+            errors.check_result(final, call.deadline, schema_field=call.schema_field)
             yield pb.ExtractStreamResponse(result=convert.extract_result(final, schema.key))
 
     async def CallTool(self, request: pb.CallToolRequest, context: grpc.aio.ServicerContext) -> pb.CallToolResponse:
@@ -210,7 +215,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             req = convert.tool_request(request, call.request_id, call.deadline, self._limits)
             res = await self._guarded(call, engine.call_tool(req))
             call.result = res.result
-            errors.check_result(res.result, call.deadline)
+            errors.check_result(res.result, call.deadline, schema_field=call.schema_field)
             return convert.tool_result(res)
         raise AssertionError("unreachable")
 

@@ -2,66 +2,17 @@
 
 The router drafts with the draft model inside free-text string values (no enum,
 const, pattern or format) and with copy/history proposers elsewhere. It learns
-where it is by scanning the output text: a small pushdown scan over objects,
-arrays, keys and strings, cheap next to a model step.
+where it is by scanning the output text (``grammar.json_text.scan``: a pushdown scan
+over objects, arrays, keys and strings, cheap next to a model step).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from structspec.grammar.json_text import JsonPosition, scan
 
-@dataclass(frozen=True)
-class JsonPosition:
-    path: tuple[str | int, ...]  # keys / indices down to the current value
-    in_string: bool  # inside an open string
-    in_key: bool  # ... and that string is an object key
-
-
-def scan(text: str) -> JsonPosition:
-    stack: list[list] = []  # frames: ["obj", key or None, expecting_key] / ["arr", index]
-    in_string = escaped = False
-    key_chars: list[str] | None = None
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                if key_chars is not None:
-                    stack[-1][1] = "".join(key_chars)
-                    key_chars = None
-            elif key_chars is not None:
-                key_chars.append(ch)
-            continue
-        if ch == '"':
-            in_string = True
-            if stack and stack[-1][0] == "obj" and stack[-1][2]:
-                key_chars = []
-        elif ch == "{":
-            stack.append(["obj", None, True])
-        elif ch == "[":
-            stack.append(["arr", 0])
-        elif ch in "}]":
-            if stack:
-                stack.pop()
-        elif ch == ":" and stack and stack[-1][0] == "obj":
-            stack[-1][2] = False
-        elif ch == "," and stack:
-            if stack[-1][0] == "obj":
-                stack[-1][1], stack[-1][2] = None, True
-            else:
-                stack[-1][1] += 1
-    path: list[str | int] = []
-    for frame in stack:
-        if frame[0] == "obj" and frame[1] is not None and not frame[2]:
-            path.append(frame[1])
-        elif frame[0] == "arr":
-            path.append(frame[1])
-    return JsonPosition(tuple(path), in_string, key_chars is not None)
+__all__ = ["JsonPosition", "is_free_text", "scan", "subschema"]
 
 
 def subschema(schema: dict[str, Any] | None, path: tuple[str | int, ...]) -> dict[str, Any] | None:

@@ -187,3 +187,38 @@ def test_a_pathological_outlines_build_is_killed(view):
     assert compiler.compile_schema({"type": "integer"}).matcher().consume(view.encode("7"))  # a fresh worker
     assert builder.running
     builder.close()
+
+
+# -- hostile schemas: nesting, backtracking regexes, grammars that cannot start -------------------
+
+
+def test_nesting_limits_are_refused_with_the_pointer(compiler):
+    deep: dict = {"type": "string"}
+    for _ in range(60):
+        deep = {"type": "array", "items": deep}
+    err = refusal(compiler, deep)
+    assert err.kind == "too_deep" and err.issues[0].pointer == "/items" * 48
+    deep_data = {"const": 1}
+    for _ in range(200):
+        deep_data = {"const": [deep_data["const"]]}
+    err = refusal(compiler, {"type": "array", "const": deep_data["const"]})
+    assert err.kind == "too_deep" and "128 levels" in err.issues[0].message
+
+
+@pytest.mark.parametrize("schema,pointer", [
+    ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
+    ({"type": "object", "properties": {"p": {"type": "string", "pattern": "^(?=a)a$"}}}, "/properties/p/pattern"),
+    ({"type": "object", "patternProperties": {"(?<!x)y": {}}}, "/patternProperties/(?<!x)y"),
+])
+def test_patterns_that_need_backtracking_are_refused(compiler, schema, pointer):
+    err = refusal(compiler, schema)
+    assert err.kind == "unsupported" and pointer in [i.pointer for i in err.issues]
+
+
+def test_self_reference_with_nothing_to_generate_says_so_in_words(compilers):
+    err = refusal(compilers["llguidance"], {"$ref": "#"})
+    assert err.kind == "invalid_schema"
+    (issue,) = err.issues
+    assert (issue.pointer, issue.keyword) == ("/$ref", "$ref")
+    assert "no JSON value can be generated" in issue.message and "NoExtension" not in issue.message
+

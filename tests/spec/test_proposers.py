@@ -94,6 +94,8 @@ class _AnyToken:
     def __init__(self):
         self.consumed = 0
 
+    limit_exceeded = None
+
     def fill_mask(self, bitmask, row=0):
         bitmask[row] = -1
 

@@ -1,0 +1,151 @@
+"""JSON documents as text and as values: where a partial document stands, and how deep one nests.
+
+Every JSON document structspec takes from a caller (a schema, a tool's parameters, a worked
+example's output) or makes (an output) is walked by code that recurses: ``json.loads`` and
+``json.dumps`` in C, jsonschema's validators in Python. Nesting is bounded before any of them
+runs, by scans that do not recurse: ``MAX_JSON_DEPTH`` levels of objects and arrays in any
+document, ``MAX_SCHEMA_DEPTH`` levels of subschemas in a schema. Real schemas stay far below both
+(the deepest of the 7,773 MaskBench schemas nests 63 JSON levels and 14 subschema levels), and
+jsonschema checks a schema at the limit well inside Python's default recursion limit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from structspec.grammar import schema_walk
+
+MAX_JSON_DEPTH = 128  # objects and arrays, in any document
+MAX_SCHEMA_DEPTH = 48  # subschemas within subschemas (properties, items, anyOf, $defs, ...)
+
+
+@dataclass(frozen=True)
+class JsonPosition:
+    path: tuple[str | int, ...]  # keys / indices down to the current value
+    in_string: bool  # inside an open string
+    in_key: bool  # ... and that string is an object key
+    too_deep: bool = False  # the scan stopped where nesting first passed ``max_depth``
+
+
+def scan(text: str, max_depth: int | None = None) -> JsonPosition:
+    """Where the (possibly partial) document ``text`` stands at its end: a pushdown scan over
+    objects, arrays, keys and strings, no recursion, cheap next to a model step.
+
+    With ``max_depth``, stops at the first object or array that opens past that depth and
+    returns the path to it with ``too_deep`` set. Keys appear as written (escapes not decoded).
+    """
+    stack: list[list] = []  # frames: ["obj", key or None, expecting_key] / ["arr", index]
+    in_string = escaped = False
+    key_chars: list[str] | None = None
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                if key_chars is not None:
+                    stack[-1][1] = "".join(key_chars)
+                    key_chars = None
+            elif key_chars is not None:
+                key_chars.append(ch)
+            continue
+        if ch == '"':
+            in_string = True
+            if stack and stack[-1][0] == "obj" and stack[-1][2]:
+                key_chars = []
+        elif ch in "{[":
+            if max_depth is not None and len(stack) >= max_depth:
+                return JsonPosition(_path(stack), False, False, too_deep=True)
+            stack.append(["obj", None, True] if ch == "{" else ["arr", 0])
+        elif ch in "}]":
+            if stack:
+                stack.pop()
+        elif ch == ":" and stack and stack[-1][0] == "obj":
+            stack[-1][2] = False
+        elif ch == "," and stack:
+            if stack[-1][0] == "obj":
+                stack[-1][1], stack[-1][2] = None, True
+            else:
+                stack[-1][1] += 1
+    return JsonPosition(_path(stack), in_string, key_chars is not None)
+
+
+def _path(stack: list[list]) -> tuple[str | int, ...]:
+    path: list[str | int] = []
+    for frame in stack:
+        if frame[0] == "obj" and frame[1] is not None and not frame[2]:
+            path.append(frame[1])
+        elif frame[0] == "arr":
+            path.append(frame[1])
+    return tuple(path)
+
+
+class TooDeep(ValueError):
+    """A document nests past a limit; ``pointer`` is where (RFC 6901), ``limit`` which one."""
+
+    def __init__(self, pointer: str, limit: int, what: str = "objects and arrays"):
+        self.pointer = pointer
+        self.limit = limit
+        super().__init__(f"nests {what} more than {limit} levels deep (at {pointer or '/'})")
+
+
+def text_too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """The pointer where ``text`` first nests past ``limit`` objects/arrays, or None. Linear, no recursion."""
+    position = scan(text, max_depth=limit)
+    return schema_walk.join("", *position.path) if position.too_deep else None
+
+
+def loads(text: str, limit: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` that raises ``TooDeep`` (before parsing) instead of hitting the recursion limit,
+    and ``json.JSONDecodeError`` for every text it cannot parse (Python also refuses integer literals
+    of more than ``sys.get_int_max_str_digits()`` digits, with a plain ValueError)."""
+    pointer = text_too_deep(text, limit)
+    if pointer is not None:
+        raise TooDeep(pointer, limit)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        raise json.JSONDecodeError(f"cannot parse a number: {str(exc)[:120]}", text, 0) from None
+
+
+def value_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """The pointer of the first dict/list nested past ``limit`` in a parsed value, or None (iterative)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        node, pointer, depth = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > limit:
+            return pointer
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((child, schema_walk.join(pointer, key), depth + 1) for key, child in items)
+    return None
+
+
+def schema_too_deep(schema: Any, limit: int = MAX_SCHEMA_DEPTH) -> str | None:
+    """The pointer of the first subschema nested past ``limit`` subschema levels, or None (iterative)."""
+    stack: list[tuple[Any, str, int]] = [(schema, "", 1)]
+    while stack:
+        node, pointer, depth = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if depth > limit:
+            return pointer
+        stack.extend((child, at, depth + 1) for at, child in schema_walk.children(node, pointer))
+    return None
+
+
+def check_schema_depth(schema: Any) -> None:
+    """Raise ``TooDeep`` when a parsed schema passes either limit."""
+    pointer = value_too_deep(schema)
+    if pointer is not None:
+        raise TooDeep(pointer, MAX_JSON_DEPTH)
+    pointer = schema_too_deep(schema)
+    if pointer is not None:
+        raise TooDeep(pointer, MAX_SCHEMA_DEPTH, "subschemas")

@@ -1,0 +1,36 @@
+"""JSON nesting: linear scans that find where a document passes a depth limit, without recursion."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from structspec.grammar import json_text
+
+
+def test_scan_stops_where_the_limit_is_crossed_with_the_path():
+    text = '{"a":[1,{"b":{"c":[[0]]}}]}'
+    assert not json_text.scan(text, max_depth=6).too_deep  # exactly six levels
+    position = json_text.scan(text, max_depth=5)
+    assert position.too_deep and position.path == ("a", 1, "b", "c", 0)  # the sixth container
+    assert json_text.text_too_deep(text, 5) == "/a/1/b/c/0"
+    assert json_text.text_too_deep('{"s":"[[[[[[[["}', 2) is None  # brackets inside strings do not nest
+
+
+def test_loads_refuses_before_parsing():
+    assert json_text.loads("[[1]]", limit=2) == [[1]]
+    with pytest.raises(json_text.TooDeep) as err:
+        json_text.loads("[" * 100_000 + "]" * 100_000)
+    assert err.value.limit == json_text.MAX_JSON_DEPTH and err.value.pointer == "/0" * json_text.MAX_JSON_DEPTH
+
+
+def test_value_and_schema_depth_agree_with_the_text_scan():
+    value = json.loads('{"a":[{"b":[1]}]}')
+    assert json_text.value_too_deep(value, 4) is None
+    assert json_text.value_too_deep(value, 3) == "/a/0/b"
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"anyOf": [{"type": "string"}]}}}}
+    assert json_text.schema_too_deep(schema, 4) is None
+    assert json_text.schema_too_deep(schema, 3) == "/properties/a/items/anyOf/0"
+    # const/enum values are data, not subschemas
+    assert json_text.schema_too_deep({"const": {"a": {"b": {"c": {}}}}}, 1) is None
