@@ -120,6 +120,29 @@ def bench_decode(
     console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
 
 
+@bench_app.command("step")
+def bench_step(
+    profile: str = typer.Option("gemma-3-270m", help="demo | gemma-3-270m"),
+    steps: int = typer.Option(20, help="timed decode steps and verifications per phase (medians)"),
+    neighbour_cores: int = typer.Option(1, help="cores the neighbour process keeps busy in the second phase"),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16"),
+    out: Path = typer.Option(Path("reports/step.json"), help="where to write the JSON report"),
+) -> None:
+    """Time a target step alone and beside a CPU-bound neighbour (does it degrade in proportion?)."""
+    from structspec.bench.step_bench import format_table, run_step_bench
+    from structspec.models.profiles import get_profile
+
+    prof = get_profile(profile)
+    if prof.prepare is not None and not prof.is_ready():
+        prof.prepare()
+    report = run_step_bench(profile, steps, neighbour_cores, dtype)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".txt").write_text(format_table(report))
+    console.print(format_table(report))
+    console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
+
+
 def _register_optional() -> None:
     """Commands owned by other modules (service, decode bench) plug themselves in here."""
     try:

@@ -282,8 +282,12 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     from structspec.models.worker_thread import run_in_worker
     from structspec.spec.router import ProposerSet
 
+    from structspec.models.threads import size_torch_threads
+
     get = lambda name, default: getattr(settings, name, default) or default  # noqa: E731
     t0 = time.monotonic()
+    if get("device", "cpu") != "cuda":  # intra-op threads from the CPUs this process may use, not the machine's
+        log.info("torch intra-op threads: %d", size_torch_threads())
     proposers = ProposerSet.parse(get("speculation", "all"))
     device = get("device", "cpu")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from structspec.models import small_gemm
-from structspec.models.small_gemm import (FORMS, OutputHead, fast_linears_enabled, small_row_linears)
+from structspec.models.small_gemm import (FORMS, TUNE_RUNS, OutputHead, fast_linears_enabled, small_row_linears)
 from structspec.models.worker_thread import run_in_worker
 
 
@@ -29,19 +29,31 @@ def test_every_form_computes_the_linear_product(form, rows):
     assert torch.allclose(out, F.linear(x, weight), atol=1e-5)
 
 
-def fake_clock(costs: dict[str, float]):
-    """A clock under which each form's timed run costs what ``costs`` says (read at start and stop, in FORMS order)."""
+def fake_clock(costs: dict[str, float], first_run_extra: dict[str, float] | None = None):
+    """A clock under which each form's timed runs cost what ``costs`` says (read at start and stop,
+    TUNE_RUNS runs per form, in FORMS order); ``first_run_extra`` slows a form's first timed run."""
     ticks = itertools.count()
     now = [0.0]
+    extra = first_run_extra or {}
 
     def clock() -> float:
         i = next(ticks)
-        name = list(FORMS)[(i // 2) % len(FORMS)]
+        name = list(FORMS)[(i // (2 * TUNE_RUNS)) % len(FORMS)]
         if i % 2:
-            now[0] += costs[name]
+            first = (i // 2) % TUNE_RUNS == 0
+            now[0] += costs[name] + (extra.get(name, 0.0) if first else 0.0)
         return now[0]
 
     return clock
+
+
+def test_one_slow_run_does_not_lose_the_fastest_form():
+    """A busy moment (another process on the CPU) slows one timed run; the minimum still picks right."""
+    weight = torch.randn(64, 8)
+    head = OutputHead(weight, tune=True, clock=fake_clock({"linear": 3.0, "transposed": 1.0, "chunked": 2.0},
+                                                          first_run_extra={"transposed": 10.0}))
+    head(torch.randn(2, 8))
+    assert head.form_for(2) == "transposed"
 
 
 def test_head_keeps_the_fastest_form_per_row_count():
