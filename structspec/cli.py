@@ -105,6 +105,8 @@ def bench_decode(
     device: str = typer.Option("cpu", help="cpu | cuda"),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 (all configurations and baselines alike)"),
     out: Path = typer.Option(Path("reports/decode.json"), help="where to write the JSON report"),
+    save_outputs: bool = typer.Option(False, help="keep every request's output text and token ids in the report "
+                                                  "(compare two reports with `structspec bench compare`)"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
@@ -112,12 +114,26 @@ def bench_decode(
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     report = run_decode_bench(profile, workload, levels, requests, max_tokens,
                               tuple(c.strip() for c in configs.split(",") if c.strip()), few_shot, device,
-                              dtype=dtype)
+                              dtype=dtype, save_outputs=save_outputs)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))
     console.print(format_table(report))
     console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
+
+
+@bench_app.command("compare")
+def bench_compare(first: Path = typer.Argument(..., help="a decode report written with --save-outputs"),
+                  second: Path = typer.Argument(..., help="another one, on the same workload")) -> None:
+    """Compare two decode reports token for token; exit 1 if any shared configuration's outputs differ."""
+    from structspec.bench.decode_bench import compare_outputs
+
+    diffs = compare_outputs(json.loads(first.read_text()), json.loads(second.read_text()))
+    for line in diffs:
+        console.print(line)
+    if diffs:
+        raise typer.Exit(1)
+    console.print("identical outputs in every shared configuration")
 
 
 @bench_app.command("step")

@@ -57,6 +57,8 @@ class Record:
     draft_steps: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+    text: str = ""  # the output (kept in the report with --save-outputs)
+    token_ids: list[int] = field(default_factory=list)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -66,7 +68,7 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def summarize(records: list[Record], wall_s: float) -> dict[str, Any]:
+def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) -> dict[str, Any]:
     out_tokens = sum(r.output_tokens for r in records)
     lat = [r.latency_s for r in records]
     drafted: dict[str, int] = {}
@@ -98,6 +100,8 @@ def summarize(records: list[Record], wall_s: float) -> dict[str, Any]:
         "mean_accepted_length": {k: (accepted.get(k, 0) + n) / n for k, n in steps.items() if n},
         "drafted": drafted,
         "accepted": accepted,
+        # every request's output, in workload order, so two runs compare token for token (``compare_outputs``)
+        **({"outputs": [{"text": r.text, "token_ids": r.token_ids} for r in records]} if save_outputs else {}),
     }
 
 
@@ -133,7 +137,7 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
             return Record(time.perf_counter() - t0, u.output_tokens, u.target_forward_passes,
                           res.finish_reason is FinishReason.STOP, res.outcome is Outcome.VALID, right, total,
                           u.forced_tokens, dict(u.drafted), dict(u.accepted), dict(u.draft_steps), u.prompt_tokens,
-                          u.cached_prompt_tokens)
+                          u.cached_prompt_tokens, res.text, list(res.token_ids))
 
     t0 = time.perf_counter()
     records = await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
@@ -191,7 +195,8 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
                 if key not in generators:
                     generators[key] = outlines.Generator(ol_model, JsonSchema(json.dumps(schema)))
                 text = generators[key](prompt, **common)
-                n_out = len(tok(text, add_special_tokens=False)["input_ids"])
+                token_ids = tok(text, add_special_tokens=False)["input_ids"]
+                n_out = len(token_ids)
             else:
                 extra: dict[str, Any] = {"stop_strings": ["\n"], "tokenizer": tok}
                 if mode == "hf_assisted":
@@ -201,6 +206,7 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
                         extra["prompt_lookup_num_tokens"] = 5
                 out = model.generate(ids, **common, **extra)
                 new = out[0, ids.shape[1]:].tolist()
+                token_ids = new
                 n_out = len(new)
                 text = tok.decode(new, skip_special_tokens=True).strip()
             latency = time.perf_counter() - t0
@@ -208,7 +214,7 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
             right, total = item.score(checked.value)
             stop = n_out < max_tokens
             records.append(Record(latency, n_out, counter.calls - before, stop, checked.outcome is Outcome.VALID,
-                                  right, total, prompt_tokens=ids.shape[1]))
+                                  right, total, prompt_tokens=ids.shape[1], text=text, token_ids=list(token_ids)))
     finally:
         counter.close()
     return records, time.perf_counter() - t_all
@@ -218,12 +224,13 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
 def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, ...] = 1, requests: int = 20,
                      max_tokens: int = 256, configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES,
                      few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
-                     dtype: str = "float32") -> dict[str, Any]:
+                     dtype: str = "float32", save_outputs: bool = False) -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
     within this run: ``speedup_vs_off`` / ``speedup_vs_hf_outlines`` against those rows at the same
     concurrency (HF at 1), ``speedup_vs_c1`` against the same configuration at concurrency 1.
+    ``save_outputs``: each row also carries ``outputs`` (every request's text and token ids, in order).
     """
     from structspec.models.loading import load_profile
     from structspec.models.profiles import get_profile
@@ -243,7 +250,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
             for n in sorted(names)][: max(warmup, len(names))]
     report: dict[str, Any] = {
         "profile": profile, "workload": workload, "concurrency": list(levels), "requests": requests,
-        "max_tokens": max_tokens, "few_shot": shots,
+        "max_tokens": max_tokens, "few_shot": shots, "save_outputs": save_outputs,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
                     "dtype": dtype},
@@ -256,7 +263,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                 continue  # HF generate serves one request at a time
             row: dict[str, Any] = {"profile": profile, "workload": workload, "config": name, "concurrency": level}
             try:
-                result = _run_config(name, models, items, warm, level, max_tokens, compiler)
+                result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs)
                 compiler = result.pop("_compiler", compiler)
                 row.update(result)
             except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
@@ -281,7 +288,7 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
                 row[key] = row["tokens_per_s"] / ref
 
 
-def _run_config(name, models, items, warm, concurrency, max_tokens, compiler) -> dict[str, Any]:
+def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False) -> dict[str, Any]:
     from structspec.engine.core import CoreLimits
     from structspec.engine.engine import assemble_engine
     from structspec.models.worker_thread import run_in_worker
@@ -290,7 +297,7 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler) ->
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
         run_in_worker(_run_hf, models, warm, max_tokens, name)
         records, wall = run_in_worker(_run_hf, models, items, max_tokens, name)
-        return summarize(records, wall)
+        return summarize(records, wall, save_outputs)
     proposers = ProposerSet.parse(name)
     if name == "all" and models.draft is None:
         proposers = ProposerSet(True, True, False)
@@ -303,7 +310,34 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler) ->
                                                 proposers is not None))
     finally:
         engine.stop()
-    return {**summarize(records, wall), "_compiler": engine.compiler}  # grammars shared across configurations
+    return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations
+
+
+def compare_outputs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Differences between the saved outputs of two reports, per (config, concurrency) row they share.
+
+    Empty when every request's token ids and text are identical. Rows without saved outputs, or present in
+    only one report, are named as differences too: "nothing to compare" is never read as "identical".
+    """
+    def rows(report):
+        return {(r["config"], r["concurrency"]): r for r in report["runs"] if "error" not in r}
+
+    ra, rb = rows(a), rows(b)
+    diffs = [f"{k}: only in the {'first' if k in ra else 'second'} report" for k in sorted(ra.keys() ^ rb.keys())]
+    for key in sorted(ra.keys() & rb.keys()):
+        oa, ob = ra[key].get("outputs"), rb[key].get("outputs")
+        if oa is None or ob is None:
+            diffs.append(f"{key}: no saved outputs (run with --save-outputs)")
+            continue
+        if len(oa) != len(ob):
+            diffs.append(f"{key}: {len(oa)} vs {len(ob)} requests")
+            continue
+        for i, (x, y) in enumerate(zip(oa, ob)):
+            if x["token_ids"] != y["token_ids"] or x["text"] != y["text"]:
+                at = next((j for j, (s, t) in enumerate(zip(x["token_ids"], y["token_ids"])) if s != t),
+                          min(len(x["token_ids"]), len(y["token_ids"])))
+                diffs.append(f"{key}: request {i} differs from token {at}")
+    return diffs
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -29,3 +29,19 @@ def test_report_rows_ratios_and_table():
     assert json.loads(to_json(report))["runs"][0]["config"] == "off"
     table = format_table(report)
     assert "hf_generate" in table and "passes/tok" in table
+
+
+def test_saved_outputs_compare_token_for_token():
+    from structspec.bench.decode_bench import compare_outputs
+
+    report = run_decode_bench("demo", "extraction", requests=2, max_tokens=64, configs=("off", "ff"),
+                              save_outputs=True)
+    off, ff = report["runs"]
+    assert len(off["outputs"]) == 2 and all(o["token_ids"] and o["text"] for o in off["outputs"])
+    assert off["outputs"] == ff["outputs"]  # greedy: fast-forward never changes the text
+    assert compare_outputs(report, report) == []
+    changed = json.loads(json.dumps(report))
+    changed["runs"][1]["outputs"][1]["token_ids"][3] += 1
+    assert compare_outputs(report, changed) == ["('ff', 1): request 1 differs from token 3"]
+    del changed["runs"][0]["outputs"]
+    assert "('off', 1): no saved outputs (run with --save-outputs)" in compare_outputs(report, changed)
