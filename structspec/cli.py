@@ -160,12 +160,19 @@ def bench_step(
 
 
 def _register_optional() -> None:
-    """Commands owned by other modules (service, decode bench) plug themselves in here."""
+    """Commands owned by other modules (server, client, decode bench) plug themselves in here."""
     try:
-        from structspec import cli_service
+        from structspec import cli_serve
     except ImportError:
-        return
-    cli_service.register(app)
+        pass
+    else:
+        cli_serve.register(app)
+    try:
+        from structspec import cli_client
+    except ImportError:
+        pass
+    else:
+        cli_client.register(app)
 
 
 _register_optional()

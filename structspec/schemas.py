@@ -9,6 +9,8 @@ from typing import Any
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 TOOLS_FILE = "agent_tools.json"
+# worked examples for the built-in schemas and tools (written by ``python -m structspec.demo.worked_examples``)
+BUILTIN_EXAMPLES_FILE = SCHEMAS_DIR / "examples" / "builtin.json"
 
 
 @lru_cache(maxsize=1)

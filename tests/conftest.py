@@ -30,13 +30,13 @@ def demo_compiler(demo_models):
 @pytest.fixture
 def make_engine(demo_models, demo_compiler):
     """Build (unstarted) engines on the demo models; stops any that were started."""
-    from structspec.engine.core import CoreLimits
-    from structspec.engine.engine import assemble_engine
+    from structspec.engine.config import SchedulerLimits
+    from structspec.assembly import assemble_engine
 
     made = []
 
     def make(proposers=None, **limits):
-        engine = assemble_engine(demo_models, limits=CoreLimits(**limits), proposers=proposers,
+        engine = assemble_engine(demo_models, limits=SchedulerLimits(**limits), proposers=proposers,
                                  compiler=demo_compiler)
         made.append(engine)
         return engine

@@ -37,8 +37,9 @@ from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallReques
 from structspec.engine.postcheck import check_json_text
 from structspec.prompts import encode_prompt
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
+from structspec.speculation.configs import SPECULATION_CONFIGS, ProposerSet, speculation_config
 
-ENGINE_CONFIGS = ("off", "ff", "ff+ngram", "ff+ngram+history", "all")
+ENGINE_CONFIGS = tuple(SPECULATION_CONFIGS)  # off, ff, ff+ngram, ff+ngram+history, all
 BASELINES = ("hf_outlines", "hf_generate", "hf_assisted")
 
 
@@ -289,24 +290,24 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
 
 
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False) -> dict[str, Any]:
-    from structspec.engine.core import CoreLimits
-    from structspec.engine.engine import assemble_engine
+    from structspec.assembly import assemble_engine
+    from structspec.engine.config import SchedulerLimits
     from structspec.models.worker_thread import run_in_worker
-    from structspec.spec.router import ProposerSet
 
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
         run_in_worker(_run_hf, models, warm, max_tokens, name)
         records, wall = run_in_worker(_run_hf, models, items, max_tokens, name)
         return summarize(records, wall, save_outputs)
-    proposers = ProposerSet.parse(name)
-    if name == "all" and models.draft is None:
-        proposers = ProposerSet(True, True, False)
-    engine = run_in_worker(assemble_engine, models, limits=CoreLimits(max_batch=max(16, concurrency)),
+    spec = speculation_config(name)
+    proposers = spec.proposers
+    if proposers is not None and proposers.draft and models.draft is None:
+        proposers = ProposerSet(proposers.ngram, proposers.history, draft=False)
+    engine = run_in_worker(assemble_engine, models, limits=SchedulerLimits(max_batch=max(16, concurrency)),
                            proposers=proposers, compiler=compiler)
     engine.start()
     try:
-        asyncio.run(_run_engine(engine, warm, 1, max_tokens, name != "off", proposers is not None))
-        records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, name != "off",
+        asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, proposers is not None))
+        records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, spec.fast_forward,
                                                 proposers is not None))
     finally:
         engine.stop()

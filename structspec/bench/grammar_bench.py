@@ -50,7 +50,7 @@ from structspec.grammar import (
     TokenizerView,
     allocate_bitmask,
 )
-from structspec.grammar.base import Matcher
+from structspec.grammar.base import Matcher, token_allowed
 from structspec.grammar.postcheck import instance_errors, is_post_check_error
 
 MAX_FAILURES = 300  # examples kept in the report, per kind
@@ -281,7 +281,7 @@ def walk(matcher: Matcher, view: TokenizerView, text: str, bitmask, words: np.nd
         t0 = time.perf_counter_ns()
         matcher.fill_mask(bitmask, 0)
         result.mask_us.append((time.perf_counter_ns() - t0) / 1e3)
-        if not (int(words[token >> 5]) >> (token & 31)) & 1:
+        if not token_allowed(words, token):
             result.reason = f"at byte {pos}: token {view.decode_bytes([token])!r} not allowed"
             return result
         if not matcher.consume([token]):
@@ -294,7 +294,7 @@ def walk(matcher: Matcher, view: TokenizerView, text: str, bitmask, words: np.nd
     matcher.fill_mask(bitmask, 0)
     result.mask_us.append((time.perf_counter_ns() - t0) / 1e3)
     eos = view.eos_token_id
-    result.accepted = matcher.is_accepting() and bool((int(words[eos >> 5]) >> (eos & 31)) & 1)
+    result.accepted = matcher.is_accepting() and token_allowed(words, eos)
     if not result.accepted:
         result.reason = "text complete but the grammar is not accepting"
     return result

@@ -13,8 +13,8 @@ from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, cha
 from structspec.client.errors import InternalError, error_from_rpc
 from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
 from structspec.client.sync import deadline_after, remaining, retry_delay, stats_request
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
-from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+from structspec.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
 
 class AsyncClient:

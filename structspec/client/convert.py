@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from structspec.client.errors import ModelValidationError, SchemaViolationError, TruncatedOutputError
 from structspec.client.results import ExtractionResult, ToolCallResult
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2 as pb
 
 ROLES = {"system": pb.ROLE_SYSTEM, "user": pb.ROLE_USER, "assistant": pb.ROLE_ASSISTANT, "tool": pb.ROLE_TOOL}
 SPECULATION = {None: pb.SPECULATION_MODE_UNSPECIFIED, "auto": pb.SPECULATION_MODE_AUTO, "off": pb.SPECULATION_MODE_OFF}

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2 as pb
 
 DETAILS_KEY = "structspec-error-details-bin"
 

@@ -12,8 +12,8 @@ from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
 from structspec.client.errors import DeadlineExceededError, InternalError, error_from_rpc
 from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
-from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+from structspec.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
 
 def deadline_after(timeout: float | None) -> float | None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
 
+from structspec.engine.types import GenerationResult, InvalidRequest, SamplingParams, SpeculationMode, TextDelta
 from structspec.prompts import FewShotExample
-from structspec.engine.types import GenerationResult, SamplingParams, SpeculationMode, TextDelta
+
+MAX_INPUT_CHARS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,17 @@ class ExtractionRequest:
     request_id: str = ""
     schema_key: str = ""  # stable name for stats ("invoice@3"); defaults to the schema's hash
 
+    def validate(self, max_tokens_cap: int) -> None:
+        """Raises: InvalidRequest naming the field (``text``, ``messages`` or a sampling field)."""
+        if bool(self.text) == bool(self.messages):
+            raise InvalidRequest("exactly one of text and messages must be set", field="text")
+        text = self.text or "\n".join(m.content for m in self.messages)
+        if not text.strip():
+            raise InvalidRequest("text (or messages) must not be empty", field="text")
+        if len(text) > MAX_INPUT_CHARS:
+            raise InvalidRequest(f"text is longer than {MAX_INPUT_CHARS} characters", field="text")
+        _validate_sampling(self.sampling, max_tokens_cap)
+
 
 @dataclass(frozen=True)
 class ToolCallRequest:
@@ -47,6 +60,30 @@ class ToolCallRequest:
     deadline: float | None = None
     request_id: str = ""
 
+    def validate(self, max_tokens_cap: int) -> None:
+        """Raises: InvalidRequest naming the field (``messages``, ``tools[i].name``, ``tools`` or a sampling field)."""
+        if not self.messages:
+            raise InvalidRequest("at least one message is needed", field="messages")
+        seen: set[str] = set()
+        for i, tool in enumerate(self.tools):
+            name = tool.get("function", {}).get("name", "")
+            if not name:
+                raise InvalidRequest("a tool needs a name", field=f"tools[{i}].name")
+            if name in seen:
+                raise InvalidRequest(f"duplicate tool name {name!r}", field=f"tools[{i}].name")
+            seen.add(name)
+        if not self.tools and self.tool_choice != "none":
+            raise InvalidRequest("at least one tool is needed unless tool_choice is none", field="tools")
+        if self.tool_choice not in ("auto", "required", "none") and self.tool_choice not in seen:
+            raise InvalidRequest(f"{self.tool_choice!r} is not one of the request's tools", field="tool_choice")
+        _validate_sampling(self.sampling, max_tokens_cap)
+
+
+def _validate_sampling(params: SamplingParams, max_tokens_cap: int) -> None:
+    params.validate()
+    if params.max_tokens > max_tokens_cap:
+        raise InvalidRequest(f"must be <= {max_tokens_cap} (the server's cap)", field="max_tokens")
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -62,9 +99,10 @@ class ToolCallResult:
 
 
 class EngineAPI(Protocol):
-    """The engine as the gRPC servicer sees it. Requests are validated up front (raising
-    ``InvalidRequest``/``ContextTooLong``/``SchemaError``/``QueueFull``); cancelling the awaiting task
-    cancels decoding and frees the sequence's memory at once."""
+    """The engine as the gRPC servicer sees it. Requests are validated up front by their own
+    ``validate`` (the one owner of request validation) and the engine (context length, schema, queue),
+    raising ``InvalidRequest``/``ContextTooLong``/``SchemaError``/``QueueFull``; cancelling the awaiting
+    task cancels decoding and frees the sequence's memory at once."""
 
     async def extract(self, request: ExtractionRequest) -> GenerationResult: ...
 

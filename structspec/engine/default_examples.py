@@ -8,23 +8,22 @@ for the demo pair, trained on the bare format; 1 for Gemma). A request that brin
 own ``examples`` keeps them; a schema that is not built in gets none (we have no
 worked document for it).
 
-The examples are generated once, from the project's synthetic corpus with a fixed seed
-different from the benchmark's, so the same server always sends the same prompts (and
-prefix caching shares them across requests).
+The examples ship as data (``schemas/examples/builtin.json``, written once from the
+synthetic corpus by ``structspec.demo.worked_examples``), so the same server always sends
+the same prompts (and prefix caching shares them across requests).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from structspec.grammar.cache import schema_key
+from structspec.grammar.cache import schema_digest
 from structspec.prompts import FewShotExample
-
-EXAMPLES_SEED = 7331  # not BENCH_SEED: serving examples are never benchmark items
 
 
 class ExampleBook:
-    """Worked examples keyed by the exact schema (or tool list) they belong to (``schema_key``)."""
+    """Worked examples keyed by the exact schema (or tool list) they belong to (``schema_digest``)."""
 
     def __init__(self, by_schema: dict[str, tuple[FewShotExample, ...]] | None = None,
                  by_tools: dict[str, tuple[FewShotExample, ...]] | None = None):
@@ -32,31 +31,24 @@ class ExampleBook:
         self._by_tools = by_tools or {}
 
     def for_schema(self, schema: dict[str, Any]) -> tuple[FewShotExample, ...]:
-        return self._by_schema.get(schema_key(schema), ())
+        return self._by_schema.get(schema_digest(schema), ())
 
     def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tuple[FewShotExample, ...]:
-        return self._by_tools.get(schema_key(list(tools)), ())
+        return self._by_tools.get(schema_digest(list(tools)), ())
 
 
-def build_example_book(shots: int, seed: int = EXAMPLES_SEED) -> ExampleBook:
+def build_example_book(shots: int) -> ExampleBook:
     """``shots`` examples per built-in schema, and per tool for the built-in tool list."""
     if shots <= 0:
         return ExampleBook()
-    from structspec.demo.corpus import generate
-    from structspec.schemas import load_builtin_schemas, load_builtin_tools
+    from structspec.schemas import BUILTIN_EXAMPLES_FILE, load_builtin_schemas, load_builtin_tools
 
+    shipped = json.loads(BUILTIN_EXAMPLES_FILE.read_text())
+    pick = lambda items: tuple(FewShotExample(e["text"], e["output"]) for e in items[:shots])  # noqa: E731
     schemas = load_builtin_schemas()
-    tools = load_builtin_tools()
-    per_schema: dict[str, list[FewShotExample]] = {name: [] for name in schemas}
-    per_tool: dict[str, list[FewShotExample]] = {t["function"]["name"]: [] for t in tools}
-    for ex in generate(seed, 400, toolcall_share=0.5):
-        if ex.task == "toolcall":
-            bucket = per_tool.get(ex.value["name"])
-        else:
-            bucket = per_schema.get(ex.schema_name)
-        if bucket is not None and len(bucket) < shots:
-            bucket.append(FewShotExample(ex.source, ex.output))
     return ExampleBook(
-        by_schema={schema_key(schemas[name]): tuple(found) for name, found in per_schema.items() if found},
-        by_tools={schema_key(tools): tuple(e for found in per_tool.values() for e in found)},
+        by_schema={schema_digest(schemas[name]): pick(items) for name, items in shipped["schemas"].items()
+                   if name in schemas and items},
+        by_tools={schema_digest(load_builtin_tools()): tuple(e for items in shipped["tools"].values()
+                                                             for e in pick(items))},
     )

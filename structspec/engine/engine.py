@@ -13,47 +13,35 @@ import asyncio
 import logging
 import os
 import threading
-import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-import torch
-
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
-from structspec.engine.core import CoreLimits, EngineCore, Speculator
-from structspec.engine.default_examples import ExampleBook, build_example_book
+from structspec.engine.core import EngineCore
+from structspec.engine.default_examples import ExampleBook
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
-from structspec.engine.sequence import Sequence
-from structspec.engine.types import (ContextTooLong, EngineStopped, FinishReason, GenerationResult, InvalidRequest,
-                                     Outcome, TextDelta)
+from structspec.engine.sequence import EngineSequence
+from structspec.engine.types import ContextTooLong, EngineStopped, FinishReason, GenerationResult, Outcome, TextDelta
 from structspec.grammar import GrammarCompiler
 from structspec.grammar.base import CompiledGrammar
-from structspec.grammar.cache import schema_key
-from structspec.prompts import PROMPT_FORMAT, ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
+from structspec.grammar.cache import schema_digest
+from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
 
 log = logging.getLogger(__name__)
-
-MAX_INPUT_CHARS = 1_000_000
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    max_tokens_cap: int = 4096  # a request may not ask for more
-    prompt_format: str = PROMPT_FORMAT
 
 
 class Engine:
     """Implements ``EngineAPI`` over one target model (and its proposers)."""
 
     def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
-                 options: EngineOptions = EngineOptions(), examples: ExampleBook | None = None):
+                 max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True):
         self.core = core
         self.examples = examples or ExampleBook()  # worked examples for requests that bring none
         self.tokenizer = tokenizer
         self.compiler = compiler
         self.max_context = max_context
-        self.options = options
+        self.max_tokens_cap = max_tokens_cap  # a request may not ask for more
+        self.fast_forward = fast_forward  # the server's switch; a request may turn it off for itself
         self.internal_errors = 0  # outputs that failed the post-check on an enforced keyword (bugs)
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -89,7 +77,7 @@ class Engine:
         return self.core.queue_depth()
 
     def running(self) -> int:
-        return len(self.core.running)
+        return len(self.core.scheduler.running)
 
     # -- requests --------------------------------------------------------------------------------
     async def extract(self, request: ExtractionRequest) -> GenerationResult:
@@ -103,17 +91,14 @@ class Engine:
         async for item in self._generate_extraction(request, stream=True):
             yield item
 
-    def prepare_extraction(self, request: ExtractionRequest) -> Sequence:
+    def prepare_extraction(self, request: ExtractionRequest) -> EngineSequence:
         """Validate, compile the grammar (cached), build the prompt: a sequence ready to submit."""
+        request.validate(self.max_tokens_cap)
         text = request.text or _messages_as_text(request.messages)
-        if not text.strip():
-            raise InvalidRequest("text (or messages) must not be empty", field="text")
-        if len(text) > MAX_INPUT_CHARS:
-            raise InvalidRequest(f"text is longer than {MAX_INPUT_CHARS} characters", field="text")
         grammar = self.compiler.compile_schema(request.schema)
         examples = request.examples or self.examples.for_schema(request.schema)
         prompt = extraction_prompt(request.schema, text, request.instruction, examples)
-        key = request.schema_key or schema_key(request.schema)
+        key = request.schema_key or schema_digest(request.schema)
         return self._sequence(request, prompt, grammar, key, request.schema)
 
     async def _generate_extraction(self, request: ExtractionRequest, stream: bool):
@@ -126,15 +111,14 @@ class Engine:
             else:
                 yield item
 
-    def prepare_toolcall(self, request: ToolCallRequest) -> Sequence:
-        if not request.messages:
-            raise InvalidRequest("messages must not be empty", field="messages")
+    def prepare_toolcall(self, request: ToolCallRequest) -> EngineSequence:
+        request.validate(self.max_tokens_cap)
         tools = list(request.tools)
         grammar = self.compiler.compile_tools(tools, request.tool_choice, request.parallel_calls)
         specs = [ToolSpec.from_openai(t) for t in tools]
         examples = request.examples or self.examples.for_tools(tools)
         prompt = toolcall_prompt(specs, [(m.role, m.content) for m in request.messages], examples)
-        return self._sequence(request, prompt, grammar, f"tools:{schema_key({'tools': tools})}", None)
+        return self._sequence(request, prompt, grammar, f"tools:{schema_digest({'tools': tools})}", None)
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
         from structspec.grammar.tools import parse_tool_output
@@ -173,27 +157,23 @@ class Engine:
 
     # -- plumbing --------------------------------------------------------------------------------
     def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: str, grammar: CompiledGrammar,
-                  schema_key: str, schema: dict[str, Any] | None) -> Sequence:
+                  schema_key: str, schema: dict[str, Any] | None) -> EngineSequence:
         if self._stopping:
             raise EngineStopped("the engine is shutting down")
         params = request.sampling
-        params.validate()
-        if params.max_tokens > self.options.max_tokens_cap:
-            raise InvalidRequest(f"max_tokens {params.max_tokens} exceeds this server's cap "
-                                 f"{self.options.max_tokens_cap}", field="max_tokens")
         ids = encode_prompt(self.tokenizer, prompt)
         if len(ids) + params.max_tokens > self.max_context:
             raise ContextTooLong(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                                  f"model's context of {self.max_context} tokens", field="max_tokens")
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
-        return Sequence(
+        return EngineSequence(
             request_id=request.request_id or uuid.uuid4().hex,
             prompt=ids, grammar=grammar, matcher=grammar.matcher(), params=params, seed=seed,
-            deadline=request.deadline, fast_forward=request.fast_forward,
+            deadline=request.deadline, fast_forward=self.fast_forward and request.fast_forward,
             speculate=request.speculation.value != "off", schema_key=schema_key, schema=schema, on_event=lambda *_: None,
         )
 
-    async def _run(self, seq: Sequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:
+    async def _run(self, seq: EngineSequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -238,72 +218,3 @@ class Engine:
 
 def _messages_as_text(messages: tuple[ChatMessage, ...]) -> str:
     return "\n".join(f"{m.role}: {m.content}" for m in messages)
-
-
-def assemble_engine(models, grammar_backend: str = "llguidance", limits: CoreLimits = CoreLimits(),
-                    proposers=None, max_context: int | None = None, options: EngineOptions = EngineOptions(),
-                    compiler: GrammarCompiler | None = None, stats=None,
-                    examples: ExampleBook | None = None) -> Engine:
-    """Wire executors, grammar compiler, proposers and the core around loaded models (not started).
-
-    ``proposers``: a ``ProposerSet`` (None = no drafting; fast-forward is per request). ``examples``:
-    worked examples added to requests that bring none (``build_engine`` builds them for base-model profiles).
-    """
-    from structspec.grammar import TokenizerView
-    from structspec.models.hf_executor import TransformersExecutor
-    from structspec.spec.draft_model import DraftModelProposer
-    from structspec.spec.router import Router
-
-    executor = TransformersExecutor(models.target, max_context=max_context)
-    if compiler is None:
-        view = TokenizerView(models.tokenizer, n_vocab=executor.vocab_size)
-        compiler = GrammarCompiler(view, backend=grammar_backend)
-    eos = models.tokenizer.eos_token_id
-    speculator = None
-    if proposers is not None:
-        draft = None
-        if proposers.draft and models.draft is not None:
-            draft = DraftModelProposer(TransformersExecutor(models.draft, max_context=executor.max_context), eos)
-        speculator = Router(models.tokenizer, proposers, executor.vocab_size, draft=draft)
-    core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)
-    return Engine(core, models.tokenizer, compiler, executor.max_context, options, examples)
-
-
-def build_engine(settings: Any, store: Any = None) -> Engine:
-    """Load the profile named by ``settings.profile`` and start the engine (the server's engine factory).
-
-    Reads: profile, device, dtype, grammar_backend, max_batch, max_queue, kv_budget_tokens, max_tokens_cap,
-    max_batch_for_speculation, prefix_cache_tokens,
-    speculation ("off" | "ff+ngram" | "ff+ngram+history" | "all"; default "all"). ``store`` receives the
-    per-step acceptance counts (per schema, proposer and batch-size bucket).
-    """
-    from structspec.models.loading import load_profile
-    from structspec.models.profiles import get_profile
-    from structspec.models.worker_thread import run_in_worker
-    from structspec.spec.router import ProposerSet
-
-    from structspec.models.threads import size_torch_threads
-
-    get = lambda name, default: getattr(settings, name, default) or default  # noqa: E731
-    t0 = time.monotonic()
-    if get("device", "cpu") != "cuda":  # intra-op threads from the CPUs this process may use, not the machine's
-        log.info("torch intra-op threads: %d", size_torch_threads())
-    proposers = ProposerSet.parse(get("speculation", "all"))
-    device = get("device", "cpu")
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    dtype = get("dtype", "float32")
-    dtype = ("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype
-    # Model work off the main thread, so the engine thread computes at full speed (see worker_thread).
-    models = run_in_worker(load_profile, get("profile", "demo"), device=device, dtype=dtype,
-                           with_draft=bool(proposers and proposers.draft))
-    limits = CoreLimits(max_batch=get("max_batch", 16), max_queue=get("max_queue", 64),
-                        kv_budget_tokens=get("kv_budget_tokens", 65536),  # 0 = default budget
-                        max_spec_batch=get("max_batch_for_speculation", 8),
-                        prefix_cache_tokens=int(getattr(settings, "prefix_cache_tokens", 8192)))
-    examples = build_example_book(get_profile(models.profile).few_shot)
-    engine = run_in_worker(assemble_engine, models, get("grammar_backend", "llguidance"), limits, proposers,
-                           options=EngineOptions(max_tokens_cap=get("max_tokens_cap", 4096)), stats=store,
-                           examples=examples)
-    engine.start()
-    log.info("engine ready in %.1fs (profile %s)", time.monotonic() - t0, models.profile)
-    return engine

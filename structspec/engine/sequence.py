@@ -1,20 +1,36 @@
-"""One request's decoding state inside the engine."""
+"""One request's decoding state inside the engine, with an explicit status.
+
+    WAITING --admit--> PREFILLING --prompt cached--> DECODING --stop/length/cancel/error--> FINISHED
+    (WAITING or PREFILLING may also go straight to FINISHED)
+
+The scheduler moves a sequence between statuses; the bookkeeping of each move (timings,
+usage) happens in the method that makes it, not in the decode logic.
+"""
 
 from __future__ import annotations
 
+import enum
 import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from structspec.engine.detok import IncrementalDetokenizer
 from structspec.engine.types import FinishReason, SamplingParams, Timings, Usage
 from structspec.grammar.base import CompiledGrammar, Matcher
 
 _KEYS = itertools.count()
 
 
-@dataclass
-class Sequence:
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no KV cache
+    PREFILLING = "prefilling"  # admitted: KV reserved, the prompt is entering the cache
+    DECODING = "decoding"  # the prompt is cached; each step scores the next position(s)
+    FINISHED = "finished"  # ``finish`` says why; its cache is freed or retained as a prefix
+
+
+@dataclass(eq=False)  # identity: two sequences are never "equal"
+class EngineSequence:
     """Committed tokens are ``prompt + output``; those not yet in the KV cache are ``uncached``.
 
     ``uncached`` starts as the prompt plus the grammar's opening forced tokens, and
@@ -35,36 +51,76 @@ class Sequence:
     schema_key: str
     schema: dict[str, Any] | None  # the JSON Schema being decoded (None for tool calls)
     on_event: Callable[[str, Any], None]  # ("delta", text) / ("done", None), called from the engine thread
+    status: SequenceStatus = SequenceStatus.WAITING
     output: list[int] = field(default_factory=list)
     uncached: list[int] = field(default_factory=list)
-    seq_id: int | None = None  # executor sequence, once admitted
+    seq_id: int = -1  # the executor's sequence (its KV cache) while admitted
+    prefilled: int = 0  # prompt tokens in the KV cache (prefill progress)
+    reserved: int = 0  # KV tokens reserved at admission (prompt + max_tokens + draft headroom)
     finish: FinishReason | None = None
     error: str | None = None
     grammar_limit: str | None = None  # the grammar engine's resource limit that ended it (finish ERROR)
+    detok: IncrementalDetokenizer | None = None  # output text as it is committed (while admitted)
+    speculation: Any = None  # the speculator's per-sequence state (opaque to the engine)
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     created: float = field(default_factory=time.monotonic)
     admitted: float | None = None
     first_decode: float | None = None
-    cancelled: bool = False
-    # Tokens of the prompt already sent through the model (prefill progress).
-    prefilled: int = 0
-    prefix_checked: bool = False  # looked for a reusable cached prompt prefix (done once, before prefilling)
-    # Reserved KV tokens (prompt + max_tokens + draft headroom): admission never over-commits.
-    reserved: int = 0
     # The engine's own handle on this sequence. Request ids come from callers and may repeat (a retry
     # under the same id while the first attempt is still being cancelled): state is keyed by this.
     key: str = field(default_factory=lambda: f"s{next(_KEYS)}")
 
     @property
-    def prefilling(self) -> bool:
-        return self.prefilled < len(self.prompt)
-
-    @property
     def remaining(self) -> int:
         return self.params.max_tokens - len(self.output)
 
-    def add_usage(self, name: str, drafted: int, accepted: int) -> None:
-        self.usage.drafted[name] = self.usage.drafted.get(name, 0) + drafted
-        self.usage.accepted[name] = self.usage.accepted.get(name, 0) + accepted
-        self.usage.draft_steps[name] = self.usage.draft_steps.get(name, 0) + 1
+    @property
+    def running(self) -> bool:
+        return self.status in (SequenceStatus.PREFILLING, SequenceStatus.DECODING)
+
+    # -- status moves, each with its bookkeeping --------------------------------------------------
+    def admit(self, seq_id: int, reserved: int, detok: IncrementalDetokenizer, now: float) -> None:
+        self.status = SequenceStatus.PREFILLING
+        self.seq_id, self.reserved, self.detok = seq_id, reserved, detok
+        self.admitted = now
+        self.timings.queued_ms = (now - self.created) * 1000
+        self.uncached = list(self.prompt)
+        self.usage.prompt_tokens = len(self.prompt)
+
+    def reuse_prefix(self, tokens: int) -> None:
+        """The first ``tokens`` prompt tokens were copied into the cache from another sequence."""
+        self.uncached = self.uncached[tokens:]
+        self.usage.cached_prompt_tokens = tokens
+        self._prefilled(tokens)
+
+    def fed(self, n: int) -> None:
+        """The first ``n`` uncached tokens entered the cache."""
+        self.uncached = self.uncached[n:]
+        if self.status is SequenceStatus.PREFILLING:
+            self._prefilled(self.prefilled + n)
+
+    def scored(self, now: float) -> None:
+        """A step scored the position after the committed text (the prompt is all cached)."""
+        self._prefilled(len(self.prompt))
+        if self.first_decode is None:
+            self.first_decode = now
+            self.timings.prefill_ms = (now - (self.admitted or self.created)) * 1000
+
+    def _prefilled(self, n: int) -> None:
+        self.prefilled = min(len(self.prompt), n)
+        if self.prefilled == len(self.prompt):
+            self.status = SequenceStatus.DECODING
+
+    def record_draft(self, proposer: str, drafted: int, accepted: int) -> None:
+        for counts, n in ((self.usage.drafted, drafted), (self.usage.accepted, accepted), (self.usage.draft_steps, 1)):
+            counts[proposer] = counts.get(proposer, 0) + n
+
+    def end(self, reason: FinishReason, error: str | None, now: float) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish, self.error = reason, error
+        self.detok = None
+        self.usage.output_tokens = len(self.output)
+        self.timings.total_ms = (now - self.created) * 1000
+        if self.first_decode is not None:
+            self.timings.decode_ms = (now - self.first_decode) * 1000

@@ -37,7 +37,6 @@ from structspec.engine.types import SamplingParams
 class Verdict:
     accepted: int  # a: drafted tokens kept
     token: int  # the recovered (a < k) or bonus (a == k) token
-    bonus: bool
 
 
 def verify(
@@ -54,8 +53,8 @@ def verify(
         for i, x in enumerate(draft):
             y = choose(rows[i], params, seed, position + i)
             if y != x:
-                return Verdict(i, y, bonus=False)
-        return Verdict(k, choose(rows[k], params, seed, position + k), bonus=True)
+                return Verdict(i, y)
+        return Verdict(k, choose(rows[k], params, seed, position + k))
 
     logp = target_logprobs(rows, params)  # [k+1, V]
     p = logp.exp()
@@ -68,5 +67,5 @@ def verify(
             residual = p[i]
         noise = keyed_gumbel(seed, position + i, residual.shape[-1])
         token = int(torch.argmax(torch.log(residual) + noise))
-        return Verdict(i, token, bonus=False)
-    return Verdict(k, int(torch.argmax(logp[k] + keyed_gumbel(seed, position + k, logp.shape[-1]))), bonus=True)
+        return Verdict(i, token)
+    return Verdict(k, int(torch.argmax(logp[k] + keyed_gumbel(seed, position + k, logp.shape[-1]))))

@@ -71,9 +71,6 @@ class Matcher(Protocol):
     def consume(self, tokens: Sequence[int]) -> bool:
         """Advance over ``tokens``; False (and a sticky error) if one is not allowed."""
 
-    def validate(self, tokens: Sequence[int]) -> int:
-        """Length of the longest prefix of ``tokens`` the grammar accepts from here; state unchanged."""
-
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` consumed tokens."""
 
@@ -130,6 +127,12 @@ def bitmask_row(bitmask: torch.Tensor, row: int, words: int) -> torch.Tensor:
     if not target.is_contiguous():
         raise ValueError("bitmask rows must be contiguous")
     return target
+
+
+def token_allowed(row: torch.Tensor | np.ndarray, token: int) -> bool:
+    """Whether one bitmask row (int32 words, a tensor or an array) allows ``token``; ids past the row are not."""
+    word = token >> 5
+    return word < row.shape[0] and bool((int(row[word]) >> (token & 31)) & 1)
 
 
 def set_bits(row: torch.Tensor, tokens: Iterable[int]) -> None:

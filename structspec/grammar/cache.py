@@ -39,13 +39,14 @@ def _canonical(value: Any, ordered: bool = False) -> Any:
     return value
 
 
-def schema_key(value: Any) -> str:
+def schema_digest(value: Any) -> str:
+    """SHA-256 of the canonical JSON of a schema (or tool list): the same content, the same digest."""
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
 def cache_key(kind: str, value: Any, fingerprint: str, backend: str, options: GrammarOptions) -> str:
     return hashlib.sha256(
-        json.dumps([kind, schema_key(value), fingerprint, backend, list(astuple(options))]).encode()
+        json.dumps([kind, schema_digest(value), fingerprint, backend, list(astuple(options))]).encode()
     ).hexdigest()
 
 

@@ -16,7 +16,7 @@ from structspec.grammar.base import (
     SchemaError,
     SchemaIssue,
 )
-from structspec.grammar.cache import GrammarCache, cache_key, schema_key
+from structspec.grammar.cache import GrammarCache, cache_key
 from structspec.grammar.deadline import run_with_deadline
 from structspec.grammar.tokenizer_view import TokenizerView
 
@@ -42,11 +42,6 @@ class GrammarCompiler:
         self.view = view
         self.backend = make_backend(backend, view) if isinstance(backend, str) else backend
         self.cache = GrammarCache(cache_size)
-
-    @staticmethod
-    def schema_key(schema: Any) -> str:
-        """Stable hash of a schema (canonical JSON), e.g. to key per-schema statistics."""
-        return schema_key(schema)
 
     def compile_schema(self, schema: dict[str, Any], options: GrammarOptions | None = None) -> CompiledGrammar:
         options = options or GrammarOptions()

@@ -211,23 +211,6 @@ class LLGuidanceMatcher:
             return False
         return True
 
-    def validate(self, tokens: Sequence[int]) -> int:
-        if self.error or self._ended:
-            return 0
-        tokens = list(tokens)
-        cut = next((i for i, t in enumerate(tokens) if t in self._eos), len(tokens))
-        n = self._m.validate_tokens(tokens[:cut]) if cut else 0
-        if n < cut or cut == len(tokens):
-            return n
-        # EOS after the prefix: llguidance's own answer is 0 once the grammar has stopped, so ask
-        # whether the prefix completes the output (consume + rollback restores the state exactly).
-        if cut and not self._m.consume_tokens(tokens[:cut]):
-            return 0
-        complete = self._m.is_accepting()
-        if cut:
-            self._m.rollback(cut)
-        return cut + 1 if complete else cut
-
     def rollback(self, n: int) -> None:
         if n <= 0:
             return

@@ -161,18 +161,6 @@ class OutlinesMatcher:
         self._error = message
         return False
 
-    def validate(self, tokens: Sequence[int]) -> int:
-        if self._error or self._ended:
-            return 0
-        state = self._states[-1]
-        for i, token in enumerate(tokens):
-            if token in self._eos:
-                return i + 1 if self._index.is_final_state(state) else i
-            state = self._index.get_next_state(state, token)
-            if state is None:
-                return i
-        return len(tokens)
-
     def rollback(self, n: int) -> None:
         if n > 0 and self._ended:
             self._ended = False

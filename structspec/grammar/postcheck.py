@@ -22,7 +22,6 @@ import jsonschema
 import re2
 
 from structspec.grammar import schema_walk
-from structspec.grammar.base import SchemaIssue
 
 _FORMATS = jsonschema.FormatChecker()
 
@@ -103,8 +102,3 @@ def is_post_check_error(error: jsonschema.ValidationError, post_check_keywords: 
             branches[sub.relative_schema_path[0]].append(sub)
         return any(all(is_post_check_error(e, post) for e in errs) for errs in branches.values())
     return False
-
-
-def as_issue(error: jsonschema.ValidationError) -> SchemaIssue:
-    """Where in the *instance* it failed, which keyword, why."""
-    return SchemaIssue(schema_walk.join("", *error.absolute_path), str(error.validator), error.message[:300])

@@ -53,9 +53,6 @@ class TokenizerView:
     def decode_bytes(self, tokens: Sequence[int]) -> bytes:
         return self.ll_tokenizer.decode_bytes(list(tokens))
 
-    def is_special(self, token: int) -> bool:
-        return self.ll_tokenizer.is_special_token(token)
-
     @cached_property
     def token_bytes(self) -> tuple[bytes, ...]:
         """Bytes of every token id below ``len(tokenizer)``; special tokens map to b''."""

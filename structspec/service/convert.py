@@ -1,4 +1,10 @@
-"""Pure conversions between protobuf messages and engine/store values (no I/O, no gRPC context)."""
+"""Conversions between protobuf messages and engine/store values (no I/O, no gRPC context).
+
+Request values are validated by the engine's request types (``ExtractionRequest.validate``,
+``ToolCallRequest.validate``), their one owner. What is refused here exists on the wire
+alone: an unknown enum value, JSON text that does not parse, a worked example's output that
+does not fit its schema (checked against the schema the servicer resolved).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
@@ -14,12 +20,11 @@ from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallReques
 from structspec.engine.types import FinishReason, GenerationResult, Outcome, SamplingParams, SpeculationMode, Timings, Usage
 from structspec.grammar import json_text
 from structspec.prompts import FewShotExample
-from structspec.service.errors import FieldViolation, ServiceError, invalid, schema_too_deep
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2 as pb
+from structspec.service.errors import invalid, schema_too_deep
 from structspec.service.registry import ResolvedSchema
 from structspec.store.base import AcceptanceTotals, SchemaRecord
 
-import grpc
 
 
 @dataclass(frozen=True)
@@ -51,15 +56,11 @@ _TOOL_CHOICE = {
 }
 
 
-def finish_reason_name(value: FinishReason | None) -> str:
-    return value.value if value is not None else ""
-
-
 # -- requests ------------------------------------------------------------------------------------
 
 
 def sampling(msg: pb.SamplingParams, limits: Limits) -> SamplingParams:
-    """Unset fields take the engine's defaults; validated here so errors name the field."""
+    """Unset fields take the engine's defaults (validated by the engine's request types)."""
     defaults = SamplingParams()
     params = SamplingParams(
         temperature=msg.temperature if msg.HasField("temperature") else defaults.temperature,
@@ -68,9 +69,6 @@ def sampling(msg: pb.SamplingParams, limits: Limits) -> SamplingParams:
         seed=msg.seed if msg.HasField("seed") else defaults.seed,
         max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(defaults.max_tokens, limits.max_tokens_cap),
     )
-    params.validate()  # InvalidRequest(field=...) -> INVALID_ARGUMENT sampling.<field>
-    if params.max_tokens > limits.max_tokens_cap:
-        raise invalid("sampling.max_tokens", f"must be <= {limits.max_tokens_cap} (the server's cap)", "INVALID_SAMPLING")
     return params
 
 
@@ -142,14 +140,6 @@ def speculation(value: int) -> SpeculationMode:
 def extraction_request(
     req: pb.ExtractRequest, schema: ResolvedSchema, request_id: str, deadline: float | None, limits: Limits
 ) -> ExtractionRequest:
-    has_text, has_messages = bool(req.text), len(req.messages) > 0
-    if has_text == has_messages:
-        raise ServiceError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "exactly one of text and messages must be set",
-            "INVALID_ARGUMENT",
-            [FieldViolation("text", "set text or messages"), FieldViolation("messages", "set text or messages")],
-        )
     return ExtractionRequest(
         schema=schema.schema,
         text=req.text,
@@ -167,13 +157,8 @@ def extraction_request(
 
 def tools(items: Sequence[pb.Tool]) -> tuple[dict[str, Any], ...]:
     """Proto tools -> OpenAI-style entries, the engine's format."""
-    out, seen = [], set()
+    out = []
     for i, tool in enumerate(items):
-        if not tool.name:
-            raise invalid(f"tools[{i}].name", "a tool needs a name")
-        if tool.name in seen:
-            raise invalid(f"tools[{i}].name", f"duplicate tool name {tool.name!r}")
-        seen.add(tool.name)
         params: Any = {"type": "object", "properties": {}}
         if tool.parameters_json.strip():
             try:
@@ -189,25 +174,18 @@ def tools(items: Sequence[pb.Tool]) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def tool_choice(choice: pb.ToolChoice, names: Iterable[str]) -> str:
+def tool_choice(choice: pb.ToolChoice) -> str:
     if choice.WhichOneof("choice") == "tool_name":
-        if choice.tool_name not in set(names):
-            raise invalid("tool_choice.tool_name", f"{choice.tool_name!r} is not one of the request's tools")
         return choice.tool_name
     return _TOOL_CHOICE.get(choice.mode, "auto")
 
 
 def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | None, limits: Limits) -> ToolCallRequest:
-    if not req.messages:
-        raise invalid("messages", "at least one message is needed")
     tool_list = tools(req.tools)
-    choice = tool_choice(req.tool_choice, (t.name for t in req.tools))
-    if not tool_list and choice != "none":
-        raise invalid("tools", "at least one tool is needed unless tool_choice is NONE")
     return ToolCallRequest(
         messages=messages(req.messages),
         tools=tool_list,
-        tool_choice=choice,
+        tool_choice=tool_choice(req.tool_choice),
         parallel_calls=req.parallel_tool_calls,
         examples=examples(req.examples, _call_error(tool_list)),
         sampling=sampling(req.sampling, limits),

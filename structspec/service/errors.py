@@ -25,11 +25,12 @@ from structspec.engine.types import (
     OverBudget,
     QueueFull,
 )
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.store.base import StoreError
 
 DETAILS_KEY = "structspec-error-details-bin"
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "seed", "max_tokens"})
+_PROTO_FIELDS = {"tool_choice": "tool_choice.tool_name"}  # engine field -> proto field, where they differ
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ def schema_error(exc: Exception, field: str) -> ServiceError:
 
 def _request_field(exc: EngineError) -> str:
     """The request field an engine error names (sampling parameters live under ``sampling.``)."""
-    return f"sampling.{exc.field}" if exc.field in SAMPLING_FIELDS else (exc.field or "request")
+    if exc.field in SAMPLING_FIELDS:
+        return f"sampling.{exc.field}"
+    return _PROTO_FIELDS.get(exc.field, exc.field) or "request"
 
 
 def from_exception(exc: BaseException, schema_field: str = "json_schema") -> ServiceError | None:

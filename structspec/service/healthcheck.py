@@ -7,7 +7,7 @@ Defaults come from the server's own environment, so in a container no flag is ne
 target 127.0.0.1:$STRUCTSPEC_PORT; TLS when $STRUCTSPEC_TLS_CERT_FILE is set, trusting
 $STRUCTSPEC_HEALTHCHECK_CA_FILE (or the server certificate itself, right for self-signed ones);
 client certificate from $STRUCTSPEC_HEALTHCHECK_CERT_FILE/$STRUCTSPEC_HEALTHCHECK_KEY_FILE.
-Imports only grpc, so it is cheap to run every few seconds.
+Imports only grpc (and ``structspec.service.tls``, itself grpc only), so it is cheap to run every few seconds.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from structspec.service.tls import channel_credentials
 
 
 def check(
@@ -35,8 +36,8 @@ def check(
     """The serving status name ("SERVING", "NOT_SERVING", ...) or "UNREACHABLE: <code>"."""
     options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
     if tls:
-        read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
-        creds = grpc.ssl_channel_credentials(read(ca_file), read(key_file), read(cert_file))
+        # '' (an empty variable) means unset, as None does
+        creds = channel_credentials(ca_file or None, cert_file or None, key_file or None)
         channel = grpc.secure_channel(target, creds, options)
     else:
         channel = grpc.insecure_channel(target, options)

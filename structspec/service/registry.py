@@ -31,12 +31,13 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def schema_key(schema_id: str, version: int) -> str:
+def registered_stats_key(schema_id: str, version: int) -> str:
     """The statistics key of a registered schema version."""
     return f"{schema_id}@{version}"
 
 
-def inline_schema_key(canonical: str) -> str:
+def inline_stats_key(canonical: str) -> str:
+    """The statistics key of a schema sent inline (by content)."""
     return f"inline:{content_hash(canonical)[:16]}"
 
 
@@ -154,13 +155,13 @@ class SchemaRegistry:
                 self._parsed.popitem(last=False)
         else:
             self._parsed.move_to_end(cache_key)
-        return ResolvedSchema(schema, schema_key(record.schema_id, record.version), record)
+        return ResolvedSchema(schema, registered_stats_key(record.schema_id, record.version), record)
 
     @staticmethod
     def inline(text: str, field: str = "json_schema") -> ResolvedSchema:
         """An inline schema: parsed here, validated by the engine (which reports pointers)."""
         schema = parse_schema_json(text, field)
-        return ResolvedSchema(schema, inline_schema_key(canonical_json(schema)))
+        return ResolvedSchema(schema, inline_stats_key(canonical_json(schema)))
 
 
 async def register_builtins(registry: SchemaRegistry, schemas: Mapping[str, Mapping[str, Any]]) -> list[tuple[SchemaRecord, bool]]:

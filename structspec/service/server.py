@@ -24,13 +24,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from structspec.engine.api import EngineAPI
+from structspec.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 from structspec.service.auth import AuthConfig, AuthInterceptor
 from structspec.service.convert import Limits
 from structspec.service.decoding import DecodeGuardInterceptor
 from structspec.service.errors import ServiceError
 from structspec.service.metrics import ServiceMetrics
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
-from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 from structspec.service.registry import SchemaRegistry, register_builtins
 from structspec.service.servicer import EngineSlot, StructSpecServicer
 from structspec.service.settings import ServiceSettings
@@ -40,7 +40,7 @@ from structspec.store import Store, open_store
 log = logging.getLogger("structspec.service")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StructSpec"].full_name
-DEFAULT_ENGINE_FACTORY = "structspec.engine.engine:build_engine"
+DEFAULT_ENGINE_FACTORY = "structspec.assembly:build_engine"
 # gRPC itself refuses messages above this multiple of max_message_bytes (RESOURCE_EXHAUSTED);
 # between 1x and this, the servicer answers INVALID_ARGUMENT with a readable message.
 TRANSPORT_LIMIT_FACTOR = 2
@@ -87,7 +87,7 @@ def call_factory(factory: Callable[..., Any], settings: ServiceSettings, store: 
 
 
 def default_engine_factory(settings: ServiceSettings, store: Store | None = None) -> EngineAPI | Awaitable[EngineAPI]:
-    """``settings.engine_factory`` or ``structspec.engine.engine:build_engine``, called with the
+    """``settings.engine_factory`` or ``structspec.assembly:build_engine``, called with the
     settings (and ``store=`` the server's store, if the factory takes it)."""
     return call_factory(load_factory(settings.engine_factory or DEFAULT_ENGINE_FACTORY), settings, store)
 
@@ -299,9 +299,6 @@ class StructSpecServer:
             log.info("stopped")
         finally:
             self._stopped.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
 
     async def __aenter__(self) -> "StructSpecServer":
         await self.start()

@@ -17,12 +17,12 @@ from google.protobuf.message import Message
 
 from structspec.engine.api import EngineAPI
 from structspec.engine.types import GenerationResult
+from structspec.proto_gen.v1 import structspec_pb2 as pb
+from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 from structspec.service import convert, errors
 from structspec.service.errors import ServiceError
 from structspec.service.metrics import ServiceMetrics
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
-from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
-from structspec.service.registry import ResolvedSchema, SchemaRegistry, schema_key
+from structspec.service.registry import ResolvedSchema, SchemaRegistry, registered_stats_key
 from structspec.store.base import AcceptanceTotals, Store
 
 log = logging.getLogger("structspec.service")
@@ -259,7 +259,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             if which == "schema_ref":
                 ref = request.schema_ref
                 record = await self._registry.get(ref.schema_id, ref.version if ref.HasField("version") else None)
-                key = schema_key(record.schema_id, record.version)
+                key = registered_stats_key(record.schema_id, record.version)
             elif which == "schema_key" and request.schema_key:
                 key = request.schema_key
             else:

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from structspec.engine.config import EngineConfig, SchedulerLimits
+from structspec.speculation.configs import SPECULATION_CONFIGS
+
 ENV_PREFIX = "STRUCTSPEC_"
 CONFIG_ENV = "STRUCTSPEC_CONFIG"
 SECRET_FIELDS = frozenset({"auth_token", "admin_token"})
@@ -51,14 +54,18 @@ def _opt(default: Any = None, help: str = "", choices: tuple[str, ...] = (), fac
     return field(default=default, metadata=meta)
 
 
+_ENGINE = EngineConfig()
+_LIMITS = SchedulerLimits()
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     # -- model ---------------------------------------------------------------------------------
-    profile: str = _opt("gemma-3-270m", "model profile (structspec.models.profiles): gemma-3-270m | demo")
-    device: str = _opt("auto", "device to run the model on", ("auto", "cpu", "cuda"))
-    dtype: str = _opt("auto", "model weights' dtype", ("auto", "float32", "bfloat16", "float16"))
+    profile: str = _opt(_ENGINE.profile, "model profile (structspec.models.profiles): gemma-3-270m | demo")
+    device: str = _opt(_ENGINE.device, "device to run the model on", ("auto", "cpu", "cuda"))
+    dtype: str = _opt(_ENGINE.dtype, "model weights' dtype", ("auto", "float32", "bfloat16", "float16"))
     engine_factory: str = _opt(
-        "", "engine factory as 'module:callable' taking these settings; empty: structspec.engine.engine:build_engine"
+        "", "engine factory as 'module:callable' taking these settings; empty: structspec.assembly:build_engine"
     )
     # -- network -------------------------------------------------------------------------------
     host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 or :: for every interface)")
@@ -71,20 +78,19 @@ class ServiceSettings:
     stats_flush_interval_seconds: float = _opt(5.0, "how often buffered speculation statistics are written")
     stats_retention_days: float = _opt(30.0, "speculation statistics older than this are pruned")
     # -- limits --------------------------------------------------------------------------------
-    max_queue: int = _opt(256, "requests waiting beyond the running batch; more get RESOURCE_EXHAUSTED")
-    max_batch: int = _opt(16, "most sequences decoded together")
-    max_tokens_cap: int = _opt(4096, "largest max_tokens a request may ask for (INVALID_ARGUMENT above)")
+    max_queue: int = _opt(_LIMITS.max_queue, "requests waiting beyond the running batch; more get RESOURCE_EXHAUSTED")
+    max_batch: int = _opt(_LIMITS.max_batch, "most sequences decoded together")
+    max_tokens_cap: int = _opt(_ENGINE.max_tokens_cap, "largest max_tokens a request may ask for (INVALID_ARGUMENT above)")
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest request message (INVALID_ARGUMENT above)")
     max_concurrent_rpcs: int = _opt(0, "most RPCs in flight at once, 0 = unlimited (RESOURCE_EXHAUSTED above)")
-    kv_budget_tokens: int = _opt(0, "KV-cache budget in tokens across running sequences (prompt + max_tokens reserved per request); 0 = the default, 65536")
-    prefix_cache_tokens: int = _opt(8192, "prompt KV-cache tokens kept after requests finish, reused by requests sharing the prefix; 0 = off")
-    grammar_backend: str = _opt("llguidance", "grammar engine", ("llguidance", "outlines"))
+    kv_budget_tokens: int = _opt(_LIMITS.kv_budget_tokens, "KV-cache budget in tokens across running sequences (prompt + max_tokens reserved per request)")
+    prefix_cache_tokens: int = _opt(_LIMITS.prefix_cache_tokens, "prompt KV-cache tokens kept after requests finish, reused by requests sharing the prefix; 0 = off")
+    grammar_backend: str = _opt(_ENGINE.grammar_backend, "grammar engine", ("llguidance", "outlines"))
     # -- speculation ---------------------------------------------------------------------------
-    speculation: str = _opt("all", "proposers on by default (requests may still turn drafting off)",
-                            ("off", "ff+ngram", "ff+ngram+history", "all"))
-    acceptance_threshold: float = _opt(0.55, "(not read yet: the per-schema speculation policy is to come) speculate for a schema only while its predicted acceptance rate is at least this")
-    min_predicted_length: int = _opt(20, "(not read yet: the per-schema speculation policy is to come) speculate only when at least this many output tokens remain (predicted)")
-    max_batch_for_speculation: int = _opt(8, "no drafting when more sequences than this are running")
+    speculation: str = _opt(_ENGINE.speculation, "speculation configuration: off (no fast-forward, no drafting), ff "
+                            "(fast-forward only), ff+ngram, ff+ngram+history, all (+ the draft model); requests may "
+                            "still turn drafting off", tuple(SPECULATION_CONFIGS))
+    max_batch_for_speculation: int = _opt(_LIMITS.max_spec_batch, "no drafting when more sequences than this are running")
     # -- security ------------------------------------------------------------------------------
     tls_cert_file: Path | None = _opt(None, "PEM server certificate (chain); enables TLS with --tls-key-file")
     tls_key_file: Path | None = _opt(None, "PEM private key of the server certificate")
@@ -123,14 +129,13 @@ class ServiceSettings:
             problems.append("port: must be in [0, 65535]")
         if not -1 <= self.metrics_port <= 65535:
             problems.append("metrics_port: must be -1 (off) or in [0, 65535]")
-        for name in ("max_queue", "max_batch", "max_tokens_cap", "max_message_bytes", "max_batch_for_speculation"):
+        for name in ("max_queue", "max_batch", "max_tokens_cap", "max_message_bytes", "max_batch_for_speculation",
+                     "kv_budget_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
-        for name in ("max_concurrent_rpcs", "kv_budget_tokens", "min_predicted_length", "prefix_cache_tokens"):
+        for name in ("max_concurrent_rpcs", "prefix_cache_tokens"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
-        if not 0.0 <= self.acceptance_threshold <= 1.0:
-            problems.append("acceptance_threshold: must be in [0, 1]")
         for name in ("drain_grace_seconds", "stats_retention_days"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
@@ -147,6 +152,16 @@ class ServiceSettings:
         if problems:
             raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
         return self
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's configuration: the one place settings become engine parameters."""
+        return EngineConfig(
+            profile=self.profile, device=self.device, dtype=self.dtype, grammar_backend=self.grammar_backend,
+            speculation=self.speculation, max_tokens_cap=self.max_tokens_cap,
+            limits=SchedulerLimits(max_batch=self.max_batch, max_queue=self.max_queue,
+                                   kv_budget_tokens=self.kv_budget_tokens, max_spec_batch=self.max_batch_for_speculation,
+                                   prefix_cache_tokens=self.prefix_cache_tokens),
+        )
 
     def public_dict(self) -> dict[str, Any]:
         """Every field for logging, secrets masked."""

@@ -1,4 +1,5 @@
-"""TLS credentials from PEM files: server (optionally requiring client certificates) and channel."""
+"""TLS credentials from PEM files: server (optionally requiring client certificates) and channel
+(the health check's). Imports only grpc: ``healthcheck`` takes its channel credentials from here."""
 
 from __future__ import annotations
 

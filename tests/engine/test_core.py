@@ -123,11 +123,11 @@ def test_cancel_frees_memory_at_once(make_engine):
     core.submit(seq)
     for _ in range(3):
         core.step()
-    assert core.executor.cached_tokens() > 0 and core.reserved > 0
+    assert core.executor.cached_tokens() > 0 and core.scheduler.reserved > 0
     core.abort(seq.key)
     core.step()
     assert seq.finish is FinishReason.CANCELLED
-    assert core.executor.cached_tokens() == 0 and core.reserved == 0 and not core.running
+    assert core.executor.cached_tokens() == 0 and core.scheduler.reserved == 0 and not core.scheduler.running
 
 
 def test_deadline_cancels(make_engine):
@@ -148,15 +148,15 @@ def test_full_queue_is_refused(make_engine):
 def test_kv_admission_waits_and_refuses(make_engine):
     probe = make_engine()
     big = [probe.prepare_extraction(request_for(it, sampling=SamplingParams(max_tokens=200))) for it in ITEMS[:3]]
-    need = max(probe.core.kv_need(len(s.prompt), 200) for s in big)
+    need = max(probe.core.scheduler.kv_need(len(s.prompt), 200) for s in big)
     engine = make_engine(kv_budget_tokens=need + 10)  # room for exactly one of them at a time
     for s in big:
         engine.core.submit(s)
     engine.core.step()
-    assert len(engine.core.running) == 1 and len(engine.core.waiting) == 2  # the others wait for memory
+    assert len(engine.core.scheduler.running) == 1 and len(engine.core.scheduler.waiting) == 2  # the others wait for memory
     while any(s.finish is None for s in big):
         engine.core.step()
-        assert len(engine.core.running) <= 1
+        assert len(engine.core.scheduler.running) <= 1
     assert all(s.finish is FinishReason.STOP for s in big)
     with pytest.raises(OverBudget):
         engine.core.submit(engine.prepare_extraction(request_for(ITEMS[0], sampling=SamplingParams(max_tokens=400))))
@@ -219,7 +219,7 @@ def test_bug_after_the_forward_ends_the_request_with_error_not_a_hang(make_engin
     first, second = asyncio.run(_two_in_a_row(engine))
     assert first.finish_reason is FinishReason.ERROR and "simulated bug" in first.error
     assert second.finish_reason is FinishReason.STOP and second.outcome is Outcome.VALID
-    assert not engine.core.running and engine.core.reserved == 0  # the failed request's reservation is back
+    assert not engine.core.scheduler.running and engine.core.scheduler.reserved == 0  # the failed request's reservation is back
 
 
 def test_a_failed_slot_allocation_ends_that_request_not_the_engine(make_engine, monkeypatch):
@@ -242,7 +242,7 @@ def test_a_failed_slot_allocation_ends_that_request_not_the_engine(make_engine, 
     first, second = asyncio.run(_two_in_a_row(engine))
     assert first.finish_reason is FinishReason.ERROR and "out of memory" in first.error
     assert second.finish_reason is FinishReason.STOP and second.outcome is Outcome.VALID
-    assert not engine.core.running and not engine.core.waiting and engine.core.reserved == 0
+    assert not engine.core.scheduler.running and not engine.core.scheduler.waiting and engine.core.scheduler.reserved == 0
 
 
 async def _collect(engine, request):
@@ -300,12 +300,12 @@ def test_cancelling_the_awaiting_task_aborts(make_engine):
         with pytest.raises(asyncio.CancelledError):
             await task
         for _ in range(100):
-            if not engine.core.running:
+            if not engine.core.scheduler.running:
                 break
             await asyncio.sleep(0.02)
 
     asyncio.run(cancel_midway())
-    assert not engine.core.running and engine.core.executor.cached_tokens() == 0
+    assert not engine.core.scheduler.running and engine.core.executor.cached_tokens() == 0
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))

@@ -8,7 +8,7 @@ import jsonschema
 
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
 from structspec.engine.default_examples import ExampleBook, build_example_book
-from structspec.grammar.cache import schema_key
+from structspec.grammar.cache import schema_digest
 from structspec.models.profiles import get_profile
 from structspec.prompts import FewShotExample
 from structspec.schemas import load_builtin_schemas, load_builtin_tools
@@ -54,7 +54,7 @@ def test_engine_adds_book_examples_only_when_the_request_has_none(make_engine):
     tools = tuple(load_builtin_tools()[:2])
     shot = FewShotExample("please book the usual example call", json.dumps({"name": tools[0]["function"]["name"],
                                                                             "arguments": {}}))
-    engine.examples = ExampleBook(by_tools={schema_key(list(tools)): (shot,)})
+    engine.examples = ExampleBook(by_tools={schema_digest(list(tools)): (shot,)})
     call = tok.decode(engine.prepare_toolcall(ToolCallRequest(messages=(ChatMessage("user", "hi"),), tools=tools,
                                                               tool_choice="required")).prompt)
     assert "please book the usual example call" in call

@@ -74,7 +74,7 @@ def test_engine_reuses_shared_prefix_with_identical_outputs(make_engine):
         assert b.finish is FinishReason.STOP and a.output == b.output
         assert a.usage.cached_prompt_tokens == 0
         assert b.usage.cached_prompt_tokens > len(b.prompt) // 2  # the instruction, schema and worked example
-    assert cached.core.prefix is not None and len(cached.core.prefix) >= 1
+    assert cached.core.scheduler.prefix is not None and len(cached.core.scheduler.prefix) >= 1
 
 
 def test_requests_arriving_together_prefill_the_shared_prefix_once(make_engine):
@@ -94,11 +94,11 @@ def test_retained_prefixes_give_way_to_requests(make_engine):
     """Retained prompts are a cache: a request needing their memory evicts them instead of waiting."""
     items = build_workload("extraction", 3, few_shot=1)
     probe = make_engine()
-    need = max(probe.core.kv_need(len(probe.prepare_extraction(r).prompt), 120) for r in _requests(items))
+    need = max(probe.core.scheduler.kv_need(len(probe.prepare_extraction(r).prompt), 120) for r in _requests(items))
     engine = make_engine(kv_budget_tokens=need + 10, prefix_cache_tokens=4096)
     for r in _requests(items):
         seq = engine.prepare_extraction(r)
         run_until_idle(engine.core, [seq])
         assert seq.finish is FinishReason.STOP
-        assert engine.core.reserved == 0
-    assert engine.core.prefix.tokens <= need + 10
+        assert engine.core.scheduler.reserved == 0
+    assert engine.core.scheduler.prefix.tokens <= need + 10

@@ -42,7 +42,6 @@ def test_several_eos_ids_all_end_a_sequence(tokenizer, backend):
     matcher = GrammarCompiler(view, backend=backend).compile_schema({"type": "boolean"}).matcher()
     assert matcher.consume(view.encode("true"))
     assert {view.eos_token_id, end} <= allowed(matcher, view)
-    assert matcher.validate([end]) == 1 and matcher.validate([view.eos_token_id]) == 1
     assert matcher.consume([end]) and matcher.is_stopped()
 
 

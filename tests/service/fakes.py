@@ -3,7 +3,7 @@
 It makes a schema-valid instance, streams it in chunks (one "token" per chunk, ``token_delay``
 apart), honours deadlines (ends with CANCELLED), records cancellation of the awaiting task,
 bounds concurrency (``max_running``) and its queue (``max_queue`` -> ``QueueFull``), and
-validates sampling parameters. Magic markers steer it:
+validates requests with their own ``validate`` (as the engine does). Magic markers steer it:
 
 in the schema, anywhere: key ``x-fake-unsupported``   -> SchemaError(kind="unsupported")
 in the text (or last message):
@@ -110,12 +110,14 @@ class FakeEngine:
         max_running: int = 8,
         max_queue: int = 32,
         store: Any = None,
+        max_tokens_cap: int = 4096,
     ):
         self.store = store  # a Store: record_acceptance per finished request, like the engine
         self.token_delay = token_delay
         self.chunk_chars = chunk_chars
         self.max_running = max_running
         self.max_queue = max_queue
+        self.max_tokens_cap = max_tokens_cap
         self.requests: list[ExtractionRequest | ToolCallRequest] = []
         self.started: list[str] = []  # request ids that began decoding
         self.cancelled: list[str] = []  # request ids whose awaiting task was cancelled
@@ -184,7 +186,7 @@ class FakeEngine:
     # -- behaviour --------------------------------------------------------------------------------
 
     def _admit(self, request: ExtractionRequest | ToolCallRequest) -> None:
-        request.sampling.validate()
+        request.validate(self.max_tokens_cap)
         if self._running + self._waiting >= self.max_running + self.max_queue:
             raise QueueFull(f"{self._waiting} requests queued (max {self.max_queue})")
         self.requests.append(request)

@@ -1,4 +1,4 @@
-"""The typer sub-commands, mounted on a bare app the way the main CLI will mount them."""
+"""The typer sub-commands (``cli_serve``, ``cli_client``), mounted on a bare app the way the main CLI mounts them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from structspec.cli_service import register
+from structspec import cli_client, cli_serve
 from structspec.service.server import EngineUnavailable, load_factory
 from structspec.service.settings import SECRET_FIELDS, settings_fields
 from tests.service.harness import ServerThread
@@ -26,7 +26,8 @@ def app() -> typer.Typer:
     def version() -> None:
         typer.echo("0")
 
-    register(app)
+    cli_serve.register(app)
+    cli_client.register(app)
     return app
 
 
@@ -41,6 +42,37 @@ def test_commands_registered(app: typer.Typer) -> None:
     out = plain(runner.invoke(app, ["schemas", "--help"], env={"COLUMNS": "200"}).output)
     for name in ("list", "show", "register", "delete", "stats"):
         assert name in out
+
+
+def test_client_commands_share_the_connection_options(app: typer.Typer) -> None:
+    root = typer.main.get_command(app)
+
+    def options(*path: str) -> dict:
+        command = root
+        for name in path:
+            command = command.commands[name]  # type: ignore[attr-defined]
+        return {p.name: p for p in command.params}
+
+    for path in (["extract"], ["call-tool"], ["schemas", "list"], ["schemas", "show"], ["schemas", "stats"]):
+        assert set(cli_client.CALL) <= set(options(*path)) and "admin_token_file" not in options(*path), path
+    for path in (["schemas", "register"], ["schemas", "delete"]):
+        assert set(cli_client.ADMIN_CALL) <= set(options(*path)) and "token_file" not in options(*path), path
+    assert {"target", "tls", "ca_file", "cert_file", "key_file", "timeout"} <= set(options("health"))
+    assert options("health")["timeout"].default == 3.0 and options("extract")["timeout"].default is None
+    assert options("loadtest")["target"].default == "127.0.0.1:50051" and "tls" not in options("loadtest")
+    target = options("extract")["target"]
+    assert target.opts == ["--target", "-t"] and target.envvar == "STRUCTSPEC_TARGET" and target.default == "localhost:50051"
+    for path in (["health"], ["extract"], ["schemas", "delete"], ["loadtest"]):
+        assert options(*path)["target"].help == target.help, path
+
+
+def test_connection_reads_tokens_and_implies_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRUCTSPEC_TOKEN", "from-env")
+    monkeypatch.delenv("STRUCTSPEC_ADMIN_TOKEN", raising=False)
+    (tmp_path / "admin").write_text("from-file\n")
+    conn = cli_client.Connection(admin_token_file=tmp_path / "admin")
+    assert (conn.token(), conn.admin_token(), conn.use_tls) == ("from-env", "from-file", False)
+    assert cli_client.Connection(ca_file=tmp_path / "ca.pem").use_tls and cli_client.Connection(tls=True).use_tls
 
 
 def test_serve_help_documents_every_setting(app: typer.Typer) -> None:

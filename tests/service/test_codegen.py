@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from structspec.service import codegen
@@ -14,8 +16,12 @@ def test_generated_code_is_fresh() -> None:
 
 
 def test_generated_modules_import_each_other() -> None:
-    from structspec.service.proto_gen.v1 import structspec_pb2, structspec_pb2_grpc
+    import structspec.proto_gen
+    from structspec.proto_gen.v1 import structspec_pb2, structspec_pb2_grpc
 
+    # the generator writes the package the code imports (outside structspec.service)
+    assert codegen.OUT_DIR == Path(structspec.proto_gen.__file__).resolve().parent
+    assert codegen.PY_IMPORT == structspec_pb2.__name__.rpartition(".")[0] == "structspec.proto_gen.v1"
     assert structspec_pb2_grpc.structspec_dot_v1_dot_structspec__pb2 is structspec_pb2
     assert structspec_pb2.DESCRIPTOR.package == "structspec.v1"
     enums = [structspec_pb2.DESCRIPTOR.enum_types_by_name[n] for n in structspec_pb2.DESCRIPTOR.enum_types_by_name]

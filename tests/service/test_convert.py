@@ -17,8 +17,8 @@ from structspec.engine.types import (
     Usage,
 )
 from structspec.grammar.base import SchemaError, SchemaIssue
+from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service import convert, errors
-from structspec.service.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service.registry import canonical_json, content_hash, metaschema_violations
 
 
@@ -26,15 +26,23 @@ def result(text: str, finish: FinishReason = FinishReason.STOP, outcome: Outcome
     return GenerationResult("r1", text, [], finish, outcome, Usage(3, 4, 2, 1, {"d": 4}, {"d": 3}), Timings(1, 2, 3, 6), value=value)
 
 
-def test_sampling_defaults_validation_and_cap() -> None:
+def test_sampling_defaults_and_the_request_types_validate() -> None:
+    from structspec.engine.api import ExtractionRequest
+
     limits = convert.Limits(max_tokens_cap=100)
     s = convert.sampling(pb.SamplingParams(), limits)
     assert (s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens) == (0.0, 1.0, 0, None, 100)
     assert convert.sampling(pb.SamplingParams(seed=0, temperature=0.0), limits).seed == 0  # explicit zero kept
-    with pytest.raises(InvalidRequest):
-        convert.sampling(pb.SamplingParams(top_p=0.0), limits)
-    with pytest.raises(errors.ServiceError, match="<= 100"):
-        convert.sampling(pb.SamplingParams(max_tokens=101), limits)
+    # convert converts; the engine's request types are the one owner of validation
+    bad = ExtractionRequest(schema={}, text="x", sampling=convert.sampling(pb.SamplingParams(top_p=0.0), limits))
+    with pytest.raises(InvalidRequest) as err:
+        bad.validate(limits.max_tokens_cap)
+    assert err.value.field == "top_p"
+    over = ExtractionRequest(schema={}, text="x", sampling=convert.sampling(pb.SamplingParams(max_tokens=101), limits))
+    with pytest.raises(InvalidRequest, match="<= 100") as err:
+        over.validate(limits.max_tokens_cap)
+    mapped = errors.from_exception(err.value)
+    assert mapped.reason == "INVALID_SAMPLING" and mapped.violations[0].field == "sampling.max_tokens"
 
 
 def test_extract_result_parsed_forms() -> None:

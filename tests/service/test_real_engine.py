@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
+from structspec.bench.loadtest import run_load
 from structspec.bench.workloads import build_workload
 from structspec.client import Client
-from structspec.service.loadtest import run_load
 from tests.service.harness import ServerThread, settings_for
 
 
@@ -23,12 +23,12 @@ class Contact(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_models, demo_compiler):
-    from structspec.engine.core import CoreLimits
-    from structspec.engine.engine import assemble_engine
-    from structspec.spec.router import ProposerSet
+    from structspec.engine.config import SchedulerLimits
+    from structspec.assembly import assemble_engine
+    from structspec.speculation.configs import speculation_config
 
-    engine = assemble_engine(demo_models, limits=CoreLimits(max_batch=32, max_queue=256),
-                             proposers=ProposerSet.parse("all"), compiler=demo_compiler)
+    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=32, max_queue=256),
+                             proposers=speculation_config("all").proposers, compiler=demo_compiler)
     srv = ServerThread(settings_for(tmp_path_factory.mktemp("real")), engine).start()
     yield srv
     srv.stop()

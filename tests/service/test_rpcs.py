@@ -56,8 +56,8 @@ def test_defaults_when_sampling_unset(client: Client, engine: FakeEngine) -> Non
 
 
 def test_struct_and_value_in_proto(served: ServerThread) -> None:
-    from structspec.service.proto_gen.v1 import structspec_pb2 as pb
-    from structspec.service.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+    from structspec.proto_gen.v1 import structspec_pb2 as pb
+    from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(served.target) as ch:
         stub = pb_grpc.StructSpecStub(ch)

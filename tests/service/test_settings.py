@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ def write(path: Path, text: str) -> Path:
 
 def test_defaults() -> None:
     s = load_settings(env={})
-    assert (s.profile, s.device, s.port, s.metrics_port, s.acceptance_threshold, s.min_predicted_length) == ("gemma-3-270m", "auto", 50051, 9464, 0.55, 20)
+    assert (s.profile, s.device, s.port, s.metrics_port, s.speculation) == ("gemma-3-270m", "auto", 50051, 9464, "all")
     assert s.host == "127.0.0.1" and s.tokens() == frozenset() and not s.tls_enabled
 
 
@@ -40,11 +41,28 @@ def test_errors_name_the_source(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="token values"):
         load_settings(write(tmp_path / "b.toml", 'auth_token = "x"\n'), env={})
     with pytest.raises(SettingsError) as err:
-        load_settings(env={}, overrides={"device": "tpu", "acceptance_threshold": 2, "tls_cert_file": str(tmp_path / "nope.pem")})
+        load_settings(env={}, overrides={"device": "tpu", "kv_budget_tokens": 0, "tls_cert_file": str(tmp_path / "nope.pem")})
     text = str(err.value)
-    assert "device" in text and "acceptance_threshold" in text and "tls_key_file" in text and "not a readable file" in text
+    assert "device" in text and "kv_budget_tokens: must be >= 1" in text and "tls_key_file" in text and "not a readable file" in text
     with pytest.raises(SettingsError, match="mutual TLS"):
         ServiceSettings(tls_client_ca_file=write(tmp_path / "ca.pem", "x")).validate()
+
+
+def test_engine_config_is_built_in_one_place_with_the_engines_defaults() -> None:
+    from structspec.engine.config import EngineConfig, SchedulerLimits
+    from structspec.speculation.configs import SPECULATION_CONFIGS
+
+    assert load_settings(env={}).engine_config() == EngineConfig()  # each default is written once, in the engine
+    s = load_settings(env={}, overrides={"max_queue": 3, "max_batch": 2, "kv_budget_tokens": 999, "speculation": "ff",
+                                         "max_batch_for_speculation": 4, "prefix_cache_tokens": 0, "profile": "demo"})
+    config = s.engine_config()
+    assert config.profile == "demo" and config.speculation == "ff"
+    assert config.limits == SchedulerLimits(max_batch=2, max_queue=3, kv_budget_tokens=999, max_spec_batch=4,
+                                            prefix_cache_tokens=0)
+    choices = next(f for f in dataclasses.fields(ServiceSettings) if f.name == "speculation").metadata["choices"]
+    assert tuple(choices) == tuple(SPECULATION_CONFIGS)  # one registry of configuration names
+    with pytest.raises(SettingsError, match="speculation"):
+        load_settings(env={}, overrides={"speculation": "ngram-only"})
 
 
 def test_tokens_and_secrets(tmp_path: Path) -> None:

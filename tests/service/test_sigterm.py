@@ -35,7 +35,7 @@ def start(tmp_path: Path, *args: str, load_seconds: float = 0.0) -> tuple[subpro
     log = tmp_path / "server.log"
     env = {**os.environ, "FAKE_ENGINE_LOAD_SECONDS": str(load_seconds), "PYTHONPATH": str(REPO)}
     env = {k: v for k, v in env.items() if not k.startswith("STRUCTSPEC_")}
-    cmd = [sys.executable, "-m", "structspec.cli_service", "serve", "--port", str(port), "--metrics-port", "-1",
+    cmd = [sys.executable, "-m", "structspec.cli_serve", "serve", "--port", str(port), "--metrics-port", "-1",
            "--data-dir", str(tmp_path / "data"), "--drain-grace-seconds", str(GRACE), *args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
     return proc, f"127.0.0.1:{port}", log

@@ -1,90 +1,33 @@
-"""Service sub-commands for the main ``structspec`` CLI: ``serve``, ``health``, ``extract``,
-``call-tool``, ``schemas list|show|register|delete|stats`` and ``loadtest``.
+"""Client sub-commands of the main ``structspec`` CLI: ``health``, ``extract``, ``call-tool``,
+``schemas list|show|register|delete|stats`` and ``loadtest``.
 
-The main CLI mounts them with ``register(app)``. ``python -m structspec.cli_service ...`` runs
-them standalone.
+The connection options (``--target``, the TLS options, the token files, ``--timeout``) are declared
+once, as the fields of ``Connection``; ``@connection_options(...)`` gives a command the ones it
+takes in place of its ``conn: Connection`` parameter and calls it with them built into one
+``Connection``.
+
+The main CLI mounts them with ``register(app)``. ``python -m structspec.cli_client ...`` runs
+them standalone. The server command (``serve``) is in ``structspec.cli_serve``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import json
 import os
 import sys
+import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 import typer
 
-from structspec.service.settings import SECRET_FIELDS, SettingsError, env_var, field_type, settings_fields
-
-# -- serve: one option per settings field, generated so --help documents every setting --------------
-
-
-def _default_text(name: str) -> str:
-    if name == "data_dir":
-        return "$XDG_DATA_HOME/structspec or ~/.local/share/structspec"
-    default = {f.name: f.default for f in settings_fields()}[name]
-    return "none" if default is None or default == "" else str(default)
-
-
-def _serve_parameters() -> list[inspect.Parameter]:
-    params = [
-        inspect.Parameter(
-            "config",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(None, "--config", help=f"TOML settings file (keys = the option names; env {ENV_CONFIG})", show_default=False),
-            annotation=Optional[Path],
-        )
-    ]
-    for f in settings_fields():
-        if f.name in SECRET_FIELDS:
-            continue
-        flag = f.name.replace("_", "-")
-        choices = f.metadata.get("choices")
-        text = f.metadata["help"] + (f" (one of: {', '.join(choices)})" if choices else "")
-        text += f" (default: {_default_text(f.name)}; env {env_var(f.name)})"
-        tp = field_type(f.name)
-        decls = [f"--{flag}/--no-{flag}"] if tp is bool else [f"--{flag}"]
-        opt = typer.Option(None, *decls, help=text, show_default=False)
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[tp]))
-    return params
-
-
-ENV_CONFIG = "STRUCTSPEC_CONFIG"
-
-
-def serve(**options: Any) -> None:
-    """Run the gRPC server: loads the model (health NOT_SERVING meanwhile), serves until SIGTERM,
-    then drains. Precedence: flags > STRUCTSPEC_* environment > --config file > defaults.
-    Token values come from STRUCTSPEC_AUTH_TOKEN / STRUCTSPEC_ADMIN_TOKEN or the *-token-file options."""
-    from structspec.service.server import default_engine_factory, run_server
-    from structspec.service.settings import load_settings
-
-    config = options.pop("config", None)
-    try:
-        settings = load_settings(config, overrides=options)
-    except SettingsError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(run_server(settings, default_engine_factory))
-
-
-serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]
-serve.__annotations__ = {p.name: p.annotation for p in serve.__signature__.parameters.values()}  # type: ignore[attr-defined]
-
-
-# -- client options shared by the client commands ---------------------------------------------------
-
-Target = Annotated[str, typer.Option("--target", "-t", envvar="STRUCTSPEC_TARGET", help="server host:port")]
-TokenFile = Annotated[Optional[Path], typer.Option("--token-file", help="file holding the bearer token (else env STRUCTSPEC_TOKEN)")]
-AdminTokenFile = Annotated[Optional[Path], typer.Option("--admin-token-file", help="file holding the admin token (else env STRUCTSPEC_ADMIN_TOKEN)")]
-Tls = Annotated[bool, typer.Option("--tls/--no-tls", help="connect with TLS")]
-CaFile = Annotated[Optional[Path], typer.Option("--ca-file", help="PEM CA to trust (implies --tls)")]
-CertFile = Annotated[Optional[Path], typer.Option("--cert-file", help="client certificate for mutual TLS (implies --tls)")]
-KeyFile = Annotated[Optional[Path], typer.Option("--key-file", help="client key for mutual TLS")]
-Timeout = Annotated[Optional[float], typer.Option("--timeout", help="seconds, retries included")]
 DEFAULT_TARGET = "localhost:50051"
+
+# -- connection options, shared by the client commands ----------------------------------------------
 
 
 def _token(path: Optional[Path], env: str) -> str | None:
@@ -93,18 +36,92 @@ def _token(path: Optional[Path], env: str) -> str | None:
     return os.environ.get(env) or None
 
 
-def _client(target: str, token_file: Optional[Path], tls: bool, ca_file: Optional[Path], cert_file: Optional[Path], key_file: Optional[Path],
-            timeout: Optional[float], admin_token_file: Optional[Path] = None) -> Any:
-    from structspec.client import Client, TLSConfig
+@dataclass(frozen=True)
+class Connection:
+    """How a client command reaches the server. Each field is one command-line option (declared
+    here only); a command without an option gets the field's default (a token then comes from the
+    environment)."""
 
-    use_tls = tls or ca_file is not None or cert_file is not None
-    return Client(
-        target,
-        token=_token(token_file, "STRUCTSPEC_TOKEN"),
-        admin_token=_token(admin_token_file, "STRUCTSPEC_ADMIN_TOKEN"),
-        tls=TLSConfig(ca_file, cert_file, key_file) if use_tls else None,
-        timeout=timeout,
-    )
+    target: Annotated[str, typer.Option("--target", "-t", envvar="STRUCTSPEC_TARGET", help="server host:port")] = DEFAULT_TARGET
+    token_file: Annotated[Optional[Path], typer.Option("--token-file", help="file holding the bearer token (else env STRUCTSPEC_TOKEN)")] = None
+    admin_token_file: Annotated[Optional[Path], typer.Option("--admin-token-file", help="file holding the admin token (else env STRUCTSPEC_ADMIN_TOKEN)")] = None
+    tls: Annotated[bool, typer.Option("--tls/--no-tls", help="connect with TLS")] = False
+    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", help="PEM CA to trust (implies --tls)")] = None
+    cert_file: Annotated[Optional[Path], typer.Option("--cert-file", help="client certificate for mutual TLS (implies --tls)")] = None
+    key_file: Annotated[Optional[Path], typer.Option("--key-file", help="client key for mutual TLS")] = None
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds, retries included")] = None
+
+    @property
+    def use_tls(self) -> bool:
+        return self.tls or self.ca_file is not None or self.cert_file is not None
+
+    def token(self) -> str | None:
+        return _token(self.token_file, "STRUCTSPEC_TOKEN")
+
+    def admin_token(self) -> str | None:
+        return _token(self.admin_token_file, "STRUCTSPEC_ADMIN_TOKEN")
+
+    def client(self) -> Any:
+        from structspec.client import Client, TLSConfig
+
+        return Client(
+            self.target,
+            token=self.token(),
+            admin_token=self.admin_token(),
+            tls=TLSConfig(self.ca_file, self.cert_file, self.key_file) if self.use_tls else None,
+            timeout=self.timeout,
+        )
+
+
+_FIELDS = [f.name for f in dataclasses.fields(Connection)]
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Connection)}
+_OPTION_TYPES = typing.get_type_hints(Connection, include_extras=True)  # field -> Annotated[type, typer.Option]
+
+# the option sets of the commands that call the API (as a user, or as the admin)
+CALL = ("target", "token_file", "tls", "ca_file", "cert_file", "key_file", "timeout")
+ADMIN_CALL = ("target", "admin_token_file", "tls", "ca_file", "cert_file", "key_file", "timeout")
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def connection_options(names: Sequence[str], *, leading: Sequence[str] = (), defaults: Mapping[str, Any] | None = None) -> Callable[[F], F]:
+    """Give a command the ``Connection`` options ``names`` where its ``conn: Connection``
+    parameter is (in ``Connection``'s field order), and call it with ``conn=Connection(...)``.
+    ``leading``: those of ``names`` listed before the command's own options instead;
+    ``defaults``: this command's defaults where they differ from ``Connection``'s."""
+    unknown = (set(names) | set(leading) | set(defaults or {})) - set(_FIELDS)
+    if unknown or not set(leading) <= set(names):
+        raise ValueError(f"not connection options of this command: {sorted(unknown or set(leading) - set(names))}")
+    wanted = [n for n in _FIELDS if n in names]
+
+    def option(name: str) -> inspect.Parameter:
+        default = (defaults or {}).get(name, _DEFAULTS[name])
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_OPTION_TYPES[name])
+
+    def decorate(fn: F) -> F:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
+               for p in inspect.signature(fn).parameters.values()]
+        names_own = [p.name for p in own]
+        if "conn" not in names_own or set(names_own) & set(wanted):
+            raise TypeError(f"{fn.__name__}: needs a `conn` parameter and no parameter named like a connection option")
+        at = names_own.index("conn")
+        params = ([option(n) for n in wanted if n in leading] + own[:at]
+                  + [option(n) for n in wanted if n not in leading] + own[at + 1:])
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> None:
+            conn = Connection(**{n: kwargs.pop(n) for n in wanted})
+            return fn(conn=conn, **kwargs)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+# -- helpers -----------------------------------------------------------------------------------------
 
 
 def _fail(exc: Exception) -> None:
@@ -153,24 +170,26 @@ def _read_examples(path: Optional[Path]) -> list[tuple[str, Any]]:
     return [(e["text"], e["output"]) for e in loaded]
 
 
+# -- commands ----------------------------------------------------------------------------------------
+
+
+@connection_options(("target", "tls", "ca_file", "cert_file", "key_file"), leading=("target",))
 def health(
-    target: Target = DEFAULT_TARGET,
     service: Annotated[str, typer.Option(help="service name ('' = whole server)")] = "",
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
+    *,
+    conn: Connection,
     timeout: Annotated[float, typer.Option(help="seconds")] = 3.0,
 ) -> None:
     """Print the server's health status; exit 0 when SERVING (no token needed)."""
     from structspec.service.healthcheck import check
 
-    use_tls = tls or ca_file is not None or cert_file is not None
-    status = check(target, service, timeout, use_tls, str(ca_file) if ca_file else None, str(cert_file) if cert_file else None, str(key_file) if key_file else None)
+    path = lambda p: str(p) if p else None  # noqa: E731
+    status = check(conn.target, service, timeout, conn.use_tls, path(conn.ca_file), path(conn.cert_file), path(conn.key_file))
     typer.echo(status)
     raise typer.Exit(0 if status == "SERVING" else 1)
 
 
+@connection_options(CALL)
 def extract(
     text: Annotated[Optional[str], typer.Option("--text", help="input text (else --text-file, else stdin)")] = None,
     text_file: Annotated[Optional[Path], typer.Option("--text-file", help="file with the input text ('-' = stdin)")] = None,
@@ -184,13 +203,8 @@ def extract(
     stream: Annotated[bool, typer.Option("--stream", help="print text as it is generated")] = False,
     full: Annotated[bool, typer.Option("--full", help="print the whole result (usage, timings, ...)")] = False,
     examples_file: Annotated[Optional[Path], typer.Option("--examples-file", help='JSON list of worked examples [{"text": ..., "output": ...}] (a base model such as Gemma needs one)')] = None,
-    target: Target = DEFAULT_TARGET,
-    token_file: TokenFile = None,
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    timeout: Timeout = None,
+    *,
+    conn: Connection,
 ) -> None:
     """Extract a JSON instance of a schema from text."""
     from dataclasses import asdict
@@ -207,7 +221,7 @@ def extract(
     else:
         kwargs["schema"] = json.loads(schema_file.read_text())  # type: ignore[union-attr]
     body = _read_text(text, text_file)
-    with _client(target, token_file, tls, ca_file, cert_file, key_file, timeout) as client:
+    with conn.client() as client:
         try:
             if stream:
                 result = None
@@ -227,6 +241,7 @@ def extract(
             _fail(exc)
 
 
+@connection_options(CALL)
 def call_tool(
     message: Annotated[list[str], typer.Option("--message", "-m", help="'role: content' (repeatable), e.g. 'user: weather in Oslo?'")] = [],  # noqa: B006
     messages_file: Annotated[Optional[Path], typer.Option("--messages-file", help="JSON list of {role, content}")] = None,
@@ -235,13 +250,8 @@ def call_tool(
     parallel: Annotated[bool, typer.Option("--parallel", help="allow several calls")] = False,
     max_tokens: Annotated[Optional[int], typer.Option(help="most output tokens")] = None,
     examples_file: Annotated[Optional[Path], typer.Option("--examples-file", help='JSON list of worked examples [{"text": ..., "output": ...}] (a base model such as Gemma needs one)')] = None,
-    target: Target = DEFAULT_TARGET,
-    token_file: TokenFile = None,
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    timeout: Timeout = None,
+    *,
+    conn: Connection,
 ) -> None:
     """Answer messages with tool calls."""
     from dataclasses import asdict
@@ -262,7 +272,7 @@ def call_tool(
         from structspec.schemas import load_builtin_tools
 
         tools = load_builtin_tools()
-    with _client(target, token_file, tls, ca_file, cert_file, key_file, timeout) as client:
+    with conn.client() as client:
         try:
             result = client.call_tool(msgs, tools, tool_choice=tool_choice, parallel=parallel, max_tokens=max_tokens,
                                       examples=_read_examples(examples_file))
@@ -275,20 +285,16 @@ schemas_app = typer.Typer(help="The schema registry: list, show, register, delet
 
 
 @schemas_app.command("list")
+@connection_options(CALL)
 def schemas_list(
     schema_id: Annotated[Optional[str], typer.Argument(help="only this id")] = None,
     all_versions: Annotated[bool, typer.Option("--all-versions", help="every version, not only the latest")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
-    target: Target = DEFAULT_TARGET,
-    token_file: TokenFile = None,
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    timeout: Timeout = None,
+    *,
+    conn: Connection,
 ) -> None:
     """List registered schemas."""
-    with _client(target, token_file, tls, ca_file, cert_file, key_file, timeout) as client:
+    with conn.client() as client:
         try:
             items = client.list_schemas(schema_id, all_versions=all_versions, omit_content=True)
         except Exception as exc:
@@ -307,19 +313,15 @@ def schemas_list(
 
 
 @schemas_app.command("show")
+@connection_options(CALL)
 def schemas_show(
     schema_id: Annotated[str, typer.Argument(help="schema id")],
     version: Annotated[Optional[int], typer.Option("--version", help="default: latest")] = None,
-    target: Target = DEFAULT_TARGET,
-    token_file: TokenFile = None,
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    timeout: Timeout = None,
+    *,
+    conn: Connection,
 ) -> None:
     """Print one schema version (JSON)."""
-    with _client(target, token_file, tls, ca_file, cert_file, key_file, timeout) as client:
+    with conn.client() as client:
         try:
             s = client.get_schema(schema_id, version)
         except Exception as exc:
@@ -329,21 +331,17 @@ def schemas_show(
 
 
 @schemas_app.command("register")
+@connection_options(ADMIN_CALL)
 def schemas_register(
     schema_id: Annotated[str, typer.Argument(help="schema id")],
     schema_file: Annotated[Path, typer.Argument(help="JSON Schema file ('-' = stdin)")],
     description: Annotated[str, typer.Option(help="free text")] = "",
-    target: Target = DEFAULT_TARGET,
-    admin_token_file: AdminTokenFile = None,
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    timeout: Timeout = None,
+    *,
+    conn: Connection,
 ) -> None:
     """Register a schema version (same content: the existing version). Needs the admin token."""
     text = sys.stdin.read() if str(schema_file) == "-" else schema_file.read_text()
-    with _client(target, None, tls, ca_file, cert_file, key_file, timeout, admin_token_file) as client:
+    with conn.client() as client:
         try:
             s = client.register_schema(schema_id, text, description=description)
         except Exception as exc:
@@ -352,23 +350,19 @@ def schemas_register(
 
 
 @schemas_app.command("delete")
+@connection_options(ADMIN_CALL)
 def schemas_delete(
     schema_id: Annotated[str, typer.Argument(help="schema id")],
     version: Annotated[Optional[int], typer.Option("--version", help="default: every version")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
-    target: Target = DEFAULT_TARGET,
-    admin_token_file: AdminTokenFile = None,
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    timeout: Timeout = None,
+    *,
+    conn: Connection,
 ) -> None:
     """Delete a version (or every version) of a schema. Needs the admin token."""
     what = f"{schema_id} version {version}" if version is not None else f"every version of {schema_id}"
     if not yes and not typer.confirm(f"delete {what}?"):
         raise typer.Exit(1)
-    with _client(target, None, tls, ca_file, cert_file, key_file, timeout, admin_token_file) as client:
+    with conn.client() as client:
         try:
             deleted = client.delete_schema(schema_id, version)
         except Exception as exc:
@@ -377,23 +371,19 @@ def schemas_delete(
 
 
 @schemas_app.command("stats")
+@connection_options(CALL)
 def schemas_stats(
     schema_id: Annotated[Optional[str], typer.Argument(help="schema id (default: every schema with statistics)")] = None,
     version: Annotated[Optional[int], typer.Option("--version", help="default: latest")] = None,
     key: Annotated[Optional[str], typer.Option("--key", help="a schema key such as invoice@2 or inline:...")] = None,
     window: Annotated[list[int], typer.Option("--window", help="window in seconds (repeatable; default 300, 3600, 86400)")] = [],  # noqa: B006
-    target: Target = DEFAULT_TARGET,
-    token_file: TokenFile = None,
-    tls: Tls = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    timeout: Timeout = None,
+    *,
+    conn: Connection,
 ) -> None:
     """Speculation statistics (drafted/accepted per proposer and batch bucket)."""
     from dataclasses import asdict
 
-    with _client(target, token_file, tls, ca_file, cert_file, key_file, timeout) as client:
+    with conn.client() as client:
         try:
             if schema_id is None and key is None:
                 stats = client.list_schema_stats(window)
@@ -404,24 +394,24 @@ def schemas_stats(
     _print_json([asdict(s) for s in stats])
 
 
+@connection_options(("target", "token_file"), leading=("target",), defaults={"target": "127.0.0.1:50051"})
 def loadtest(
-    target: Target = "127.0.0.1:50051",
     concurrency: Annotated[str, typer.Option(help="comma-separated concurrency levels")] = "1,8,32",
     requests: Annotated[int, typer.Option(help="requests per level")] = 64,
     schema_id: Annotated[str, typer.Option("--schema-id", "-s", help="registered schema to extract")] = "contact",
     max_tokens: Annotated[Optional[int], typer.Option(help="most output tokens per request")] = None,
-    token_file: TokenFile = None,
+    *,
+    conn: Connection,
 ) -> None:
     """Loopback load test: requests/s and p99 latency per concurrency level."""
-    from structspec.service.loadtest import run_load
+    from structspec.bench.loadtest import run_load
 
     levels = tuple(int(x) for x in concurrency.split(",") if x.strip())
-    report = run_load(target, levels, requests, schema_id=schema_id, max_tokens=max_tokens, token=_token(token_file, "STRUCTSPEC_TOKEN"))
+    report = run_load(conn.target, levels, requests, schema_id=schema_id, max_tokens=max_tokens, token=conn.token())
     typer.echo(report.table())
 
 
 COMMANDS: dict[str, Callable[..., None]] = {
-    "serve": serve,
     "health": health,
     "extract": extract,
     "call-tool": call_tool,
@@ -430,18 +420,16 @@ COMMANDS: dict[str, Callable[..., None]] = {
 
 
 def register(app: typer.Typer) -> None:
-    """Add the service commands (and the ``schemas`` group) to the main CLI."""
+    """Add the client commands (and the ``schemas`` group) to the main CLI."""
     for name, fn in COMMANDS.items():
         app.command(name, help=inspect.getdoc(fn))(fn)
     app.add_typer(schemas_app, name="schemas")
 
 
 def standalone_app() -> typer.Typer:
-    app = typer.Typer(help="structspec service commands", no_args_is_help=True, add_completion=False)
+    app = typer.Typer(help="structspec client commands", no_args_is_help=True, add_completion=False)
     register(app)
     return app
-
-
 
 
 if __name__ == "__main__":

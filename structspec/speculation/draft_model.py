@@ -26,7 +26,7 @@ import torch
 from structspec.engine.sampling import keyed_gumbel, target_logprobs
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
 from structspec.models.executor import ForwardStep, StepInput
-from structspec.spec.base import Draft, DraftContext
+from structspec.speculation.base import Draft, DraftContext, SequenceSpeculation
 
 
 class DraftModelProposer:
@@ -36,13 +36,12 @@ class DraftModelProposer:
         self.executor = executor
         self.eos = eos_token_id
         self.confidence = confidence
-        self._seq: dict[str, int] = {}
 
     def propose(self, ctx: DraftContext, k: int) -> Draft | None:
         committed = ctx.prompt_ids + ctx.output_ids
-        sid = self._seq.get(ctx.seq_key)
+        sid = ctx.state.draft_seq_id
         if sid is None:
-            sid = self._seq[ctx.seq_key] = self.executor.new_sequence()
+            sid = ctx.state.draft_seq_id = self.executor.new_sequence()
         cached = self.executor.seq_len(sid)
         if cached >= len(committed):  # re-score the last committed token to get the next distribution
             self.executor.rollback(sid, cached - len(committed) + 1)
@@ -84,7 +83,8 @@ class DraftModelProposer:
             return None
         return Draft(tokens, None if greedy else torch.stack(qs), self.name)
 
-    def release(self, seq_key: str) -> None:
-        sid = self._seq.pop(seq_key, None)
-        if sid is not None:
-            self.executor.free(sid)
+    def release(self, state: SequenceSpeculation) -> None:
+        """Free the draft's KV cache of a finished sequence."""
+        if state.draft_seq_id is not None:
+            self.executor.free(state.draft_seq_id)
+            state.draft_seq_id = None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from structspec.schemas import load_builtin_schemas
-from structspec.spec.history import SchemaHistory, majority_prefix
-from structspec.spec.json_position import is_free_text, scan, subschema
-from structspec.spec.ngram import NgramConfig, find_continuation
+from structspec.speculation.history import SchemaHistory, majority_prefix
+from structspec.speculation.json_position import is_free_text, scan, subschema
+from structspec.speculation.ngram import NgramConfig, find_continuation
 
 INVOICE = load_builtin_schemas()["invoice"]
 
@@ -123,8 +123,8 @@ def test_a_sampled_draft_keeps_the_probability_of_eos():
     from structspec.engine.sampling import choose
     from structspec.engine.types import SamplingParams
     from structspec.engine.verify import verify
-    from structspec.spec.base import DraftContext
-    from structspec.spec.draft_model import DraftModelProposer
+    from structspec.speculation.base import DraftContext, SequenceSpeculation
+    from structspec.speculation.draft_model import DraftModelProposer
 
     eos = 0
     p_logits = torch.tensor([math.log(0.5), math.log(0.5), -math.inf, -math.inf])  # target: EOS or token 1
@@ -133,7 +133,8 @@ def test_a_sampled_draft_keeps_the_probability_of_eos():
     params = SamplingParams(temperature=1.0, max_tokens=8)
     n, eos_count = 4_000, 0
     for seed in range(n):
-        ctx = DraftContext(f"s{seed}", "k", None, "", "", [5, 6], [], _AnyToken(), seed, params)
+        state = SequenceSpeculation("")
+        ctx = DraftContext("k", None, "", "", [5, 6], [], _AnyToken(), seed, params, state)
         draft = proposer.propose(ctx, 1)
         if draft is None:
             token = choose(p_logits, params, seed, 0)
@@ -141,6 +142,6 @@ def test_a_sampled_draft_keeps_the_probability_of_eos():
             rows = torch.stack([p_logits, p_logits])  # [k+1, V]
             verdict = verify(rows, draft.tokens, draft.q, params, seed, 0)
             token = draft.tokens[0] if verdict.accepted else verdict.token
-        proposer.release(f"s{seed}")
+        proposer.release(state)
         eos_count += token == eos
     assert binomtest(eos_count, n, 0.5).pvalue > 1e-3, eos_count / n

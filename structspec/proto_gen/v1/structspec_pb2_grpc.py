@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from structspec.service.proto_gen.v1 import structspec_pb2 as structspec_dot_v1_dot_structspec__pb2
+from structspec.proto_gen.v1 import structspec_pb2 as structspec_dot_v1_dot_structspec__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

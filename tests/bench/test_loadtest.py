@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from structspec.service.loadtest import LoadTestError, check_loopback, percentile, run_load
+from structspec.bench.loadtest import LoadTestError, check_loopback, percentile, run_load
 from tests.service.fakes import FakeEngine
 from tests.service.harness import ServerThread, settings_for
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from structspec.spec.base import Draft, DraftContext
+from structspec.speculation.base import Draft, DraftContext
 
 
 @dataclass(frozen=True)

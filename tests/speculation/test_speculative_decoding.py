@@ -14,8 +14,8 @@ from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallReques
 from structspec.engine.core import run_until_idle
 from structspec.engine.types import FinishReason, SamplingParams
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
-from structspec.spec.base import Draft
-from structspec.spec.router import ProposerSet
+from structspec.speculation.base import Draft
+from structspec.speculation.configs import ProposerSet, speculation_config
 
 ITEMS = build_workload("extraction", 4) + build_workload("freetext", 3) + build_workload("toolcall", 3)
 
@@ -53,7 +53,7 @@ def assert_same_or_near_tie(engine, ref, got):
 @pytest.mark.parametrize("config", ["ff+ngram", "ff+ngram+history", "all"])
 def test_greedy_identical_with_speculation(make_engine, config):
     plain = make_engine()
-    spec = make_engine(proposers=ProposerSet.parse(config), max_spec_batch=64)
+    spec = make_engine(proposers=speculation_config(config).proposers, max_spec_batch=64)
     ref = sequences(plain, ITEMS)
     run_until_idle(plain.core, ref)
     # twice, so the schema history has something to propose the second time
@@ -78,7 +78,7 @@ class GarbageProposer:
     def propose(self, seq, k):
         return Draft([self.rng.randrange(self.vocab) for _ in range(k)], None, "garbage")
 
-    def on_commit(self, seq, tokens):
+    def on_verified(self, seq, verdict):
         pass
 
     def on_finish(self, seq):
@@ -143,7 +143,7 @@ class OracleProposer:
         n = len(seq.output)
         return Draft(ref[n:n + k], None, "oracle") if n < len(ref) else None
 
-    def on_commit(self, seq, tokens):
+    def on_verified(self, seq, verdict):
         pass
 
     def on_finish(self, seq):
@@ -166,12 +166,12 @@ def test_draft_that_completes_the_grammar_ends_without_bonus(make_engine):
 
 
 def test_no_drafting_above_the_speculation_batch_limit(make_engine):
-    spec = make_engine(proposers=ProposerSet.parse("ff+ngram+history"), max_spec_batch=2)
+    spec = make_engine(proposers=speculation_config("ff+ngram+history").proposers, max_spec_batch=2)
     seen = []
     propose = spec.core.speculator.propose
 
     def counting(seq, k):
-        seen.append(len(spec.core.running))
+        seen.append(len(spec.core.scheduler.running))
         return propose(seq, k)
 
     spec.core.speculator.propose = counting
@@ -221,10 +221,44 @@ def test_speculation_never_exceeds_max_tokens(make_engine, max_tokens):
     assert any(g.finish is FinishReason.LENGTH for g in got)
 
 
-def test_router_draft_length_respects_the_cap(demo_models):
-    from structspec.spec.router import Router
+def test_router_draft_length_respects_the_cap():
+    from structspec.speculation.router import Router
 
-    router = Router(demo_models.tokenizer, ProposerSet(True, True, False), vocab_size=4096)
-    router._accepted[("r", "ngram")] = 3.0  # a proposer that has been doing well
-    assert router._draft_len("r", "ngram", 8) == 5
-    assert router._draft_len("r", "ngram", 1) == 1  # one token left before max_tokens: never two
+    from structspec.speculation.base import SequenceSpeculation
+
+    state = SequenceSpeculation("", accepted={"ngram": 3.0})  # a proposer that has been doing well
+    assert Router._draft_len(state, "ngram", 8) == 5
+    assert Router._draft_len(state, "ngram", 1) == 1  # one token left before max_tokens: never two
+    assert Router._draft_len(state, "history", 6) == 6  # not drafted yet: the maximum
+
+
+def matcher_state(matcher, vocab: int):
+    """What the step reads from a matcher: the mask, the forced tokens, accepting / stopped, the error."""
+    mask = allocate_bitmask(1, vocab)
+    matcher.fill_mask(mask, 0)
+    return mask.tolist(), tuple(matcher.forced_tokens()), matcher.is_accepting(), matcher.is_stopped(), matcher.error
+
+
+def test_proposers_leave_the_matcher_as_found(make_engine):
+    """Every proposer may walk the sequence's matcher while drafting; the step must find it unchanged."""
+    engine = make_engine(proposers=speculation_config("all").proposers, max_spec_batch=64)
+    router, vocab = engine.core.speculator, engine.core.executor.vocab_size
+    checked: Counter = Counter()
+    for proposer in (router.ngram, router.history_proposer, router.draft):
+        def checking(ctx, k, inner=proposer.propose, name=proposer.name):
+            before = matcher_state(ctx.matcher, vocab)
+            draft = inner(ctx, k)
+            assert matcher_state(ctx.matcher, vocab) == before, f"{name} moved the matcher"
+            checked[name] += 1
+            return draft
+        proposer.propose = checking
+    for _ in range(2):  # the second round has a schema history to draft from
+        run_until_idle(engine.core, sequences(engine, ITEMS[:2] + ITEMS[4:6], max_tokens=80))
+    assert checked["ngram"] and checked["history"] and checked["draft"], checked
+    # the check has teeth: a proposer that consumes a token and does not roll back is caught
+    seq = sequences(engine, ITEMS[:1])[0]
+    before = matcher_state(seq.matcher, vocab)
+    mask = allocate_bitmask(1, vocab)
+    seq.matcher.fill_mask(mask, 0)
+    seq.matcher.consume([int(apply_token_bitmask(torch.zeros(1, vocab), mask)[0].argmax())])
+    assert matcher_state(seq.matcher, vocab) != before

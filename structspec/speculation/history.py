@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
-from structspec.spec.base import Draft, DraftContext
+from structspec.speculation.base import Draft, DraftContext
 
 
 @dataclass(frozen=True)

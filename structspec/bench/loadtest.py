@@ -1,7 +1,7 @@
 """A bounded, loopback-only load test: requests/s and latency percentiles per concurrency level,
 and a check that every request either succeeded or failed with a gRPC status (none lost).
 
-    from structspec.service.loadtest import run_load
+    from structspec.bench.loadtest import run_load
     report = run_load("127.0.0.1:50051", concurrency_levels=(1, 8, 32), requests_per_level=64)
     print(report.table())
 """

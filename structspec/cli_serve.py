@@ -1,0 +1,91 @@
+"""The server sub-command of the main ``structspec`` CLI: ``serve``.
+
+The main CLI mounts it with ``register(app)``. ``python -m structspec.cli_serve serve ...`` runs
+it standalone. The client commands (``health``, ``extract``, ...) are in ``structspec.cli_client``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from structspec.service.settings import SECRET_FIELDS, SettingsError, env_var, field_type, settings_fields
+
+ENV_CONFIG = "STRUCTSPEC_CONFIG"
+
+# -- serve: one option per settings field, generated so --help documents every setting --------------
+
+
+def _default_text(name: str) -> str:
+    if name == "data_dir":
+        return "$XDG_DATA_HOME/structspec or ~/.local/share/structspec"
+    default = {f.name: f.default for f in settings_fields()}[name]
+    return "none" if default is None or default == "" else str(default)
+
+
+def _serve_parameters() -> list[inspect.Parameter]:
+    params = [
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, "--config", help=f"TOML settings file (keys = the option names; env {ENV_CONFIG})", show_default=False),
+            annotation=Optional[Path],
+        )
+    ]
+    for f in settings_fields():
+        if f.name in SECRET_FIELDS:
+            continue
+        flag = f.name.replace("_", "-")
+        choices = f.metadata.get("choices")
+        text = f.metadata["help"] + (f" (one of: {', '.join(choices)})" if choices else "")
+        text += f" (default: {_default_text(f.name)}; env {env_var(f.name)})"
+        tp = field_type(f.name)
+        decls = [f"--{flag}/--no-{flag}"] if tp is bool else [f"--{flag}"]
+        opt = typer.Option(None, *decls, help=text, show_default=False)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[tp]))
+    return params
+
+
+def serve(**options: Any) -> None:
+    """Run the gRPC server: loads the model (health NOT_SERVING meanwhile), serves until SIGTERM,
+    then drains. Precedence: flags > STRUCTSPEC_* environment > --config file > defaults.
+    Token values come from STRUCTSPEC_AUTH_TOKEN / STRUCTSPEC_ADMIN_TOKEN or the *-token-file options."""
+    from structspec.service.server import default_engine_factory, run_server
+    from structspec.service.settings import load_settings
+
+    config = options.pop("config", None)
+    try:
+        settings = load_settings(config, overrides=options)
+    except SettingsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_server(settings, default_engine_factory))
+
+
+serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]
+serve.__annotations__ = {p.name: p.annotation for p in serve.__signature__.parameters.values()}  # type: ignore[attr-defined]
+
+
+COMMANDS: dict[str, Callable[..., None]] = {
+    "serve": serve,
+}
+
+
+def register(app: typer.Typer) -> None:
+    """Add the server command to the main CLI."""
+    for name, fn in COMMANDS.items():
+        app.command(name, help=inspect.getdoc(fn))(fn)
+
+
+def standalone_app() -> typer.Typer:
+    app = typer.Typer(help="structspec server command", no_args_is_help=True, add_completion=False)
+    app.callback()(lambda: None)  # a group even with one command, so the command is named: `... serve --port 0`
+    register(app)
+    return app
+
+
+if __name__ == "__main__":
+    standalone_app()()

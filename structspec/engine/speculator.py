@@ -1,0 +1,46 @@
+"""The speculation seam as the engine sees it: a ``Speculator`` drafts, the engine verifies and reports the verdict.
+
+The engine depends on this protocol only; ``structspec.speculation`` implements it (and
+imports the engine's types, never the other way round).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from structspec.engine.sequence import EngineSequence
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None  # [k, V] the distributions the tokens were drawn from; None = point masses
+    proposer: str
+
+
+@dataclass(frozen=True)
+class DraftVerdict:
+    """What verification made of one step's draft."""
+
+    proposer: str
+    drafted: int  # tokens the proposer drafted (before the engine cut an ungrammatical tail)
+    accepted: int  # drafted tokens kept (the recovered or bonus token is not counted)
+    batch_size: int  # sequences running in the step
+
+
+class Speculator(Protocol):
+    def propose(self, seq: "EngineSequence", max_tokens: int) -> Draft | None:
+        """At most ``max_tokens`` drafted tokens after ``seq``'s committed text, or None.
+
+        Leaves ``seq.matcher`` as found. Per-sequence state lives in ``seq.speculation``.
+        """
+
+    def on_verified(self, seq: "EngineSequence", verdict: DraftVerdict) -> None:
+        """Told after every step that carried one of its drafts."""
+
+    def on_finish(self, seq: "EngineSequence") -> None:
+        """Told once when ``seq`` ends (any reason); releases what it holds for it."""

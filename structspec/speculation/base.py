@@ -1,0 +1,44 @@
+"""The proposer seam: ``propose(context, k) -> Draft`` (tokens, and probabilities or None)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from structspec.engine.speculator import Draft
+from structspec.engine.types import SamplingParams
+from structspec.grammar.base import Matcher
+
+__all__ = ["Draft", "DraftContext", "Proposer", "SequenceSpeculation"]
+
+
+@dataclass
+class SequenceSpeculation:
+    """What speculation keeps per sequence (``EngineSequence.speculation``), dropped when it finishes."""
+
+    prompt_text: str  # the prompt, decoded once
+    accepted: dict[str, float] = field(default_factory=dict)  # proposer -> recent accepted tokens per draft
+    draft_seq_id: int | None = None  # the draft model's KV-cache sequence, once it has drafted
+
+
+@dataclass
+class DraftContext:
+    """What a proposer may look at: the request's text so far and where the grammar stands."""
+
+    schema_key: str
+    schema: dict[str, Any] | None
+    prompt_text: str
+    output_text: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    matcher: Matcher  # the sequence's grammar matcher: consume and roll back freely, but leave it as found
+    seed: int
+    sampling: SamplingParams
+    state: SequenceSpeculation
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft | None:
+        """At most ``k`` tokens continuing ``ctx``'s output, or None; leaves ``ctx.matcher`` as found."""

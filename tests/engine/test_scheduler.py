@@ -1,0 +1,138 @@
+"""The scheduler on a model-free executor: admission under the KV budget, prefix reuse, chunked prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from structspec.engine.config import SchedulerLimits
+from structspec.engine.core import EngineCore, run_until_idle
+from structspec.engine.sequence import SequenceStatus
+from structspec.engine.types import FinishReason, OverBudget, QueueFull
+from tests.engine.fakes import EOS, TableExecutor, ToyTokenizer, free_slots, make_seq
+
+CYCLE = {t: t % 15 + 1 for t in range(16)}  # 1 -> 2 -> ... -> 15 -> 1: greedy output is predictable
+
+
+def drain(core: EngineCore, seqs) -> None:
+    """Step until these (already submitted) sequences finish."""
+    while any(s.finish is None for s in seqs):
+        core.step()
+
+
+def core_with(**limits) -> tuple[EngineCore, TableExecutor]:
+    executor = TableExecutor(CYCLE)
+    return EngineCore(executor, ToyTokenizer(), EOS, SchedulerLimits(**limits)), executor
+
+
+def test_admission_waits_for_kv_budget_and_fifo_order():
+    core, executor = core_with(kv_budget_tokens=2 * (4 + 6 + 8 + 1), max_draft=8)
+    seqs = [make_seq([i, 2, 3, 4], free_slots(6), max_tokens=6) for i in (1, 2, 3)]
+    for s in seqs:
+        core.submit(s)
+    core.step()
+    sched = core.scheduler
+    assert [s.status for s in seqs] == [SequenceStatus.DECODING, SequenceStatus.DECODING, SequenceStatus.WAITING]
+    assert sched.reserved == 2 * 19 and list(sched.waiting) == [seqs[2]]
+    drain(core, seqs)
+    assert all(s.finish is FinishReason.STOP for s in seqs) and sched.reserved == 0
+    assert seqs[2].admitted >= max(seqs[0].admitted, seqs[1].admitted)
+    assert [s.output for s in seqs] == [[5, 6, 7, 8, 9, 10]] * 3  # the cycle after the prompt's last token 4
+
+
+def test_max_batch_bounds_the_running_set():
+    core, _ = core_with(max_batch=2)
+    seqs = [make_seq([1, 2], free_slots(5)) for _ in range(5)]
+    for s in seqs:
+        core.submit(s)
+    widths = []
+    while any(s.finish is None for s in seqs):
+        core.step()
+        widths.append(len(core.scheduler.running))
+    assert max(widths) == 2 and all(s.finish is FinishReason.STOP for s in seqs)
+
+
+def test_submit_refuses_what_can_never_fit_and_a_full_queue():
+    core, _ = core_with(kv_budget_tokens=40, max_queue=2, max_draft=8)
+    with pytest.raises(OverBudget):
+        core.submit(make_seq([1] * 10, free_slots(3), max_tokens=30))  # 10 + 30 + 9 > 40
+    core.submit(make_seq([1], free_slots(2), max_tokens=2))
+    core.submit(make_seq([1], free_slots(2), max_tokens=2))
+    with pytest.raises(QueueFull):
+        core.submit(make_seq([1], free_slots(2), max_tokens=2))
+
+
+def test_chunked_prefill_shares_the_step_budget_after_decodes():
+    core, executor = core_with(prefill_chunk=4, step_tokens=5, prefix_cache_tokens=0)
+    short = make_seq([1], free_slots(8), max_tokens=8)
+    core.submit(short)
+    core.step()  # short's prompt; it decodes from now on
+    long = make_seq(list(range(1, 11)), free_slots(2), max_tokens=2)
+    core.submit(long)
+    executor.steps.clear()
+    while long.status is not SequenceStatus.DECODING:
+        core.step()
+    fed = [{inp.seq_id: len(inp.tokens) for inp in step} for step in executor.steps]
+    # the decode always gets its token in first; the prompt gets at most what is left of 5, in chunks of <= 4
+    assert [f[short.seq_id] for f in fed] == [1] * len(fed)
+    assert [f[long.seq_id] for f in fed] == [4, 4, 2]
+    assert long.prefilled == len(long.prompt) and long.first_decode is not None  # the last chunk scored
+    drain(core, [short, long])
+    assert long.output == [11, 12] and short.output == [2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_prefix_reuse_copies_a_finished_prompt_and_keeps_outputs():
+    prompt_a = [t % 15 + 1 for t in range(20)]
+    prompt_b = prompt_a[:18] + [9]
+    core, executor = core_with(prefix_cache_tokens=64)
+    a = make_seq(prompt_a, free_slots(3), max_tokens=3)
+    run_until_idle(core, [a])
+    assert len(core.scheduler.prefix) == 1  # a's prompt is retained
+    executor.steps.clear()
+    b = make_seq(prompt_b, free_slots(3), max_tokens=3)
+    run_until_idle(core, [b])
+    assert b.usage.cached_prompt_tokens == 18 and len(executor.steps[0][0].tokens) == 1  # only token 9 computed
+    plain, _ = core_with(prefix_cache_tokens=0)
+    ref = make_seq(prompt_b, free_slots(3), max_tokens=3)
+    run_until_idle(plain, [ref])
+    assert b.output == ref.output == [10, 11, 12]
+
+
+def test_requests_arriving_together_wait_for_the_prefix_in_flight():
+    core, executor = core_with(prefix_cache_tokens=64, prefill_chunk=8)
+    prompt = [t % 15 + 1 for t in range(20)]
+    first, second = make_seq(prompt, free_slots(2), max_tokens=2), make_seq(prompt + [3], free_slots(2), max_tokens=2)
+    core.submit(first)
+    core.submit(second)
+    core.step()
+    assert [i.seq_id for i in executor.steps[0]] == [first.seq_id]  # the second waits instead of recomputing
+    drain(core, [first, second])
+    assert second.usage.cached_prompt_tokens == 20 and first.usage.cached_prompt_tokens == 0
+    assert second.output == [4, 5] and first.output == [6, 7]
+
+
+def test_retained_prompts_are_evicted_before_anyone_waits():
+    core, executor = core_with(prefix_cache_tokens=1000, kv_budget_tokens=30, max_draft=0)
+    a = make_seq([1] * 16, free_slots(2), max_tokens=2)
+    run_until_idle(core, [a])
+    assert core.scheduler.prefix.tokens == 16
+    b = make_seq([2] * 20, free_slots(2), max_tokens=2)  # 20 + 2 + 1 fits 30 only without a's 16
+    run_until_idle(core, [b])
+    assert b.finish is FinishReason.STOP and a.seq_id not in executor.cache
+
+
+def test_a_failed_slot_allocation_ends_that_request_and_releases_nothing_else():
+    core, executor = core_with()
+    real = executor.new_sequence
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MemoryError("no room")
+        return real()
+
+    executor.new_sequence = flaky
+    seqs = [make_seq([1, 2], free_slots(3)) for _ in range(3)]
+    run_until_idle(core, seqs)
+    assert [s.finish for s in seqs] == [FinishReason.STOP, FinishReason.ERROR, FinishReason.STOP]
+    assert "no KV-cache slot" in seqs[1].error and core.scheduler.reserved == 0
