@@ -53,6 +53,7 @@ class EngineCore:
         self.limits = limits
         self.speculator = speculator
         self.scheduler = Scheduler(executor, limits)
+        self.draft_failures = 0  # drafting attempts that raised (each turned drafting off for its request)
         self._inbox = _Inbox()
         self.wakeup = threading.Event()
 
@@ -125,11 +126,13 @@ class EngineCore:
 
     # -- 3. draft and grammar masks ----------------------------------------------------------------
     def _draft(self, plan: StepPlan) -> None:
-        """Set ``plan.draft`` (cut at the first ungrammatical token) and ``plan.bitmask`` (one row per scored position)."""
-        seq, matcher = plan.seq, plan.seq.matcher
-        draft = None
-        if self.speculator is not None and plan.max_draft > 0:
-            draft = self.speculator.propose(seq, plan.max_draft)
+        """Set ``plan.draft`` (its grammatical part), ``plan.tail`` and ``plan.bitmask`` (one row per scored position).
+
+        A sampled draft's first token the grammar cannot take (or an EOS) stays in the verification as
+        ``plan.tail``: a test at that position, not a silent trim (see ``verify``).
+        """
+        matcher = plan.seq.matcher
+        draft = self._propose(plan)
         tokens = list(draft.tokens)[: plan.max_draft] if draft else []  # a proposer that drafts more than asked is cut
         plan.drafted = len(tokens)
         bitmask = allocate_bitmask(len(tokens) + 1, self.executor.vocab_size)
@@ -138,6 +141,8 @@ class EngineCore:
         for i, tok in enumerate(tokens):
             # The mask at i comes from the state after x_0..x_{i-1}; an ungrammatical x_i ends the draft there.
             if tok == self.eos or not token_allowed(bitmask[i], tok) or not matcher.consume([tok]):
+                if draft.q is not None:
+                    plan.tail = (tok, draft.q[i])
                 break
             consumed += 1
             matcher.fill_mask(bitmask, i + 1)  # once the grammar is complete this row allows only EOS
@@ -148,6 +153,33 @@ class EngineCore:
             draft = Draft(draft.tokens[:consumed], draft.q[:consumed] if draft.q is not None else None, draft.proposer)
         plan.draft = draft
         plan.bitmask = bitmask[: consumed + 1]
+
+    def _propose(self, plan: StepPlan) -> Draft | None:
+        """The speculator's draft, the matcher left as found.
+
+        The speculator sees the matcher through a counter of what it consumed: a failure while drafting
+        (a proposer's bug, the draft model out of memory) is rolled back and ends drafting for that
+        request, never the request; a proposer that returns without rolling back is rolled back too.
+        """
+        if self.speculator is None or plan.max_draft <= 0:
+            return None
+        seq, matcher = plan.seq, plan.seq.matcher
+        seq.matcher = walked = _CountingMatcher(matcher)
+        try:
+            return self.speculator.propose(seq, plan.max_draft)
+        except Exception:  # noqa: BLE001 - costs speed, not the request
+            log.exception("drafting failed for request %s; it continues without drafts", seq.request_id)
+            walked.failed = True
+            self.draft_failures += 1
+            seq.speculate = False
+            return None
+        finally:
+            seq.matcher = matcher
+            if walked.consumed:
+                if not walked.failed:
+                    log.error("a proposer left the matcher %d tokens on (request %s)", walked.consumed,
+                              seq.request_id)
+                matcher.rollback(walked.consumed)
 
     # -- 4. one forward ------------------------------------------------------------------------------
     def _forward(self, plans: list[StepPlan]) -> list[torch.Tensor] | None:
@@ -204,7 +236,7 @@ class EngineCore:
             return None
         rows = apply_token_bitmask(logits, plan.bitmask, inplace=True)  # [k+1, V]; this step's logits are ours
         q = plan.draft.q if plan.draft else None
-        verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output))
+        verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output), plan.tail)
         if plan.draft is not None:
             seq.record_draft(plan.draft.proposer, plan.drafted, verdict.accepted)
             if self.speculator is not None:
@@ -284,6 +316,28 @@ class EngineCore:
         if self.speculator is not None:
             self.speculator.on_finish(seq)
         seq.on_event("done", None)
+
+
+class _CountingMatcher:
+    """A matcher that counts the tokens consumed through it (net of rollbacks); everything else passes through."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.consumed = 0
+        self.failed = False  # set while unwinding from a proposer's exception (the rollback is expected)
+
+    def consume(self, tokens) -> bool:
+        ok = self._inner.consume(tokens)
+        if ok:
+            self.consumed += len(tokens)
+        return ok
+
+    def rollback(self, n: int) -> None:
+        self._inner.rollback(n)
+        self.consumed -= n
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def run_until_idle(core: EngineCore, seqs: Iterable[EngineSequence]) -> None:

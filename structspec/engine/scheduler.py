@@ -39,6 +39,7 @@ class StepPlan:
     max_draft: int = 0  # drafted tokens this plan may carry (0: no drafting this step)
     batch_size: int = 0  # sequences running when the step was planned
     draft: Draft | None = None  # set by the step: the grammatical part of the proposer's draft
+    tail: tuple[int, torch.Tensor] | None = None  # a sampled draft's first token past it, with its q row
     drafted: int = 0  # proposer tokens before the grammatical cut (stats)
     bitmask: torch.Tensor | None = None  # [len(draft)+1, W] grammar masks of the scored positions
 

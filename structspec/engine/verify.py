@@ -19,7 +19,15 @@ temperature, top-k, top-p) and q_i the proposer's:
                          p_i without x_i, renormalised: the residual max(0, p_i - q_i).
   sampled draft          accept iff u_i < p_i(x_i) / q_i(x_i); on rejection draw from
   (q_i a distribution)   normalize(max(0, p_i - q_i)), or p_i if that is numerically empty.
-An ungrammatical x_i has p_i(x_i) = 0 and is always rejected, the residual then being p_i.
+An ungrammatical x_i has p_i(x_i) = 0 and is always rejected.
+
+The cut tail. The engine walks a draft through the grammar and stops at the first token it
+cannot consume (ungrammatical, or EOS, which no draft continues past). For a sampled draft
+that token x_k is still a draw from q_k, so position k is tested like any other: ``tail =
+(x_k, q_k)`` makes row k a test of x_k (accepted only when it is an EOS the target allows)
+whose rejection draws from normalize(max(0, p_k - q_k)), not from p_k (a draw from p_k
+would over-weight what q_k also proposed). For point masses the two coincide: row k is the
+keyed sample of p_k either way.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ def verify(
     params: SamplingParams,
     seed: int,
     position: int,  # output position of x_0 (keys the sampling noise)
+    tail: tuple[int, torch.Tensor] | None = None,  # (x_k, q_k [V]): a sampled draft's token cut at row k
 ) -> Verdict:
     k = len(draft)
     assert rows.shape[0] == k + 1, (rows.shape, k)
@@ -59,13 +68,21 @@ def verify(
     logp = target_logprobs(rows, params)  # [k+1, V]
     p = logp.exp()
     for i, x in enumerate(draft):
-        ratio = float(p[i, x] / q[i, x]) if q[i, x] > 0 else 0.0
-        if keyed_uniform(seed, position + i) < ratio:
-            continue
-        residual = (p[i] - q[i]).clamp_min(0.0)
-        if float(residual.sum()) <= 1e-12:
-            residual = p[i]
-        noise = keyed_gumbel(seed, position + i, residual.shape[-1])
-        token = int(torch.argmax(torch.log(residual) + noise))
-        return Verdict(i, token)
+        y = _test_one(p[i], x, q[i], seed, position + i)
+        if y != x:  # the residual gives x no mass, so y == x means x was accepted
+            return Verdict(i, y)
+    if tail is not None:
+        x, q_tail = tail
+        return Verdict(k, _test_one(p[k], x, q_tail, seed, position + k))
     return Verdict(k, int(torch.argmax(logp[k] + keyed_gumbel(seed, position + k, logp.shape[-1]))))
+
+
+def _test_one(p: torch.Tensor, x: int, q: torch.Tensor, seed: int, position: int) -> int:
+    """The emitted token at a position that tests x ~ q against p: x itself if accepted, else a residual draw."""
+    ratio = float(p[x] / q[x]) if q[x] > 0 else 0.0
+    if keyed_uniform(seed, position) < ratio:
+        return x
+    residual = (p - q).clamp_min(0.0)
+    if float(residual.sum()) <= 1e-12:
+        residual = p
+    return int(torch.argmax(torch.log(residual) + keyed_gumbel(seed, position, residual.shape[-1])))

@@ -14,9 +14,14 @@ draft step and verified row costs time (the demo draft step is ~0.6 ms, an eight
 a target step). The stopping rule looks only at the draft's own distribution, so
 rejection sampling stays exact.
 
-Greedy requests draft greedily (point masses, q = None). Sampled requests draw
-from the draft's processed distribution without EOS (see ``propose``) with noise
-independent of the verifier's (its own salt), and return those distributions as q.
+Greedy requests draft greedily. Sampled requests draft with the target's own keyed noise:
+at output position j the draft takes argmax(log q_j + g_j) with the Gumbel noise g_j the
+verifier uses for that position (``choose``), so the draft is a point mass and the verifier
+accepts x_j exactly when the target's keyed sample at j is x_j. The output is then the one
+plain keyed sampling gives, token for token, whatever was drafted: the same text with
+speculation on or off, alone or in any batch, with any history (for the same model, dtype
+and device). Acceptance is the chance the two Gumbel-max draws agree, a little below
+rejection sampling's 1 - TV(p, q) (measured in the README).
 """
 
 from __future__ import annotations
@@ -50,28 +55,19 @@ class DraftModelProposer:
         matcher, greedy = ctx.matcher, ctx.sampling.greedy
         bitmask = allocate_bitmask(1, self.executor.vocab_size)
         tokens: list[int] = []
-        qs: list[torch.Tensor] = []
         for i in range(k):
             matcher.fill_mask(bitmask, 0)
             masked = apply_token_bitmask(logits[:1], bitmask)[0]  # [V]
-            if not greedy:
-                # A sampled draft never proposes EOS: ending the draft on a drawn EOS would make whether a
-                # token is drafted here depend on that very draw, and the output would get EOS too rarely
-                # (p(EOS) q(EOS) + ... instead of p(EOS)). Drafting from q without EOS and reporting that q
-                # keeps rejection sampling exact; the verifier still emits EOS from the residual.
-                masked[self.eos] = float("-inf")
             if torch.isinf(masked).all():
                 break
             if greedy:
                 tok = int(torch.argmax(masked))
                 sure = float(torch.softmax(masked, dim=-1)[tok])
-            else:
+            else:  # the verifier's noise for this output position: a point-mass draft (see the module docstring)
                 logp = target_logprobs(masked, ctx.sampling)
-                tok = int(torch.argmax(logp + keyed_gumbel(ctx.seed, len(ctx.output_ids) + i, logp.shape[-1], "draft")))
-                qs.append(logp.exp())
-                sure = float(qs[-1][tok])
+                tok = int(torch.argmax(logp + keyed_gumbel(ctx.seed, len(ctx.output_ids) + i, logp.shape[-1])))
+                sure = float(logp[tok].exp())
             if tok == self.eos or not matcher.consume([tok]):
-                qs = qs[: len(tokens)]
                 break
             tokens.append(tok)
             if matcher.is_stopped() or i == k - 1 or sure < self.confidence:
@@ -79,9 +75,7 @@ class DraftModelProposer:
             (logits,) = self.executor.step([StepInput(sid, [tok], logits_at=(0,))])
         matcher.rollback(len(tokens))
         self.executor.rollback(sid, self.executor.seq_len(sid) - len(committed))  # keep only committed tokens
-        if not tokens:
-            return None
-        return Draft(tokens, None if greedy else torch.stack(qs), self.name)
+        return Draft(tokens, None, self.name) if tokens else None
 
     def release(self, state: SequenceSpeculation) -> None:
         """Free the draft's KV cache of a finished sequence."""

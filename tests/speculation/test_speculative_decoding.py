@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chi2_contingency
 
 from structspec.bench.workloads import build_workload
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
@@ -97,39 +96,43 @@ def test_ungrammatical_drafts_are_trimmed(make_engine):
         assert g.usage.drafted["garbage"] > g.usage.accepted.get("garbage", 0)
 
 
-def test_sampling_distribution_preserved_with_draft_model(make_engine, demo_models):
-    """Two-sample chi-square: a short constrained output sampled with and without speculation (>= 10k each).
-
-    Speculation uses the draft model drafting from its own sampled distribution (q vectors), the path where
-    rejection sampling (not the keyed-noise identity) carries the guarantee.
-    """
+def test_seeded_sampling_is_the_same_text_whatever_the_server_state(make_engine):
+    """The draft model drafts with the verifier's keyed noise, so every draft is a point mass and a seeded
+    request's text is plain keyed sampling's: alone, beside 8 others, after the schema history has filled,
+    and with speculation off. Exact per seed (no statistics needed)."""
     schema = {"type": "object", "properties": {"priority": {"enum": ["low", "medium", "high", "urgent"]},
-                                               "sentiment": {"enum": ["positive", "neutral", "negative"]}},
-              "required": ["priority", "sentiment"], "additionalProperties": False}
-    text = "Hi team, the app crashes on start. Please fix it soon."
-    n = 10_000
-    params = lambda seed: SamplingParams(temperature=1.0, seed=seed, max_tokens=40)  # noqa: E731
+                                               "summary": {"type": "string"}},
+              "required": ["priority", "summary"], "additionalProperties": False}
+    texts = [item.source for item in build_workload("freetext", 9)]
+    params = lambda seed: SamplingParams(temperature=1.0, top_p=0.95, seed=seed, max_tokens=60)  # noqa: E731
 
-    def sample(engine, seeds):
-        seqs = [engine.prepare_extraction(ExtractionRequest(schema=schema, text=text, sampling=params(s)))
-                for s in seeds]
-        for i in range(0, len(seqs), 250):
-            run_until_idle(engine.core, seqs[i:i + 250])
-        drafted = sum(s.usage.drafted.get("draft", 0) for s in seqs)
-        accepted = sum(s.usage.accepted.get("draft", 0) for s in seqs)
-        return Counter(engine.tokenizer.decode(s.output) for s in seqs), drafted, accepted
+    def seqs(engine, seeds, text=texts[0]):
+        return [engine.prepare_extraction(ExtractionRequest(schema=schema, text=text, sampling=params(s),
+                                                            schema_key="ticket")) for s in seeds]
 
-    plain = make_engine(max_batch=250, max_queue=300, kv_budget_tokens=10**6, step_tokens=10**5)
-    spec = make_engine(ProposerSet(ngram=False, history=False, draft=True), max_batch=250, max_queue=300,
-                       kv_budget_tokens=10**6, step_tokens=10**5, max_spec_batch=250)
-    spec.core.speculator.order = lambda ctx: [spec.core.speculator.draft]  # the draft model at every position
-    a, _, _ = sample(plain, range(n))
-    b, drafted, accepted = sample(spec, range(n, 2 * n))
-    assert drafted >= n and 0 < accepted < drafted  # the draft really drafted, and was sometimes rejected
-    keys = sorted(set(a) | set(b))
-    table = [[a.get(k, 0) + 0.5 for k in keys], [b.get(k, 0) + 0.5 for k in keys]]
-    assert len(keys) >= 3, keys
-    assert chi2_contingency(table).pvalue > 1e-3, dict(zip(keys, zip(*table)))
+    plain = make_engine()
+    spec = make_engine(proposers=speculation_config("all").proposers, max_spec_batch=64)
+    seeds = range(12)
+    ref = seqs(plain, seeds)
+    run_until_idle(plain.core, ref)
+    alone = []
+    for seed in seeds:
+        (seq,) = seqs(spec, [seed])
+        run_until_idle(spec.core, [seq])
+        alone.append(seq)
+    crowd = seqs(spec, seeds)  # beside 8 other requests of the same schema
+    others = [s for t in texts[1:] for s in seqs(spec, [99], text=t)]
+    run_until_idle(spec.core, crowd + others)
+    for _ in range(2):  # the history is full now
+        run_until_idle(spec.core, seqs(spec, range(100, 108)))
+    late = seqs(spec, seeds)
+    run_until_idle(spec.core, late)
+    for r, a, c, l in zip(ref, alone, crowd, late):
+        assert r.output == a.output == c.output == l.output
+    assert len({tuple(r.output) for r in ref}) > 3  # different seeds really sample differently
+    drafted = sum(s.usage.drafted.get("draft", 0) + s.usage.drafted.get("history", 0) for s in alone + late)
+    accepted = sum(s.usage.accepted.get("draft", 0) + s.usage.accepted.get("history", 0) for s in alone + late)
+    assert drafted > 50 and 0 < accepted < drafted  # drafts were made, some accepted, some rejected
 
 
 class OracleProposer:
