@@ -32,6 +32,7 @@ class ExtractionRequest:
     deadline: float | None = None  # time.monotonic() value after which the request is cancelled
     request_id: str = ""
     schema_key: str = ""  # stable name for stats ("invoice@3"); defaults to the schema's hash
+    history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
 
     def validate(self, max_tokens_cap: int) -> None:
         """Raises: InvalidRequest naming the field (``text``, ``messages`` or a sampling field)."""
@@ -59,6 +60,7 @@ class ToolCallRequest:
     fast_forward: bool = True
     deadline: float | None = None
     request_id: str = ""
+    history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
 
     def validate(self, max_tokens_cap: int) -> None:
         """Raises: InvalidRequest naming the field (``messages``, ``tools[i].name``, ``tools`` or a sampling field)."""

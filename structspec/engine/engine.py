@@ -171,6 +171,7 @@ class Engine:
             prompt=ids, grammar=grammar, matcher=grammar.matcher(), params=params, seed=seed,
             deadline=request.deadline, fast_forward=self.fast_forward and request.fast_forward,
             speculate=request.speculation.value != "off", schema_key=schema_key, schema=schema, on_event=lambda *_: None,
+            history_scope=request.history_scope,
         )
 
     async def _run(self, seq: EngineSequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:

@@ -52,6 +52,7 @@ class EngineSequence:
     schema: dict[str, Any] | None  # the JSON Schema being decoded (None for tool calls)
     on_event: Callable[[str, Any], None]  # ("delta", text) / ("done", None), called from the engine thread
     status: SequenceStatus = SequenceStatus.WAITING
+    history_scope: str = ""  # whose earlier outputs of this schema speculation may draft from ("": everyone's)
     output: list[int] = field(default_factory=list)
     uncached: list[int] = field(default_factory=list)
     seq_id: int = -1  # the executor's sequence (its KV cache) while admitted

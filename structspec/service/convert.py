@@ -31,6 +31,7 @@ from structspec.store.base import AcceptanceTotals, SchemaRecord
 class Limits:
     max_tokens_cap: int = 4096
     max_message_bytes: int = 4 * 1024 * 1024
+    history_per_token: bool = False  # the schema history drafts only from the same auth token's outputs
 
 
 _ROLES = {pb.ROLE_SYSTEM: "system", pb.ROLE_USER: "user", pb.ROLE_ASSISTANT: "assistant", pb.ROLE_TOOL: "tool"}
@@ -138,7 +139,8 @@ def speculation(value: int) -> SpeculationMode:
 
 
 def extraction_request(
-    req: pb.ExtractRequest, schema: ResolvedSchema, request_id: str, deadline: float | None, limits: Limits
+    req: pb.ExtractRequest, schema: ResolvedSchema, request_id: str, deadline: float | None, limits: Limits,
+    history_scope: str = "",
 ) -> ExtractionRequest:
     return ExtractionRequest(
         schema=schema.schema,
@@ -152,6 +154,7 @@ def extraction_request(
         deadline=deadline,
         request_id=request_id,
         schema_key=schema.key,
+        history_scope=history_scope,
     )
 
 
@@ -180,7 +183,8 @@ def tool_choice(choice: pb.ToolChoice) -> str:
     return _TOOL_CHOICE.get(choice.mode, "auto")
 
 
-def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | None, limits: Limits) -> ToolCallRequest:
+def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | None, limits: Limits,
+                 history_scope: str = "") -> ToolCallRequest:
     tool_list = tools(req.tools)
     return ToolCallRequest(
         messages=messages(req.messages),
@@ -193,6 +197,7 @@ def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | Non
         fast_forward=not req.disable_fast_forward,
         deadline=deadline,
         request_id=request_id,
+        history_scope=history_scope,
     )
 
 

@@ -170,7 +170,9 @@ class StructSpecServer:
         server = grpc.aio.server(
             interceptors=interceptors, options=options, maximum_concurrent_rpcs=s.max_concurrent_rpcs or None
         )
-        servicer = StructSpecServicer(self._slot, self.registry, self.store, self.metrics, Limits(s.max_tokens_cap, s.max_message_bytes))
+        limits = Limits(s.max_tokens_cap, s.max_message_bytes,
+                        history_per_token=s.history_scope == "per_token" and bool(s.tokens() or s.admin_tokens()))
+        servicer = StructSpecServicer(self._slot, self.registry, self.store, self.metrics, limits)
         pb_grpc.add_StructSpecServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import time
@@ -20,6 +21,7 @@ from structspec.engine.types import GenerationResult
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 from structspec.service import convert, errors
+from structspec.service.auth import bearer_token
 from structspec.service.errors import ServiceError
 from structspec.service.metrics import ServiceMetrics
 from structspec.service.registry import ResolvedSchema, SchemaRegistry, registered_stats_key
@@ -58,6 +60,13 @@ class _Call:
     started: float = field(default_factory=time.perf_counter)
     result: GenerationResult | None = None
     schema_field: str = "json_schema"
+    history_scope: str = ""  # the caller's scope for the schema history ("": shared)
+
+
+def history_scope_of(context: grpc.aio.ServicerContext) -> str:
+    """A stable name of the caller's bearer token (never the token itself): ``t:<16 hex of its SHA-256>``."""
+    token = bearer_token(context.invocation_metadata())
+    return f"t:{hashlib.sha256(token.encode()).hexdigest()[:16]}" if token else ""
 
 
 def request_id_of(context: grpc.aio.ServicerContext, requested: str = "") -> str:
@@ -94,9 +103,13 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
 
     # -- the one place errors are mapped ----------------------------------------------------------
 
+    def _history_scope(self, context: grpc.aio.ServicerContext) -> str:
+        return history_scope_of(context) if self._limits.history_per_token else ""
+
     @contextlib.asynccontextmanager
     async def _rpc(self, rpc: str, request: Message, context: grpc.aio.ServicerContext) -> AsyncIterator[_Call]:
-        call = _Call(rpc, request_id_of(context, getattr(request, "request_id", "")), deadline_of(context))
+        call = _Call(rpc, request_id_of(context, getattr(request, "request_id", "")), deadline_of(context),
+                     history_scope=self._history_scope(context))
         code = grpc.StatusCode.OK
         try:
             size = request.ByteSize()
@@ -158,7 +171,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
     async def _extraction_request(self, request: pb.ExtractRequest, schema: ResolvedSchema, call: _Call):
         # Off the event loop: checking worked examples runs the caller's schema over the caller's data.
         return await asyncio.to_thread(convert.extraction_request, request, schema, call.request_id, call.deadline,
-                                       self._limits)
+                                       self._limits, call.history_scope)
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -212,7 +225,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         async with self._rpc("CallTool", request, context) as call:
             call.schema_field = "tools"
             engine = self._engine.require()
-            req = convert.tool_request(request, call.request_id, call.deadline, self._limits)
+            req = convert.tool_request(request, call.request_id, call.deadline, self._limits, call.history_scope)
             res = await self._guarded(call, engine.call_tool(req))
             call.result = res.result
             errors.check_result(res.result, call.deadline, schema_field=call.schema_field)

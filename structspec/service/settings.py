@@ -91,6 +91,10 @@ class ServiceSettings:
                             "(fast-forward only), ff+ngram, ff+ngram+history, all (+ the draft model); requests may "
                             "still turn drafting off", tuple(SPECULATION_CONFIGS))
     max_batch_for_speculation: int = _opt(_LIMITS.max_spec_batch, "no drafting when more sequences than this are running")
+    history_scope: str = _opt("per_token", "whose earlier outputs the schema history drafts from: per_token (the "
+                              "caller's own, when auth tokens are configured: one caller's latency then says nothing "
+                              "about whether another's outputs matched) or shared (everyone's: warms up faster)",
+                              ("per_token", "shared"))
     # -- security ------------------------------------------------------------------------------
     tls_cert_file: Path | None = _opt(None, "PEM server certificate (chain); enables TLS with --tls-key-file")
     tls_key_file: Path | None = _opt(None, "PEM private key of the server certificate")

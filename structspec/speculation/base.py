@@ -25,7 +25,7 @@ class SequenceSpeculation:
 class DraftContext:
     """What a proposer may look at: the request's text so far and where the grammar stands."""
 
-    schema_key: str
+    history_key: str  # the schema history this request may draft from (the schema, within the caller's scope)
     schema: dict[str, Any] | None
     prompt_text: str
     output_text: str

@@ -88,7 +88,7 @@ class HistoryProposer:
         self.history = history
 
     def propose(self, ctx: DraftContext, k: int) -> Draft | None:
-        cont = self.history.continuation(ctx.schema_key, ctx.output_text)
+        cont = self.history.continuation(ctx.history_key, ctx.output_text)
         if not cont:
             return None
         tokens = self.tokenizer(cont, add_special_tokens=False)["input_ids"][:k]

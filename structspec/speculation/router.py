@@ -34,6 +34,12 @@ class AcceptanceSink(Protocol):
                           ts: float) -> None: ...
 
 
+def history_key(seq: EngineSequence) -> str:
+    """Outputs are shared as drafts only within a scope (e.g. one auth token): another caller's acceptance,
+    and so latency, must not reveal whether my outputs matched theirs."""
+    return f"{seq.history_scope}|{seq.schema_key}" if seq.history_scope else seq.schema_key
+
+
 class Router:
     def __init__(self, tokenizer, proposers: ProposerSet, vocab_size: int, history: SchemaHistory | None = None,
                  draft: DraftModelProposer | None = None, stats: AcceptanceSink | None = None):
@@ -49,7 +55,7 @@ class Router:
         state = seq.speculation
         if state is None:
             state = seq.speculation = SequenceSpeculation(self._decode(seq.prompt))
-        return DraftContext(seq.schema_key, seq.schema, state.prompt_text, self._decode(seq.output),
+        return DraftContext(history_key(seq), seq.schema, state.prompt_text, self._decode(seq.output),
                             seq.prompt, seq.output, seq.matcher, seq.seed, seq.params, state)
 
     def _decode(self, ids: list[int]) -> str:
@@ -100,4 +106,4 @@ class Router:
             self.draft.release(seq.speculation)
         seq.speculation = None
         if seq.finish is FinishReason.STOP and seq.output:
-            self.history.add(seq.schema_key, self._decode(seq.output))
+            self.history.add(history_key(seq), self._decode(seq.output))

@@ -85,6 +85,29 @@ def test_tokens_end_to_end(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
         assert secret not in text
 
 
+@pytest.mark.parametrize("scope", ["per_token", "shared"])
+def test_schema_history_is_scoped_per_auth_token(tmp_path: Path, scope: str) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text("alice-token\nbob-token\n")
+    engine = FakeEngine()
+    with ServerThread(settings_for(tmp_path, auth_token_file=token_file, history_scope=scope), engine) as st:
+        for token in ("alice-token", "bob-token", "alice-token"):
+            with Client(st.target, token=token, retry=NO_RETRY) as c:
+                c.extract("x", schema_id="contact")
+                c.call_tool([("user", "hi")], [{"name": "a", "parameters": {"type": "object"}}])
+    scopes = [r.history_scope for r in engine.requests]
+    if scope == "shared":
+        assert scopes == [""] * 6
+    else:
+        alice, bob = scopes[0], scopes[2]
+        assert alice and bob and alice != bob and scopes == [alice, alice, bob, bob, alice, alice]
+        assert all("token" not in s for s in scopes)  # a digest, never the token
+    with ServerThread(settings_for(tmp_path / "open"), FakeEngine()) as st:  # no tokens: one tenant
+        with Client(st.target, retry=NO_RETRY) as c:
+            c.extract("x", schema_id="contact")
+        assert st.engine.requests[0].history_scope == ""
+
+
 def test_tls(tmp_path: Path, certs: dict[str, Path]) -> None:
     settings = settings_for(tmp_path, tls_cert_file=certs["server.crt"], tls_key_file=certs["server.key"])
     with ServerThread(settings, FakeEngine()) as st:

@@ -112,9 +112,9 @@ class _AnyToken:
 
 def test_a_sampled_draft_keeps_the_probability_of_eos():
     """Where the grammar allows EOS beside other tokens, draft + verification must emit EOS with the target's
-    probability. Found by review: a draft that drew EOS ended there, so with p = (EOS .5, a .5) and
-    q = (EOS .9, a .1) the output had EOS 0.45 of the time. Monte Carlo over 4k keyed seeds (the old code
-    is 6 standard errors off)."""
+    probability (with p = (EOS .5, a .5) and q = (EOS .9, a .1) a draft that ended on a drawn EOS once gave
+    EOS 0.45 of the time). The draft draws with the verifier's keyed noise, so draft + verification emit
+    exactly plain keyed sampling's token, seed by seed; and EOS comes out half of the time over 4k seeds."""
     import math
 
     import torch
@@ -143,5 +143,23 @@ def test_a_sampled_draft_keeps_the_probability_of_eos():
             verdict = verify(rows, draft.tokens, draft.q, params, seed, 0)
             token = draft.tokens[0] if verdict.accepted else verdict.token
         proposer.release(state)
+        assert token == choose(p_logits, params, seed, 0)  # the very token speculation off emits
         eos_count += token == eos
     assert binomtest(eos_count, n, 0.5).pvalue > 1e-3, eos_count / n
+
+
+def test_the_schema_history_is_shared_only_within_a_scope():
+    from structspec.engine.types import FinishReason
+    from structspec.speculation.configs import ProposerSet
+    from structspec.speculation.router import Router, history_key
+    from tests.engine.fakes import ToyTokenizer, free_slots, make_seq
+
+    router = Router(ToyTokenizer(), ProposerSet(ngram=False, history=True, draft=False), vocab_size=16)
+    alice, bob, anyone = (make_seq([1], free_slots(2)) for _ in range(3))
+    alice.history_scope, bob.history_scope = "t:a", "t:b"
+    for seq in (alice, bob, anyone):
+        seq.output, seq.finish = [3, 4], FinishReason.STOP
+        router.on_finish(seq)
+    assert history_key(alice) != history_key(bob) != history_key(anyone) == "toy"
+    assert router.history.outputs(history_key(alice)) == ["cd"] and router.history.outputs("toy") == ["cd"]
+    assert len(router.history.outputs(history_key(bob))) == 1  # bob's own output, not alice's as well
