@@ -35,7 +35,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from structspec.models.executor import ContextOverflow, StepInput
-from structspec.models.small_gemm import OutputHead, fast_linears_enabled, small_row_linears
+from structspec.models.profiles import cache_dir
+from structspec.models.small_gemm import FormChoices, OutputHead, fast_linears_enabled, small_row_linears
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,9 @@ class TransformersExecutor:
         dummy = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=self.device)  # masks are packed_attention's job
         self._placeholder_masks = {t: dummy for t in set(layer_types)} if layer_types else dummy
         head = model.get_output_embeddings()
-        self._head = OutputHead(head.weight, getattr(head, "bias", None))  # tuned output-layer product
+        # tuned output-layer product; the choice is kept per machine so every process computes the same logits
+        self._head = OutputHead(head.weight, getattr(head, "bias", None),
+                                choices=FormChoices(cache_dir() / "output-layer-forms.json"))
         # With a large vocabulary, a position whose grammar allows a few ids (digits, an enum, the end of
         # an array) is scored on those rows of the output layer alone (Gemma: ~1/3 of an extraction's
         # scored positions allow <= 256 of 262k ids). Small vocabularies gain nothing from it.

@@ -10,7 +10,10 @@ to a GEMM), then ~4 ms per row. In bf16 ``F.linear`` is the fast one.
 Two tools:
 - ``OutputHead``: the output layer. It is most of a step, so the first call with
   a given row count times each form on the real input and keeps the fastest
-  (per weight and row count, for the process): no BLAS quirk is hard-coded.
+  (per weight and row count): no BLAS quirk is hard-coded. The forms sum in
+  different orders, so the choice can flip a greedy near-tie; ``FormChoices``
+  with a file (the executor's default) keeps it for the machine, so every later
+  process on it computes the same logits.
 - ``small_row_linears(model)``: the body's linear layers, each far too cheap to
   time reliably, take W @ x^T (an even number of rows) when fed at most
   ``SMALL_ROWS`` rows in fp32 on CPU (a Gemma 3 270M verification step of 4
@@ -25,9 +28,14 @@ Every form computes the same product; only the float summation order differs.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import platform
+import tempfile
 import threading
 import time
 import types
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -69,16 +77,62 @@ FORMS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 _CHOICES: dict[tuple, str] = {}  # (weight identity, rows) -> form, shared by every executor of a model
 
 
+def machine_fingerprint() -> str:
+    """What the timing depends on: the CPU model, the CPUs and threads torch uses, the torch build."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}|cpus {os.cpu_count()}|threads {torch.get_num_threads()}|torch {torch.__version__}"
+
+
+class FormChoices:
+    """Chosen forms kept in a JSON file per machine (``machine_fingerprint``), so processes agree.
+
+    Raises: never on a missing, unreadable or corrupt file (the choice is then timed and rewritten).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def _key(self, weight: torch.Tensor, rows: int) -> str:
+        return f"{machine_fingerprint()}|{tuple(weight.shape)}|{weight.dtype}|{rows}"
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, weight: torch.Tensor, rows: int) -> str | None:
+        form = self._read().get(self._key(weight, rows))
+        return form if form in FORMS else None
+
+    def put(self, weight: torch.Tensor, rows: int, form: str) -> None:
+        with self._lock, contextlib.suppress(OSError):
+            data = {**self._read(), self._key(weight, rows): form}
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)  # atomic: a concurrent reader sees the old file or the new one
+
+
 class OutputHead:
     """Applies an output layer (weight [V, H], optional bias [V]) to hidden states [N, H]."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tune: bool | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, choices: FormChoices | None = None):
         self.weight, self.bias = weight, bias
         if tune is None:
             tune = weight.device.type == "cpu" and weight.numel() >= TUNE_MIN_PARAMS
         self.tune = tune
         self.clock = clock
+        self.choices = choices  # None: choices last for the process only
         self._key = (weight.data_ptr(), tuple(weight.shape), weight.dtype)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -86,8 +140,13 @@ class OutputHead:
         return logits if self.bias is None else logits + self.bias
 
     def form_for(self, rows: int) -> str | None:
-        """The form chosen for this row count (None: not tuned yet)."""
-        return _CHOICES.get((*self._key, rows))
+        """The form chosen for this row count (None: not tuned yet, here or on this machine)."""
+        form = _CHOICES.get((*self._key, rows))
+        if form is None and self.choices is not None:
+            form = self.choices.get(self.weight, rows)
+            if form is not None:
+                _CHOICES[(*self._key, rows)] = form
+        return form
 
     def _project(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
@@ -113,6 +172,8 @@ class OutputHead:
             if best is None or elapsed < best[1]:
                 best, out = (name, elapsed), result
         _CHOICES[(*self._key, rows)] = best[0]
+        if self.choices is not None:
+            self.choices.put(self.weight, rows, best[0])
         return out
 
 

@@ -109,3 +109,20 @@ def test_tiny_layers_keep_f_linear():
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(512, 512))
     assert small_row_linears(model) == 1  # 4k weights: F.linear; 262k: the small-row form
     assert "forward" not in vars(model[0]) and "forward" in vars(model[1])
+
+
+def test_the_chosen_form_is_kept_for_the_machine(tmp_path):
+    """A later process on the same machine takes the recorded form: it computes the same logits, untimed."""
+    from structspec.models.small_gemm import FormChoices
+
+    path = tmp_path / "forms.json"
+    head = OutputHead(torch.randn(48, 8), tune=True, choices=FormChoices(path),
+                      clock=fake_clock({"linear": 3.0, "transposed": 2.0, "chunked": 1.0}))
+    head(torch.randn(5, 8))
+    assert head.form_for(5) == "chunked" and "chunked" in path.read_text()
+    fresh = OutputHead(torch.randn(48, 8), tune=True, choices=FormChoices(path),  # another weight, same shape
+                       clock=lambda: pytest.fail("timed although the machine has a choice"))
+    fresh(torch.randn(5, 8))
+    assert fresh.form_for(5) == "chunked"
+    path.write_text("{not json")  # a corrupt file is a miss, never an error
+    assert FormChoices(path).get(torch.randn(48, 8), 5) is None
