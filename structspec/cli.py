@@ -107,6 +107,8 @@ def bench_decode(
     out: Path = typer.Option(Path("reports/decode.json"), help="where to write the JSON report"),
     save_outputs: bool = typer.Option(False, help="keep every request's output text and token ids in the report "
                                                   "(compare two reports with `structspec bench compare`)"),
+    temperature: float = typer.Option(0.0, help="0: greedy; above: the engine configurations sample (request i has "
+                                                "seed i; HF baselines stay greedy)"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
@@ -114,7 +116,7 @@ def bench_decode(
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     report = run_decode_bench(profile, workload, levels, requests, max_tokens,
                               tuple(c.strip() for c in configs.split(",") if c.strip()), few_shot, device,
-                              dtype=dtype, save_outputs=save_outputs)
+                              dtype=dtype, save_outputs=save_outputs, temperature=temperature)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))

@@ -107,8 +107,9 @@ def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) 
 
 
 # -- structspec engine configurations ------------------------------------------------------------
-def _request(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: bool, rid: str):
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+def _request(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: bool, rid: str, temperature: float = 0.0,
+             seed: int | None = None):
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed if temperature else None)
     mode = SpeculationMode.AUTO if speculate else SpeculationMode.OFF
     if item.kind == "toolcall":
         return ToolCallRequest(messages=(ChatMessage("user", item.source),), tools=item.tools, tool_choice="required",
@@ -119,13 +120,13 @@ def _request(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: boo
 
 
 async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_tokens: int, fast_forward: bool,
-                      speculate: bool) -> tuple[list[Record], float]:
+                      speculate: bool, temperature: float = 0.0) -> tuple[list[Record], float]:
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int, item: WorkItem) -> Record:
         async with sem:
             t0 = time.perf_counter()
-            req = _request(item, max_tokens, fast_forward, speculate, f"bench-{i}")
+            req = _request(item, max_tokens, fast_forward, speculate, f"bench-{i}", temperature, seed=i)
             if item.kind == "toolcall":
                 out = await engine.call_tool(req)
                 res = out.result
@@ -225,13 +226,14 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
 def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, ...] = 1, requests: int = 20,
                      max_tokens: int = 256, configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES,
                      few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
-                     dtype: str = "float32", save_outputs: bool = False) -> dict[str, Any]:
+                     dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0) -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
     within this run: ``speedup_vs_off`` / ``speedup_vs_hf_outlines`` against those rows at the same
     concurrency (HF at 1), ``speedup_vs_c1`` against the same configuration at concurrency 1.
     ``save_outputs``: each row also carries ``outputs`` (every request's text and token ids, in order).
+    ``temperature`` > 0: engine configurations sample (request i has seed i; HF baselines stay greedy).
     """
     from structspec.models.loading import load_profile
     from structspec.models.profiles import get_profile
@@ -251,7 +253,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
             for n in sorted(names)][: max(warmup, len(names))]
     report: dict[str, Any] = {
         "profile": profile, "workload": workload, "concurrency": list(levels), "requests": requests,
-        "max_tokens": max_tokens, "few_shot": shots, "save_outputs": save_outputs,
+        "max_tokens": max_tokens, "few_shot": shots, "save_outputs": save_outputs, "temperature": temperature,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
                     "dtype": dtype},
@@ -264,13 +266,14 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                 continue  # HF generate serves one request at a time
             row: dict[str, Any] = {"profile": profile, "workload": workload, "config": name, "concurrency": level}
             try:
-                result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs)
+                result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs, temperature)
                 compiler = result.pop("_compiler", compiler)
                 row.update(result)
             except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
                 row["error"] = f"{type(exc).__name__}: {exc}"
             report["runs"].append(row)
     _add_ratios(report["runs"])
+    _add_identity(report["runs"])
     return report
 
 
@@ -289,7 +292,8 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
                 row[key] = row["tokens_per_s"] / ref
 
 
-def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False) -> dict[str, Any]:
+def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False,
+                temperature=0.0) -> dict[str, Any]:
     from structspec.assembly import assemble_engine
     from structspec.engine.config import SchedulerLimits
     from structspec.models.worker_thread import run_in_worker
@@ -306,12 +310,24 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
                            proposers=proposers, compiler=compiler)
     engine.start()
     try:
-        asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, proposers is not None))
+        asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, proposers is not None, temperature))
         records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, spec.fast_forward,
-                                                proposers is not None))
+                                                proposers is not None, temperature))
     finally:
         engine.stop()
     return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations
+
+
+def _add_identity(runs: list[dict[str, Any]]) -> None:
+    """With saved outputs: per engine row, the share of requests whose token ids equal the ``off`` row's at the same
+    concurrency (greedy, fp32: 1.0 unless a near-tie flipped; in bf16 near-ties are common)."""
+    for row in runs:
+        ref = next((r for r in runs if r["config"] == "off" and r["concurrency"] == row["concurrency"]
+                    and "outputs" in r), None)
+        if ref is None or "outputs" not in row or row["config"] in BASELINES:
+            continue
+        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(row["outputs"], ref["outputs"]))
+        row["same_as_off"] = same / max(1, len(ref["outputs"]))
 
 
 def compare_outputs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -348,10 +364,12 @@ def format_table(report: dict[str, Any]) -> str:
     from rich.table import Table
 
     m = report["machine"]
-    t = Table(title=f"decode: {report['profile']} / {report['workload']} / {report['requests']} requests, greedy, "
+    temperature = report.get("temperature") or 0.0
+    mode = f"temperature {temperature:g}" if temperature else "greedy"
+    t = Table(title=f"decode: {report['profile']} / {report['workload']} / {report['requests']} requests, {mode}, "
                     f"max_tokens {report['max_tokens']} / {m['processor']} x{m['cpus']}, {m['device']}, {m.get('dtype', 'float32')}")
     for col in ("config", "conc", "tok/s", "x off", "x hf+outl", "x c1", "p50 ms", "p99 ms", "ms/tok",
-                "passes/tok", "forced", "valid", "stop", "fields", "acceptance (mean accepted length)"):
+                "passes/tok", "forced", "valid", "stop", "fields", "= off", "acceptance (mean accepted length)"):
         t.add_column(col)
     for r in report["runs"]:
         if "error" in r:
@@ -364,7 +382,8 @@ def format_table(report: dict[str, Any]) -> str:
                   ratio("speedup_vs_hf_outlines"), ratio("speedup_vs_c1"), f"{r['latency_ms_p50']:.0f}",
                   f"{r['latency_ms_p99']:.0f}", f"{r['ms_per_output_token']:.1f}",
                   f"{r['forward_passes_per_token']:.2f}", f"{r['forced_share']:.2f}", f"{r['valid_rate']:.2f}",
-                  f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}", acc)
+                  f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}",
+                  f"{r['same_as_off']:.2f}" if "same_as_off" in r else "-", acc)
     buf = StringIO()
     Console(file=buf, width=220).print(t)
     return buf.getvalue()
