@@ -93,6 +93,8 @@ class AsyncClient:
                         yield TextDelta(resp.delta.text)
                     else:
                         result = ExtractionResult.from_pb(resp.result)
+                        async for _ in call:  # read to the end: the server then ends the stream OK, not cancelled
+                            pass
                         convert.check_output(result)
                         yield result
                         return

@@ -127,6 +127,8 @@ class Client:
                         yield TextDelta(resp.delta.text)
                     else:
                         result = ExtractionResult.from_pb(resp.result)
+                        for _ in call:  # read to the end of the stream: the server then ends it OK, not cancelled
+                            pass
                         convert.check_output(result)
                         yield result
                         return

@@ -61,6 +61,7 @@ class _Call:
     result: GenerationResult | None = None
     schema_field: str = "json_schema"
     history_scope: str = ""  # the caller's scope for the schema history ("": shared)
+    delivered: bool = False  # a stream handed its final message to gRPC: closing it now is the normal end
 
 
 def history_scope_of(context: grpc.aio.ServicerContext) -> str:
@@ -122,6 +123,8 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                 )
             yield call
         except (asyncio.CancelledError, GeneratorExit):
+            if call.delivered:  # the client read the final message and closed the stream: a success
+                raise
             # the client cancelled or its deadline passed: the awaiting task (and so the
             # engine's decoding) is cancelled with us
             late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
@@ -219,7 +222,9 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                 raise ServiceError(grpc.StatusCode.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
             call.result = final
             errors.check_result(final, call.deadline, schema_field=call.schema_field)
-            yield pb.ExtractStreamResponse(result=convert.extract_result(final, schema.key))
+            response = pb.ExtractStreamResponse(result=convert.extract_result(final, schema.key))
+            call.delivered = True
+            yield response
 
     async def CallTool(self, request: pb.CallToolRequest, context: grpc.aio.ServicerContext) -> pb.CallToolResponse:
         async with self._rpc("CallTool", request, context) as call:

@@ -152,6 +152,7 @@ def test_health_reflection_and_metrics(tmp_path: Path) -> None:
         c.extract("x", schema_id="contact")
         with pytest.raises(NotFoundError):
             c.extract("x", schema_id="nope")
+        assert list(c.extract_stream("x", schema_id="contact"))[-1].value  # read to the end: an OK, not a cancel
         with grpc.insecure_channel(st.target) as ch:
             stub = reflection_pb2_grpc.ServerReflectionStub(ch)
             resp = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
@@ -160,6 +161,8 @@ def test_health_reflection_and_metrics(tmp_path: Path) -> None:
         body = urllib.request.urlopen(f"http://127.0.0.1:{st.server.metrics_port}/metrics", timeout=5).read().decode()  # type: ignore[union-attr]
         assert 'structspec_requests_total{code="OK",finish_reason="stop",rpc="Extract"} 1.0' in body
         assert 'structspec_requests_total{code="NOT_FOUND",finish_reason="",rpc="Extract"} 1.0' in body
+        assert 'structspec_requests_total{code="OK",finish_reason="stop",rpc="ExtractStream"} 1.0' in body, body
+        assert 'code="CANCELLED"' not in body
         for name in ("structspec_request_latency_seconds_bucket", "structspec_output_tokens_total", "structspec_queue_depth",
                      "structspec_running_batch_size", "structspec_target_forward_passes_per_token_bucket", "structspec_drafted_tokens_total"):
             assert name in body, name
@@ -198,3 +201,28 @@ def test_engine_factory_gets_the_store_and_stats_flow(tmp_path: Path) -> None:
         c.extract("x", schema_id="contact")
         (row,) = c.get_schema_stats("contact", windows=[60]).windows[60]
         assert row.proposer == "draft_model" and row.events == 2 and row.drafted > row.accepted > 0
+
+
+def test_a_stream_read_to_its_result_counts_as_ok_even_if_the_client_then_hangs_up(tmp_path: Path) -> None:
+    """A client that takes the final message and cancels at once (as a client that stops reading would)
+    ended a finished stream as CANCELLED in the metrics and the log; it is a success."""
+    from structspec.proto_gen.v1 import structspec_pb2 as pb
+    from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+
+    with ServerThread(settings_for(tmp_path, metrics_port=0), FakeEngine()) as st:
+        with grpc.insecure_channel(st.target) as ch:
+            stub = pb_grpc.StructSpecStub(ch)
+            for _ in range(8):
+                call = stub.ExtractStream(pb.ExtractRequest(text="x", schema_ref=pb.SchemaRef(schema_id="contact")))
+                for resp in call:
+                    if resp.HasField("result"):
+                        call.cancel()  # hang up the moment the result is in
+                        break
+        url = f"http://127.0.0.1:{st.server.metrics_port}/metrics"  # type: ignore[union-attr]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            body = urllib.request.urlopen(url, timeout=5).read().decode()
+            if 'code="OK",finish_reason="stop",rpc="ExtractStream"} 8.0' in body:
+                break
+            time.sleep(0.05)
+        assert 'structspec_requests_total{code="OK",finish_reason="stop",rpc="ExtractStream"} 8.0' in body, body
