@@ -162,3 +162,35 @@ def test_drafting_stops_above_the_speculation_batch_limit():
     assert spec.verdicts and all(v.batch_size <= 2 for v in spec.verdicts)  # resumed once the first finished
     assert seqs[0].usage.draft_steps == {}  # it only ever ran beside two others
     assert [s.output for s in seqs] == [[2, 3], [3, 4, 5, 6, 7, 8], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+
+
+def test_a_proposer_that_raises_ends_that_requests_drafting_not_the_request():
+    """The draft model running out of memory (or a bug) mid-draft: rolled back, counted, and the request (and
+    its batch) carry on with plain decoding and the same output."""
+    calls = {"n": 0}
+
+    def flaky(seq):
+        calls["n"] += 1
+        if seq.prompt == [1] and calls["n"] >= 3:
+            seq.matcher.consume([(seq.prompt + seq.output)[-1] % 15 + 1])  # walked the matcher, then failed
+            raise MemoryError("draft model out of memory")
+        return [(seq.prompt + seq.output)[-1] % 15 + 1]
+
+    spec = ScriptedSpeculator(flaky)
+    hit, neighbour = make_seq([1], free_slots(8)), make_seq([5], free_slots(8))
+    core, _ = run([hit, neighbour], spec, prefix_cache_tokens=0)
+    assert core.draft_failures == 1 and not hit.speculate and neighbour.speculate
+    assert (hit.finish, hit.output) == (FinishReason.STOP, [2, 3, 4, 5, 6, 7, 8, 9])  # the matcher was rolled back
+    assert (neighbour.finish, neighbour.output) == (FinishReason.STOP, [6, 7, 8, 9, 10, 11, 12, 13])
+    assert neighbour.usage.draft_steps["scripted"] > hit.usage.draft_steps.get("scripted", 0)
+
+
+def test_a_proposer_that_leaves_the_matcher_moved_is_rolled_back():
+    def sloppy(seq):
+        nxt = (seq.prompt + seq.output)[-1] % 15 + 1
+        seq.matcher.consume([nxt])  # forgets to roll back
+        return [nxt]
+
+    seq = make_seq([1], free_slots(6))
+    run([seq], ScriptedSpeculator(sloppy), prefix_cache_tokens=0)
+    assert (seq.finish, seq.output) == (FinishReason.STOP, [2, 3, 4, 5, 6, 7])
