@@ -117,14 +117,44 @@ def bench_decode(
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
 
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
-    report = run_decode_bench(profile, workload, levels, requests, max_tokens,
-                              tuple(c.strip() for c in configs.split(",") if c.strip()), few_shot, device,
-                              dtype=dtype, save_outputs=save_outputs, temperature=temperature)
+    names = tuple(c.strip() for c in configs.split(",") if c.strip())
+    with _request_progress() as progress:
+        report = run_decode_bench(profile, workload, levels, requests, max_tokens, names, few_shot, device,
+                                  dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))
     console.print(format_table(report))
     console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
+
+
+class _request_progress:
+    """A rich progress bar per configuration: request n of N, elapsed, tokens/s so far (on stderr)."""
+
+    def __enter__(self):
+        import time
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._time = time.perf_counter
+        self._bars = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                              TimeElapsedColumn(), TextColumn("{task.fields[rate]}"),
+                              console=Console(stderr=True), transient=False)
+        self._bars.__enter__()
+        self._tasks: dict[tuple[str, int], tuple[int, float]] = {}
+        return self
+
+    def __call__(self, config: str, concurrency: int, done: int, total: int, tokens: int) -> None:
+        key = (config, concurrency)
+        if key not in self._tasks:  # the measured run of a configuration starts (done == 0)
+            self._tasks[key] = (self._bars.add_task(f"{config} (conc {concurrency})", total=total, rate=""),
+                                self._time())
+        task, started = self._tasks[key]
+        elapsed = max(1e-9, self._time() - started)
+        self._bars.update(task, completed=done, rate=f"{tokens / elapsed:.1f} tok/s")
+
+    def __exit__(self, *exc):
+        return self._bars.__exit__(*exc)
 
 
 @bench_app.command("compare")

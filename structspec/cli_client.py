@@ -50,6 +50,8 @@ class Connection:
     cert_file: Annotated[Optional[Path], typer.Option("--cert-file", help="client certificate for mutual TLS (implies --tls)")] = None
     key_file: Annotated[Optional[Path], typer.Option("--key-file", help="client key for mutual TLS")] = None
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds, retries included")] = None
+    wait: Annotated[float, typer.Option("--wait", help="first wait up to this many seconds for the server to be "
+                                                       "SERVING (it loads its model after it starts listening)")] = 0.0
 
     @property
     def use_tls(self) -> bool:
@@ -64,13 +66,20 @@ class Connection:
     def client(self) -> Any:
         from structspec.client import Client, TLSConfig
 
-        return Client(
+        client = Client(
             self.target,
             token=self.token(),
             admin_token=self.admin_token(),
             tls=TLSConfig(self.ca_file, self.cert_file, self.key_file) if self.use_tls else None,
             timeout=self.timeout,
         )
+        if self.wait > 0:
+            try:
+                client.wait_until_serving(self.wait)
+            except Exception as exc:
+                client.close()
+                _fail(exc)
+        return client
 
 
 _FIELDS = [f.name for f in dataclasses.fields(Connection)]
@@ -78,8 +87,8 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Connection)}
 _OPTION_TYPES = typing.get_type_hints(Connection, include_extras=True)  # field -> Annotated[type, typer.Option]
 
 # the option sets of the commands that call the API (as a user, or as the admin)
-CALL = ("target", "token_file", "tls", "ca_file", "cert_file", "key_file", "timeout")
-ADMIN_CALL = ("target", "admin_token_file", "tls", "ca_file", "cert_file", "key_file", "timeout")
+CALL = ("target", "token_file", "tls", "ca_file", "cert_file", "key_file", "timeout", "wait")
+ADMIN_CALL = ("target", "admin_token_file", "tls", "ca_file", "cert_file", "key_file", "timeout", "wait")
 
 F = TypeVar("F", bound=Callable[..., None])
 

@@ -28,7 +28,7 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -119,9 +119,14 @@ def _request(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: boo
                              speculation=mode, fast_forward=fast_forward, request_id=rid, schema_key=item.schema_name)
 
 
+Progress = Callable[[int, int, int], None]  # (requests done, requests in all, output tokens so far)
+
+
 async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_tokens: int, fast_forward: bool,
-                      speculate: bool, temperature: float = 0.0) -> tuple[list[Record], float]:
+                      speculate: bool, temperature: float = 0.0, progress: Progress | None = None
+                      ) -> tuple[list[Record], float]:
     sem = asyncio.Semaphore(concurrency)
+    done = [0, 0]  # requests, output tokens
 
     async def one(i: int, item: WorkItem) -> Record:
         async with sem:
@@ -136,6 +141,9 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
                 value = res.value
             right, total = item.score(value)
             u = res.usage
+            done[0], done[1] = done[0] + 1, done[1] + u.output_tokens
+            if progress is not None:
+                progress(done[0], len(items), done[1])
             return Record(time.perf_counter() - t0, u.output_tokens, u.target_forward_passes,
                           res.finish_reason is FinishReason.STOP, res.outcome is Outcome.VALID, right, total,
                           u.forced_tokens, dict(u.drafted), dict(u.accepted), dict(u.draft_steps), u.prompt_tokens,
@@ -172,7 +180,8 @@ def _tool_schema(item: WorkItem) -> dict[str, Any]:
                        "required": ["name", "arguments"], "additionalProperties": False} for t in item.tools]}
 
 
-def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[list[Record], float]:
+def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress: Progress | None = None
+            ) -> tuple[list[Record], float]:
     tok, model = models.tokenizer, models.target
     counter = _CountCalls(model)
     if mode == "hf_outlines":
@@ -217,6 +226,8 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
             stop = n_out < max_tokens
             records.append(Record(latency, n_out, counter.calls - before, stop, checked.outcome is Outcome.VALID,
                                   right, total, prompt_tokens=ids.shape[1], text=text, token_ids=list(token_ids)))
+            if progress is not None:
+                progress(len(records), len(items), sum(r.output_tokens for r in records))
     finally:
         counter.close()
     return records, time.perf_counter() - t_all
@@ -226,7 +237,8 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str) -> tuple[
 def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, ...] = 1, requests: int = 20,
                      max_tokens: int = 256, configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES,
                      few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
-                     dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0) -> dict[str, Any]:
+                     dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0,
+                     progress: Callable[[str, int, int, int, int], None] | None = None) -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
@@ -234,6 +246,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     concurrency (HF at 1), ``speedup_vs_c1`` against the same configuration at concurrency 1.
     ``save_outputs``: each row also carries ``outputs`` (every request's text and token ids, in order).
     ``temperature`` > 0: engine configurations sample (request i has seed i; HF baselines stay greedy).
+    ``progress(config, concurrency, done, total, output_tokens)`` is called as each measured request finishes.
     """
     from structspec.models.loading import load_profile
     from structspec.models.profiles import get_profile
@@ -266,7 +279,9 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                 continue  # HF generate serves one request at a time
             row: dict[str, Any] = {"profile": profile, "workload": workload, "config": name, "concurrency": level}
             try:
-                result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs, temperature)
+                step = None if progress is None else (lambda d, n, t, c=name, lv=level: progress(c, lv, d, n, t))
+                result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs, temperature,
+                                     step)
                 compiler = result.pop("_compiler", compiler)
                 row.update(result)
             except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
@@ -293,14 +308,16 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
 
 
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False,
-                temperature=0.0) -> dict[str, Any]:
+                temperature=0.0, progress: Progress | None = None) -> dict[str, Any]:
     from structspec.assembly import assemble_engine
     from structspec.engine.config import SchedulerLimits
     from structspec.models.worker_thread import run_in_worker
 
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
         run_in_worker(_run_hf, models, warm, max_tokens, name)
-        records, wall = run_in_worker(_run_hf, models, items, max_tokens, name)
+        if progress is not None:
+            progress(0, len(items), 0)  # the measured run starts
+        records, wall = run_in_worker(_run_hf, models, items, max_tokens, name, progress)
         return summarize(records, wall, save_outputs)
     spec = speculation_config(name)
     proposers = spec.proposers
@@ -311,8 +328,10 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
     engine.start()
     try:
         asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, proposers is not None, temperature))
+        if progress is not None:
+            progress(0, len(items), 0)  # the measured run starts
         records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, spec.fast_forward,
-                                                proposers is not None, temperature))
+                                                proposers is not None, temperature, progress))
     finally:
         engine.stop()
     return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import grpc
@@ -10,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
-from structspec.client.errors import InternalError, error_from_rpc
+from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
 from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
 from structspec.client.sync import deadline_after, remaining, retry_delay, stats_request
 from structspec.proto_gen.v1 import structspec_pb2 as pb
@@ -157,5 +158,22 @@ class AsyncClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from exc
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    async def wait_until_serving(self, timeout: float, *, poll: float = 0.5) -> None:
+        """Like ``Client.wait_until_serving``, as a coroutine."""
+        deadline, status = time.monotonic() + timeout, "unreachable"
+        while True:
+            try:
+                status = await self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                if status == "SERVING":
+                    return
+            except UnavailableError:
+                status = "unreachable"
+            except DeadlineExceededError:
+                status = "not answering"
+            if time.monotonic() + poll > deadline:
+                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"not SERVING after {timeout:g} s ({status})",
+                                       "NOT_SERVING")
+            await asyncio.sleep(poll)
 
 

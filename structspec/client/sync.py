@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
-from structspec.client.errors import DeadlineExceededError, InternalError, error_from_rpc
+from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
 from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
@@ -198,6 +198,24 @@ class Client:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from exc
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    def wait_until_serving(self, timeout: float, *, poll: float = 0.5) -> None:
+        """Block until the server reports SERVING (it answers NOT_SERVING while it loads its model, and
+        cannot be reached before it listens). Raises ``UnavailableError`` after ``timeout`` seconds."""
+        deadline, status = time.monotonic() + timeout, "unreachable"
+        while True:
+            try:
+                status = self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                if status == "SERVING":
+                    return
+            except UnavailableError:
+                status = "unreachable"
+            except DeadlineExceededError:
+                status = "not answering"
+            if time.monotonic() + poll > deadline:
+                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"not SERVING after {timeout:g} s ({status})",
+                                       "NOT_SERVING")
+            time.sleep(poll)
 
 
 def stats_request(schema_id: str | None, version: int | None, schema_key: str | None, windows: Sequence[int]) -> pb.GetSchemaStatsRequest:

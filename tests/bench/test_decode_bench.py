@@ -45,3 +45,13 @@ def test_saved_outputs_compare_token_for_token():
     assert compare_outputs(report, changed) == ["('ff', 1): request 1 differs from token 3"]
     del changed["runs"][0]["outputs"]
     assert "('off', 1): no saved outputs (run with --save-outputs)" in compare_outputs(report, changed)
+
+
+def test_progress_is_reported_per_configuration_from_its_start():
+    seen = []
+    run_decode_bench("demo", "extraction", requests=2, max_tokens=48, configs=("off", "ff"),
+                     progress=lambda *args: seen.append(args))
+    for config in ("off", "ff"):
+        mine = [(d, n) for c, level, d, n, _ in seen if c == config and level == 1]
+        assert mine == [(0, 2), (1, 2), (2, 2)], seen
+    assert all(tokens >= 0 for *_, tokens in seen) and seen[-1][-1] > 0

@@ -154,3 +154,28 @@ def test_client_commands(app: typer.Typer, served: ServerThread, tmp_path: Path)
     r = ok(["call-tool", "-m", "user: weather in Oslo?"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["calls"][0]["name"] == "get_weather"
+
+
+def test_wait_holds_a_command_until_the_server_is_serving(app: typer.Typer, tmp_path: Path) -> None:
+    """A server that listens while it loads its model answers UNAVAILABLE; --wait first waits for SERVING."""
+    import asyncio
+    import threading
+    import time
+
+    from tests.service.fakes import FakeEngine
+    from tests.service.harness import settings_for
+
+    with ServerThread(settings_for(tmp_path), None) as st:
+        gave_up = runner.invoke(app, ["extract", "--target", st.target, "-s", "contact", "--text", "x", "--wait", "0.6"])
+        assert gave_up.exit_code == 1 and "not SERVING after 0.6 s (NOT_SERVING)" in gave_up.output
+
+        def slow_factory(settings: object) -> FakeEngine:
+            time.sleep(1.0)
+            return FakeEngine()
+
+        threading.Timer(0.2, lambda: asyncio.run_coroutine_threadsafe(
+            st.server.load_engine(slow_factory), st.loop)).start()  # type: ignore[union-attr]
+        started = time.monotonic()
+        done = runner.invoke(app, ["extract", "--target", st.target, "-s", "contact", "--text", "x", "--wait", "20"])
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.output) and time.monotonic() - started >= 1.0
