@@ -175,11 +175,15 @@ class EngineCore:
             return None
         finally:
             seq.matcher = matcher
-            if walked.consumed:
+            if walked.consumed > 0:
                 if not walked.failed:
                     log.error("a proposer left the matcher %d tokens on (request %s)", walked.consumed,
                               seq.request_id)
                 matcher.rollback(walked.consumed)
+            elif walked.consumed < 0:  # rolled back into the committed text: consume those tokens again
+                log.error("a proposer rolled the matcher back %d committed tokens (request %s)", -walked.consumed,
+                          seq.request_id)
+                matcher.consume(seq.output[len(seq.output) + walked.consumed:])
 
     # -- 4. one forward ------------------------------------------------------------------------------
     def _forward(self, plans: list[StepPlan]) -> list[torch.Tensor] | None:

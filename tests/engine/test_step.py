@@ -194,3 +194,14 @@ def test_a_proposer_that_leaves_the_matcher_moved_is_rolled_back():
     seq = make_seq([1], free_slots(6))
     run([seq], ScriptedSpeculator(sloppy), prefix_cache_tokens=0)
     assert (seq.finish, seq.output) == (FinishReason.STOP, [2, 3, 4, 5, 6, 7])
+
+
+def test_a_proposer_that_rolls_the_matcher_back_too_far_is_undone():
+    def overeager(seq):
+        if len(seq.output) >= 2:
+            seq.matcher.rollback(2)  # undoes two committed tokens
+        return [(seq.prompt + seq.output)[-1] % 15 + 1]
+
+    seq = make_seq([1], free_slots(6))
+    run([seq], ScriptedSpeculator(overeager), prefix_cache_tokens=0)
+    assert (seq.finish, seq.output) == (FinishReason.STOP, [2, 3, 4, 5, 6, 7])
