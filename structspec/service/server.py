@@ -263,6 +263,12 @@ class StructSpecServer:
             except Exception:
                 log.exception("writing speculation statistics failed (will retry)")
 
+    def cut_drain_short(self) -> None:
+        """Cancel the in-flight requests now instead of at the end of the grace period (a second signal)."""
+        if self._stopping and self._server is not None:
+            log.info("second signal: cancelling the in-flight requests now")
+            asyncio.get_running_loop().create_task(self._server.stop(0))
+
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace``
         seconds (default: settings), cancel the rest, then close the engine and flush the store."""
@@ -343,9 +349,14 @@ async def serve(settings: ServiceSettings, engine_factory: EngineFactory | None 
             loader.cancel()
     finally:
         stopper.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal cuts the drain short
             loop.remove_signal_handler(sig)
-        await server.stop(settings.drain_grace_seconds)
+            loop.add_signal_handler(sig, server.cut_drain_short)
+        try:
+            await server.stop(settings.drain_grace_seconds)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
     return rc
 
 

@@ -108,7 +108,9 @@ class ServiceSettings:
     auth_token: Secret | None = _opt(None, "bearer token value (environment only)")
     admin_token: Secret | None = _opt(None, "admin token value (environment only)")
     # -- lifecycle -----------------------------------------------------------------------------
-    drain_grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight requests may run before they are cancelled")
+    drain_grace_seconds: float = _opt(120.0, "on SIGTERM or SIGINT, how long in-flight requests may run before they "
+                                      "are cancelled (a Gemma 3 270M request of a few hundred tokens takes about a "
+                                      "minute on 2 CPU cores); a second signal cancels them at once")
     log_level: str = _opt("INFO", "log level", ("DEBUG", "INFO", "WARNING", "ERROR"))
 
     # -- derived -------------------------------------------------------------------------------

@@ -129,3 +129,39 @@ def test_engine_factory_failure_exits_nonzero(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
+    proc, target, _ = start(tmp_path, "--engine-factory", "tests.service.fakes:make_fake_engine",
+                            "--drain-grace-seconds", "60")  # the later flag wins over start()'s GRACE
+    try:
+        wait_serving(target, proc)
+        result: dict[str, object] = {}
+        began = threading.Event()
+
+        def run() -> None:
+            try:
+                with Client(target, retry=NO_RETRY) as c:
+                    for item in c.extract_stream("[slow=1]", schema_id="contact"):
+                        began.set()
+                        result["item"] = item
+            except StructSpecError as exc:
+                result["item"] = exc
+            finally:
+                began.set()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert began.wait(10)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None  # draining: the request may still finish within 60 s
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0 and time.monotonic() - t0 < 12
+        thread.join(10)
+        assert isinstance(result["item"], StructSpecError)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
