@@ -13,7 +13,7 @@ from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
 from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
 from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
-from structspec.client.sync import deadline_after, remaining, retry_delay, stats_request
+from structspec.client.sync import deadline_after, remaining, retry_delay, stats_request, warn_if_restarted
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
@@ -62,6 +62,7 @@ class AsyncClient:
                 delay = retry_delay(exc, delays, deadline)
                 if delay is None:
                     raise error_from_rpc(exc) from exc
+                warn_if_restarted(exc)
                 await asyncio.sleep(delay)
 
     # -- extraction -------------------------------------------------------------------------------
@@ -104,6 +105,7 @@ class AsyncClient:
                 delay = None if received else retry_delay(exc, delays, deadline)
                 if delay is None:
                     raise error_from_rpc(exc) from exc
+                warn_if_restarted(exc)
             finally:
                 call.cancel()
             await asyncio.sleep(delay)

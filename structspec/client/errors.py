@@ -144,3 +144,19 @@ class SchemaViolationError(OutputError):
 class ModelValidationError(OutputError):
     """The output is valid against the JSON Schema but the pydantic model rejected it
     (a constraint the schema does not express, e.g. a custom validator)."""
+
+
+# UNAVAILABLE reasons the server gives when it refused a request before starting it.
+NOT_STARTED_REASONS = frozenset({"MODEL_LOADING", "DRAINING"})
+_CONNECT_FAILURES = ("failed to connect", "connection refused", "dns resolution", "name resolution", "no route",
+                     "connection reset", "socket closed", "end of tcp stream")
+
+
+def may_have_started(exc: grpc.RpcError) -> bool:
+    """Whether an UNAVAILABLE may have cut a request the server had started (a draining server cancels what is
+    still running after its grace period): a retry then runs it again."""
+    details = _details(exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None)  # type: ignore[attr-defined]
+    if details is not None and details.reason in NOT_STARTED_REASONS:
+        return False
+    message = ((exc.details() if hasattr(exc, "details") else "") or "").lower()  # type: ignore[attr-defined]
+    return not any(text in message for text in _CONNECT_FAILURES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -10,11 +11,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
-from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
+from structspec.client.errors import (DeadlineExceededError, InternalError, UnavailableError, error_from_rpc,
+                                     may_have_started)
 from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
+
+log = logging.getLogger("structspec.client")
 
 def deadline_after(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
@@ -27,6 +31,13 @@ def remaining(deadline: float | None) -> float | None:
     if left <= 0:
         raise DeadlineExceededError(grpc.StatusCode.DEADLINE_EXCEEDED, "timeout passed before the request could be sent")
     return left
+
+
+def warn_if_restarted(exc: grpc.RpcError) -> None:
+    """Say so when a retry may run a request a second time (never silently)."""
+    if may_have_started(exc):
+        log.warning("the server dropped a call that may already have started (UNAVAILABLE: %s); retrying it, so "
+                    "it may run twice", exc.details() if hasattr(exc, "details") else exc)  # type: ignore[attr-defined]
 
 
 def retry_delay(exc: grpc.RpcError, delays: Iterator[float], deadline: float | None) -> float | None:
@@ -87,6 +98,7 @@ class Client:
                 delay = retry_delay(exc, delays, deadline)
                 if delay is None:
                     raise error_from_rpc(exc) from exc
+                warn_if_restarted(exc)
                 time.sleep(delay)
 
     # -- extraction -------------------------------------------------------------------------------
@@ -137,6 +149,7 @@ class Client:
                 delay = None if received else retry_delay(exc, delays, deadline)
                 if delay is None:
                     raise error_from_rpc(exc) from exc
+                warn_if_restarted(exc)
             finally:
                 call.cancel()  # no-op once finished; stops decoding when the caller stopped early
             time.sleep(delay)

@@ -171,3 +171,39 @@ def test_request_building() -> None:
     t = tool_pb({"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}})
     assert (t.name, t.description, json.loads(t.parameters_json)) == ("f", "d", {"type": "object"})
     assert tool_pb(Address).name == "Address"
+
+
+class _Unavailable(grpc.RpcError):
+    def __init__(self, message: str, reason: str = ""):
+        self._message, self._reason = message, reason
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return self._message
+
+    def trailing_metadata(self):
+        if not self._reason:
+            return ()
+        from structspec.client.errors import DETAILS_KEY
+        from structspec.proto_gen.v1 import structspec_pb2 as pb
+
+        return ((DETAILS_KEY, pb.ErrorDetails(reason=self._reason).SerializeToString()),)
+
+
+def test_a_retry_that_may_run_a_request_twice_says_so(caplog):
+    """A draining server cancels what still runs after its grace with a bare UNAVAILABLE: the client retries
+    (a replacement may be up) but warns that the request may run twice; refusals and connect failures are silent."""
+    from structspec.client.errors import may_have_started
+    from structspec.client.sync import warn_if_restarted
+
+    assert may_have_started(_Unavailable("Cancelling all calls"))
+    assert not may_have_started(_Unavailable("server is shutting down", "DRAINING"))
+    assert not may_have_started(_Unavailable("model is loading; retry shortly", "MODEL_LOADING"))
+    assert not may_have_started(_Unavailable("failed to connect to all addresses; last error: UNKNOWN"))
+    caplog.set_level("WARNING", logger="structspec.client")
+    warn_if_restarted(_Unavailable("failed to connect to all addresses"))
+    assert not caplog.records
+    warn_if_restarted(_Unavailable("Cancelling all calls"))
+    assert "may run twice" in caplog.text
