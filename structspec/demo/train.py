@@ -368,7 +368,7 @@ def _phase3(target, tokenizer, plan: TrainPlan, train_ex: list[Example], out: Pa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "models" / "demo")
-    ap.add_argument("--quick", action="store_true", help="tiny run to smoke-test the script (minutes, not shipped)")
+    ap.add_argument("--quick", action="store_true", help="tiny run of every phase to smoke-test the script (~15 s on 2 cores; not shipped)")
     ap.add_argument("--reuse-target", type=Path, default=None,
                     help="load the finished target from this folder instead of training it (to re-tune the draft)")
     ap.add_argument("--resume-phase1", type=Path, default=None,
@@ -379,7 +379,10 @@ def main() -> None:
     args = ap.parse_args()
     plan = TrainPlan()
     if args.quick:
-        plan = TrainPlan(train_examples=400, eval_prompts=8, target_steps=6, copy_steps=3, draft_steps=3,
+        # every phase and stage runs, on models and data small enough for seconds (the determinism test runs it twice)
+        plan = TrainPlan(train_examples=400, eval_prompts=2, vocab_size=1024, batch=4,
+                         target=ModelShape(hidden=128, layers=2, heads=4, intermediate=256), target_steps=6,
+                         copy_steps=3, draft=ModelShape(hidden=64, layers=1, heads=2, intermediate=128), draft_steps=3,
                          stages=(Stage(3, 1e-3, recall=False), Stage(3, 1e-3, recall=True, cosine=True)))
     torch.manual_seed(plan.torch_seed)
     random.seed(plan.torch_seed)
