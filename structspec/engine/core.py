@@ -59,6 +59,9 @@ class EngineCore:
 
     # -- called from any thread ------------------------------------------------------------------
     def submit(self, seq: EngineSequence) -> None:
+        """Queue ``seq``. Raises: OverBudget, QueueFull; ValueError for a sequence submitted before."""
+        if seq.submitted:
+            raise ValueError(f"sequence {seq.key} (request {seq.request_id}) was already submitted")
         need = self.scheduler.kv_need(len(seq.prompt), seq.params.max_tokens)
         if need > self.limits.kv_budget_tokens:
             raise OverBudget(f"request needs {need} KV-cache tokens; the server's budget is "
@@ -66,6 +69,7 @@ class EngineCore:
         with self._inbox.lock:
             if len(self.scheduler.waiting) + len(self._inbox.new) >= self.limits.max_queue:
                 raise QueueFull(f"queue full ({self.limits.max_queue} requests waiting); retry later")
+            seq.submitted = True
             self._inbox.new.append(seq)
         self.wakeup.set()
 

@@ -52,6 +52,7 @@ class EngineSequence:
     schema: dict[str, Any] | None  # the JSON Schema being decoded (None for tool calls)
     on_event: Callable[[str, Any], None]  # ("delta", text) / ("done", None), called from the engine thread
     status: SequenceStatus = SequenceStatus.WAITING
+    submitted: bool = False  # handed to an engine (once: a second submit would double its reservation)
     history_scope: str = ""  # whose earlier outputs of this schema speculation may draft from ("": everyone's)
     output: list[int] = field(default_factory=list)
     uncached: list[int] = field(default_factory=list)

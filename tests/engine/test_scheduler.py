@@ -136,3 +136,13 @@ def test_a_failed_slot_allocation_ends_that_request_and_releases_nothing_else():
     run_until_idle(core, seqs)
     assert [s.finish for s in seqs] == [FinishReason.STOP, FinishReason.ERROR, FinishReason.STOP]
     assert "no KV-cache slot" in seqs[1].error and core.scheduler.reserved == 0
+
+
+def test_a_sequence_is_submitted_once():
+    core, _ = core_with()
+    seq = make_seq([1, 2], free_slots(3))
+    core.submit(seq)
+    with pytest.raises(ValueError, match="already submitted"):
+        core.submit(seq)  # it would be queued twice and reserve its KV memory twice
+    drain(core, [seq])
+    assert seq.finish is FinishReason.STOP and core.scheduler.reserved == 0
