@@ -34,14 +34,18 @@ class ExtractionRequest:
     schema_key: str = ""  # stable name for stats ("invoice@3"); defaults to the schema's hash
     history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
 
+    @property
+    def input_text(self) -> str:
+        """The document the prompt shows: ``text``, or the messages as ``role: content`` lines."""
+        return self.text or "\n".join(f"{m.role}: {m.content}" for m in self.messages)
+
     def validate(self, max_tokens_cap: int) -> None:
         """Raises: InvalidRequest naming the field (``text``, ``messages`` or a sampling field)."""
         if bool(self.text) == bool(self.messages):
             raise InvalidRequest("exactly one of text and messages must be set", field="text")
-        text = self.text or "\n".join(m.content for m in self.messages)
-        if not text.strip():
+        if not (self.text or "".join(m.content for m in self.messages)).strip():
             raise InvalidRequest("text (or messages) must not be empty", field="text")
-        if len(text) > MAX_INPUT_CHARS:
+        if len(self.input_text) > MAX_INPUT_CHARS:
             raise InvalidRequest(f"text is longer than {MAX_INPUT_CHARS} characters", field="text")
         _validate_sampling(self.sampling, max_tokens_cap)
 

@@ -220,7 +220,7 @@ class EngineCore:
             seq.fed(len(plan.feed))
             if not plan.scores:
                 return
-            seq.scored(time.monotonic())
+            seq.scored()
             verdict = self._verify(plan, logits)
             if verdict is None:
                 return

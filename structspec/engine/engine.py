@@ -16,7 +16,7 @@ import threading
 import uuid
 from typing import Any, AsyncIterator
 
-from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
+from structspec.engine.api import ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
@@ -94,7 +94,7 @@ class Engine:
     def prepare_extraction(self, request: ExtractionRequest) -> EngineSequence:
         """Validate, compile the grammar (cached), build the prompt: a sequence ready to submit."""
         request.validate(self.max_tokens_cap)
-        text = request.text or _messages_as_text(request.messages)
+        text = request.input_text
         grammar = self.compiler.compile_schema(request.schema)
         examples = request.examples or self.examples.for_schema(request.schema)
         prompt = extraction_prompt(request.schema, text, request.instruction, examples)
@@ -215,7 +215,3 @@ class Engine:
                 self.internal_errors += 1
                 log.error("request %s: %s; output %r", result.request_id, checked.error, result.text[:2000])
         return result
-
-
-def _messages_as_text(messages: tuple[ChatMessage, ...]) -> str:
-    return "\n".join(f"{m.role}: {m.content}" for m in messages)

@@ -102,11 +102,11 @@ class EngineSequence:
         if self.status is SequenceStatus.PREFILLING:
             self._prefilled(self.prefilled + n)
 
-    def scored(self, now: float) -> None:
+    def scored(self) -> None:
         """A step scored the position after the committed text (the prompt is all cached)."""
         self._prefilled(len(self.prompt))
         if self.first_decode is None:
-            self.first_decode = now
+            now = self.first_decode = time.monotonic()
             self.timings.prefill_ms = (now - (self.admitted or self.created)) * 1000
 
     def _prefilled(self, n: int) -> None:
