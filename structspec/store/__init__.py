@@ -4,21 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from structspec.store.base import (
-    AcceptanceTotals,
-    SchemaRecord,
-    Store,
-    StoreError,
-    batch_bucket,
-    stats_bucket,
-)
+from structspec.stats.book import StatsBook
+from structspec.store.base import SchemaRecord, Store, StoreError
 
-__all__ = ["AcceptanceTotals", "SchemaRecord", "Store", "StoreError", "batch_bucket", "open_store", "stats_bucket"]
+__all__ = ["SchemaRecord", "Store", "StoreError", "open_store"]
 
 DEFAULT_DB_NAME = "structspec.db"
 
 
-def open_store(url: str, data_dir: str | Path | None = None) -> Store:
+def open_store(url: str, data_dir: str | Path | None = None, stats: StatsBook | None = None) -> Store:
     """A (not yet opened) store for ``url``:
 
     - ``""``: SQLite file ``<data_dir>/structspec.db``
@@ -30,15 +24,15 @@ def open_store(url: str, data_dir: str | Path | None = None) -> Store:
     if not url:
         if data_dir is None:
             raise ValueError("store url is empty and no data dir was given")
-        return SQLiteStore(Path(data_dir) / DEFAULT_DB_NAME)
+        return SQLiteStore(Path(data_dir) / DEFAULT_DB_NAME, stats)
     if url.startswith(("postgres://", "postgresql://")):
         raise ValueError("PostgreSQL store is not implemented yet; use a sqlite: URL or leave store_url empty")
     if url.startswith("sqlite://:memory:") or url == ":memory:":
-        return SQLiteStore(":memory:")
+        return SQLiteStore(":memory:", stats)
     for prefix in ("sqlite:///", "sqlite://", "sqlite:"):
         if url.startswith(prefix):
             rest = url[len(prefix):]
-            return SQLiteStore("/" + rest if prefix == "sqlite:///" else rest)
+            return SQLiteStore("/" + rest if prefix == "sqlite:///" else rest, stats)
     if "://" in url:
         raise ValueError(f"unsupported store url scheme: {url.split('://', 1)[0]!r}")
-    return SQLiteStore(url)
+    return SQLiteStore(url, stats)

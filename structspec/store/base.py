@@ -4,19 +4,21 @@ One ``Store`` serves a server process; SQLite is the default, a PostgreSQL imple
 serve several replicas later. Nothing here assumes SQLite: timestamps are passed in (unix
 seconds, never the database's clock), versions are allocated by the store atomically (so two
 replicas registering at once cannot both get version 3), and statistics are aggregated per
-time bucket with plain upserts.
+hour with plain add-upserts (``structspec.stats.counters``).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Iterable, Protocol, runtime_checkable
+
+from structspec.stats.book import Counters, StatsBook
+from structspec.stats.counters import CounterKey, hour_of
 
 
 @dataclass(frozen=True)
 class SchemaRecord:
-    """One immutable schema version."""
+    """One schema version: its content is immutable; the owner's drafting override may change."""
 
     schema_id: str
     version: int
@@ -25,22 +27,10 @@ class SchemaRecord:
     description: str
     created_at: float  # unix seconds
     source: str  # "builtin" | "api"
+    speculation: str = "auto"  # the owner's override of the drafting policy: auto | off | on
 
 
-@dataclass(frozen=True)
-class AcceptanceTotals:
-    """Drafting counts of one (schema key, proposer, batch bucket) summed over a window."""
-
-    schema_key: str
-    proposer: str
-    batch_bucket: int
-    drafted: int
-    accepted: int
-    events: int
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+SPECULATION_MODES = ("auto", "off", "on")  # SchemaRecord.speculation
 
 
 class StoreError(RuntimeError):
@@ -51,7 +41,7 @@ class StoreError(RuntimeError):
 class Store(Protocol):
     """Persistent state shared by the registry and the speculation statistics.
 
-    Every method but ``record_acceptance`` may do I/O and is a coroutine.
+    Every coroutine may do I/O; the plain methods never do.
     """
 
     async def open(self) -> None:
@@ -81,113 +71,43 @@ class Store(Protocol):
     async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
         """Delete one version (or every version); returns the versions deleted."""
 
-    # -- speculation statistics ------------------------------------------------------------
+    async def set_schema_speculation(self, schema_id: str, version: int, mode: str) -> SchemaRecord | None:
+        """Set the owner's drafting override (auto | off | on) of one version; the updated record, None if absent."""
 
-    def record_acceptance(
-        self, schema_key: str, proposer: str, batch_bucket: int, drafted: int, accepted: int, ts: float
-    ) -> None:
-        """Count one verification step. Never blocks and never does I/O: it is called from the
-        decoding loop. Counts are buffered in memory and written by ``flush`` (also called
-        periodically by the server and at shutdown). Thread-safe."""
+    # -- statistics ------------------------------------------------------------------------
+    # ``stats`` is the process's StatsBook: the decode path records into it (no I/O), ``flush``
+    # writes what it recorded, ``refresh_stats`` loads every replica's counters into it.
+
+    stats: StatsBook
 
     async def flush(self) -> None:
-        """Write buffered statistics."""
+        """Write the counters recorded since the last flush, and the schema history appended since."""
 
-    async def acceptance_totals(
-        self, since: float, until: float | None = None, schema_key: str | None = None
-    ) -> list[AcceptanceTotals]:
-        """Sums per (schema key, proposer, batch bucket) of steps in ``[since, until)``,
-        buffered ones included; one key or all. Resolution is the store's bucket width
-        (60 s for SQLite): a window may include up to one bucket more."""
+    async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
+                            schema_key: str | None = None) -> Counters:
+        """Counters of the hours overlapping ``[since, until)``, unflushed ones included, each exactly once."""
 
-    async def prune_acceptance(self, before: float) -> int:
-        """Drop statistics older than ``before``; returns the rows removed."""
+    async def refresh_stats(self) -> None:
+        """Load the store's counters of the book's horizon into ``stats`` (the policy then sees every replica)."""
 
+    async def prune(self, before: float) -> int:
+        """Drop counters of hours ending before ``before``; returns the rows removed."""
 
-STATS_BUCKET_SECONDS = 60
+    # -- schema history (what the history proposer drafts from) ------------------------------
 
+    def append_history(self, model: str, history_key: str, text: str, now: float) -> None:
+        """Buffer one finished output (written by ``flush``; never blocks)."""
 
-def stats_bucket(ts: float) -> int:
-    """Start (unix seconds) of the statistics bucket holding ``ts``."""
-    return int(ts // STATS_BUCKET_SECONDS) * STATS_BUCKET_SECONDS
-
-
-def batch_bucket(batch_size: int) -> int:
-    """Round a running batch size up to a power of two (1, 2, 4, 8, ...): the statistics'
-    ``batch_bucket``. Shared here so the engine and the reports agree."""
-    size = max(1, int(batch_size))
-    return 1 << (size - 1).bit_length()
+    async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
+        """The last ``per_key`` outputs of the ``max_keys`` most recent keys, as (key, text), oldest first."""
 
 
-class AcceptanceBuffer:
-    """In-memory aggregation of ``record_acceptance`` calls between flushes (thread-safe).
-
-    A flush ``take``s the rows, writes them, then marks them ``committed`` (or ``restore``s them after a
-    failed write). Until then they are in flight and ``snapshot`` still counts them, so a reader that
-    sums the database and the snapshot (under the store's lock, which the write holds until
-    ``committed``) sees every count exactly once, mid-flush included.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._rows: dict[tuple[str, str, int, int], list[int]] = {}
-        self._in_flight: list[dict[tuple[str, str, int, int], list[int]]] = []
-
-    def add(self, schema_key: str, proposer: str, batch_bucket: int, drafted: int, accepted: int, ts: float) -> None:
-        key = (schema_key, proposer, int(batch_bucket), stats_bucket(ts))
-        with self._lock:
-            row = self._rows.setdefault(key, [0, 0, 0])
-            row[0] += int(drafted)
-            row[1] += int(accepted)
-            row[2] += 1
-
-    def take(self) -> dict[tuple[str, str, int, int], list[int]]:
-        """Everything buffered, emptying the buffer; the rows stay counted (in flight) until committed."""
-        with self._lock:
-            rows, self._rows = self._rows, {}
-            if rows:
-                self._in_flight.append(rows)
-        return rows
-
-    def committed(self, rows: dict[tuple[str, str, int, int], list[int]]) -> None:
-        """The write of ``rows`` (from ``take``) is in the database: stop counting them here."""
-        with self._lock:
-            self._in_flight = [r for r in self._in_flight if r is not rows]
-
-    def restore(self, rows: dict[tuple[str, str, int, int], list[int]]) -> None:
-        """Put rows back after a failed write, so no count is lost."""
-        with self._lock:
-            self._in_flight = [r for r in self._in_flight if r is not rows]
-            for (key, proposer, bucket, start), (drafted, accepted, events) in rows.items():
-                row = self._rows.setdefault((key, proposer, bucket, start), [0, 0, 0])
-                row[0] += drafted
-                row[1] += accepted
-                row[2] += events
-
-    def snapshot(self) -> dict[tuple[str, str, int, int], tuple[int, int, int]]:
-        """Counts not yet in the database: buffered plus in flight."""
-        with self._lock:
-            out: dict[tuple[str, str, int, int], list[int]] = {}
-            for part in (self._rows, *self._in_flight):
-                for k, v in part.items():
-                    row = out.setdefault(k, [0, 0, 0])
-                    for i in range(3):
-                        row[i] += v[i]
-            return {k: (v[0], v[1], v[2]) for k, v in out.items()}
-
-
-def sum_totals(
-    rows: Sequence[tuple[str, str, int, int, int, int, int]], since: float, until: float | None
-) -> list[AcceptanceTotals]:
-    """Sum (key, proposer, bucket, bucket_start, drafted, accepted, events) rows whose bucket
-    overlaps ``[since, until)``, sorted by key, proposer, batch bucket."""
-    sums: dict[tuple[str, str, int], list[int]] = {}
-    lo = stats_bucket(since)
-    for key, proposer, bucket, start, drafted, accepted, events in rows:
-        if start < lo or (until is not None and start >= until):
+def sum_counters(rows: Iterable[tuple[CounterKey, float]], since: float, until: float | None) -> Counters:
+    """Sum rows whose hour overlaps ``[since, until)``."""
+    lo = hour_of(since)
+    out: Counters = {}
+    for key, value in rows:
+        if key.hour < lo or (until is not None and key.hour >= until):
             continue
-        s = sums.setdefault((key, proposer, bucket), [0, 0, 0])
-        s[0] += drafted
-        s[1] += accepted
-        s[2] += events
-    return [AcceptanceTotals(k, p, b, *v) for (k, p, b), v in sorted(sums.items())]
+        out[key] = out.get(key, 0.0) + value
+    return out

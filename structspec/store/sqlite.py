@@ -12,18 +12,13 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from structspec.store.base import (
-    AcceptanceBuffer,
-    AcceptanceTotals,
-    SchemaRecord,
-    StoreError,
-    stats_bucket,
-    sum_totals,
-)
+from structspec.stats.book import Counters, StatsBook
+from structspec.stats.counters import CounterKey, Series, hour_of
+from structspec.store.base import SPECULATION_MODES, SchemaRecord, StoreError, sum_counters
 
 T = TypeVar("T")
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _DDL = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # last_version survives deletes so version numbers are never reused
@@ -31,29 +26,53 @@ _DDL = (
     """CREATE TABLE IF NOT EXISTS schema_versions (
         schema_id TEXT NOT NULL, version INTEGER NOT NULL, schema_json TEXT NOT NULL,
         sha256 TEXT NOT NULL, description TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-        source TEXT NOT NULL, PRIMARY KEY (schema_id, version))""",
+        source TEXT NOT NULL, speculation TEXT NOT NULL DEFAULT 'auto', PRIMARY KEY (schema_id, version))""",
     "CREATE INDEX IF NOT EXISTS schema_versions_hash ON schema_versions (schema_id, sha256)",
-    """CREATE TABLE IF NOT EXISTS acceptance (
-        schema_key TEXT NOT NULL, proposer TEXT NOT NULL, batch_bucket INTEGER NOT NULL,
-        bucket_start BIGINT NOT NULL, drafted BIGINT NOT NULL, accepted BIGINT NOT NULL,
-        events BIGINT NOT NULL, PRIMARY KEY (schema_key, proposer, batch_bucket, bucket_start))""",
-    "CREATE INDEX IF NOT EXISTS acceptance_time ON acceptance (bucket_start)",
+    """CREATE TABLE IF NOT EXISTS counters (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, series TEXT NOT NULL,
+        proposer TEXT NOT NULL, batch_bucket INTEGER NOT NULL, label TEXT NOT NULL, value DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (model, schema_key, hour, series, proposer, batch_bucket, label))""",
+    "CREATE INDEX IF NOT EXISTS counters_hour ON counters (hour)",
+    """CREATE TABLE IF NOT EXISTS history (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, history_key TEXT NOT NULL,
+        text TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS history_by_key ON history (model, history_key, id)",
 )
-_COLS = "schema_id, version, schema_json, sha256, description, created_at, source"
+_COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
+_COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
+UNKNOWN_MODEL = "unknown"  # statistics written before they were keyed by model
+
+
+def _migrate_from_1(c: sqlite3.Connection) -> None:
+    """Version 1 kept per-minute drafting counts per (schema, proposer, batch bucket), not keyed by model:
+    they become hourly counters of model ``unknown``; schema versions get the drafting override."""
+    c.execute("ALTER TABLE schema_versions ADD COLUMN speculation TEXT NOT NULL DEFAULT 'auto'")
+    if c.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'acceptance'").fetchone():
+        for series, column in ((Series.DRAFTED, "drafted"), (Series.ACCEPTED, "accepted"),
+                               (Series.VERIFICATIONS, "events")):
+            c.execute(
+                f"INSERT INTO counters ({_COUNTER_COLS}, value) SELECT ?, schema_key, (bucket_start / 3600) * 3600, ?, "
+                f"proposer, batch_bucket, '', SUM({column}) FROM acceptance "
+                "GROUP BY schema_key, (bucket_start / 3600) * 3600, proposer, batch_bucket",
+                (UNKNOWN_MODEL, series),
+            )
+        c.execute("DROP TABLE acceptance")
 
 
 def _record(row: tuple[Any, ...]) -> SchemaRecord:
-    return SchemaRecord(row[0], int(row[1]), row[2], row[3], row[4], float(row[5]), row[6])
+    return SchemaRecord(row[0], int(row[1]), row[2], row[3], row[4], float(row[5]), row[6], row[7])
 
 
 class SQLiteStore:
     """``Store`` on a SQLite file (``":memory:"`` for a throwaway one)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, stats: StatsBook | None = None):
         self.path = str(path)
+        self.stats = stats or StatsBook()
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
-        self._buffer = AcceptanceBuffer()
+        self._history: list[tuple[str, str, str, float]] = []  # appended, not yet written
+        self._history_lock = threading.Lock()
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -83,13 +102,17 @@ class SQLiteStore:
             c.execute("PRAGMA synchronous=NORMAL")
             c.execute("BEGIN IMMEDIATE")
             try:
-                for stmt in _DDL:
-                    c.execute(stmt)
+                c.execute(_DDL[0])
                 row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                if row is not None and int(row[0]) > _SCHEMA_VERSION:
-                    raise StoreError(f"store {self.path} was written by a newer structspec (schema {row[0]})")
+                found = int(row[0]) if row is not None else None
+                if found is not None and found > _SCHEMA_VERSION:
+                    raise StoreError(f"store {self.path} was written by a newer structspec (schema {found})")
+                for stmt in _DDL[1:]:
+                    c.execute(stmt)
+                if found == 1:
+                    _migrate_from_1(c)
                 c.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO NOTHING",
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     (str(_SCHEMA_VERSION),),
                 )
                 c.execute("COMMIT")
@@ -97,15 +120,25 @@ class SQLiteStore:
                 c.execute("ROLLBACK")
                 raise
 
-        await self._run(migrate)
+        try:
+            await self._run(migrate)
+        except BaseException:
+            # a store that failed to open must not look open (the next ``open`` would return at once)
+            with self._lock:
+                self._conn = None
+            conn.close()
+            raise
 
     async def close(self) -> None:
         if self._conn is None:
             return
-        await self.flush()
-        with self._lock:
-            conn, self._conn = self._conn, None
-        conn.close()
+        try:
+            await self.flush()
+        finally:  # closed even when the last flush fails (its error still reaches the caller)
+            with self._lock:
+                conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
 
     # -- schema registry -----------------------------------------------------------------------
 
@@ -130,8 +163,9 @@ class SQLiteStore:
                 (version,) = c.execute("SELECT last_version FROM schema_ids WHERE schema_id = ?", (schema_id,)).fetchone()
                 rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
                 c.execute(
-                    f"INSERT INTO schema_versions ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (rec.schema_id, rec.version, rec.schema_json, rec.sha256, rec.description, rec.created_at, rec.source),
+                    f"INSERT INTO schema_versions ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (rec.schema_id, rec.version, rec.schema_json, rec.sha256, rec.description, rec.created_at, rec.source,
+                     rec.speculation),
                 )
                 c.execute("COMMIT")
                 return rec, True
@@ -179,15 +213,30 @@ class SQLiteStore:
 
         return await self._run(delete)
 
-    # -- speculation statistics ----------------------------------------------------------------
+    async def set_schema_speculation(self, schema_id: str, version: int, mode: str) -> SchemaRecord | None:
+        if mode not in SPECULATION_MODES:
+            raise ValueError(f"speculation mode must be one of {', '.join(SPECULATION_MODES)}, got {mode!r}")
 
-    def record_acceptance(
-        self, schema_key: str, proposer: str, batch_bucket: int, drafted: int, accepted: int, ts: float
-    ) -> None:
-        self._buffer.add(schema_key, proposer, batch_bucket, drafted, accepted, ts)
+        def update(c: sqlite3.Connection) -> SchemaRecord | None:
+            c.execute("UPDATE schema_versions SET speculation = ? WHERE schema_id = ? AND version = ?",
+                      (mode, schema_id, version))
+            row = c.execute(f"SELECT {_COLS} FROM schema_versions WHERE schema_id = ? AND version = ?",
+                            (schema_id, version)).fetchone()
+            return _record(row) if row else None
+
+        return await self._run(update)
+
+    # -- statistics ----------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        rows = self._buffer.take()
+        # a failed history write does not hold the counters back
+        try:
+            await self._flush_history()
+        finally:
+            await self._flush_counters()
+
+    async def _flush_counters(self) -> None:
+        rows = self.stats.take()
         if not rows:
             return
 
@@ -195,14 +244,13 @@ class SQLiteStore:
             c.execute("BEGIN IMMEDIATE")
             try:
                 c.executemany(
-                    "INSERT INTO acceptance (schema_key, proposer, batch_bucket, bucket_start, drafted, accepted, events) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (schema_key, proposer, batch_bucket, bucket_start) DO UPDATE SET "
-                    "drafted = acceptance.drafted + excluded.drafted, accepted = acceptance.accepted + excluded.accepted, "
-                    "events = acceptance.events + excluded.events",
-                    [(*k, *v) for k, v in rows.items()],
+                    f"INSERT INTO counters ({_COUNTER_COLS}, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    f"ON CONFLICT ({_COUNTER_COLS}) DO UPDATE SET value = counters.value + excluded.value",
+                    [(k.model, k.schema_key, k.hour, k.series, k.proposer, k.batch_bucket, k.label, v)
+                     for k, v in rows.items()],
                 )
                 c.execute("COMMIT")
-                self._buffer.committed(rows)  # still under the connection lock: no reader sees them twice
+                self.stats.committed(rows)  # still under the connection lock: no reader sees them twice
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
@@ -210,32 +258,89 @@ class SQLiteStore:
         try:
             await self._run(write)
         except BaseException:
-            self._buffer.restore(rows)
+            self.stats.restore(rows)
             raise
 
-    async def acceptance_totals(
-        self, since: float, until: float | None = None, schema_key: str | None = None
-    ) -> list[AcceptanceTotals]:
-        lo = stats_bucket(since)
+    def _select(self, c: sqlite3.Connection, since_hour: int, model: str | None,
+                schema_key: str | None) -> list[tuple[CounterKey, float]]:
+        sql, args = f"SELECT {_COUNTER_COLS}, value FROM counters WHERE hour >= ?", [since_hour]
+        for column, value in (("model", model), ("schema_key", schema_key)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                args.append(value)
+        return [(CounterKey(r[0], r[1], int(r[2]), r[3], r[4], int(r[5]), r[6]), float(r[7]))
+                for r in c.execute(sql, args).fetchall()]
 
-        def read(c: sqlite3.Connection) -> list[tuple[Any, ...]]:
-            sql = "SELECT schema_key, proposer, batch_bucket, bucket_start, drafted, accepted, events FROM acceptance WHERE bucket_start >= ?"
-            args: tuple[Any, ...] = (lo,)
-            if schema_key is not None:
-                sql, args = sql + " AND schema_key = ?", (*args, schema_key)
+    async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
+                            schema_key: str | None = None) -> Counters:
+        def read(c: sqlite3.Connection) -> list[tuple[CounterKey, float]]:
             # the unwritten counts are read under the same lock as the table (a flush commits and
             # marks its rows committed inside it), so every count is seen exactly once
-            pending = self._buffer.snapshot()
-            return c.execute(sql, args).fetchall() + [(*k, *v) for k, v in pending.items()
-                                                      if schema_key is None or k[0] == schema_key]
+            pending = [(k, v) for k, v in self.stats.unflushed().items()
+                       if (model is None or k.model == model) and (schema_key is None or k.schema_key == schema_key)]
+            return self._select(c, hour_of(since), model, schema_key) + pending
 
-        rows = list(await self._run(read))
-        return sum_totals(rows, since, until)
+        return sum_counters(await self._run(read), since, until)
 
-    async def prune_acceptance(self, before: float) -> int:
-        cutoff = stats_bucket(before)
+    async def refresh_stats(self) -> None:
+        def read(c: sqlite3.Connection) -> None:
+            stored = self._select(c, hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
+            self.stats.replace_persisted(stored)  # under the lock: no flush commits in between
+
+        await self._run(read)
+
+    async def prune(self, before: float) -> int:
+        cutoff = hour_of(before)
 
         def prune(c: sqlite3.Connection) -> int:
-            return c.execute("DELETE FROM acceptance WHERE bucket_start < ?", (cutoff,)).rowcount
+            return c.execute("DELETE FROM counters WHERE hour < ?", (cutoff,)).rowcount
 
         return await self._run(prune)
+
+    # -- schema history ------------------------------------------------------------------------
+
+    HISTORY_KEEP = 64  # outputs kept per (model, key): the history proposer's own bound
+
+    def append_history(self, model: str, history_key: str, text: str, now: float) -> None:
+        with self._history_lock:
+            self._history.append((model, history_key, text, now))
+
+    async def _flush_history(self) -> None:
+        with self._history_lock:
+            rows, self._history = self._history, []
+        if not rows:
+            return
+
+        def write(c: sqlite3.Connection) -> None:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                c.executemany("INSERT INTO history (model, history_key, text, created_at) VALUES (?, ?, ?, ?)", rows)
+                for model, key in {(m, k) for m, k, _, _ in rows}:
+                    c.execute("DELETE FROM history WHERE model = ? AND history_key = ? AND id NOT IN (SELECT id FROM "
+                              "history WHERE model = ? AND history_key = ? ORDER BY id DESC LIMIT ?)",
+                              (model, key, model, key, self.HISTORY_KEEP))
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+
+        try:
+            await self._run(write)
+        except BaseException:
+            with self._history_lock:
+                self._history[:0] = rows
+            raise
+
+    async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
+        def read(c: sqlite3.Connection) -> list[tuple[str, str]]:
+            keys = [r[0] for r in c.execute(
+                "SELECT history_key FROM history WHERE model = ? GROUP BY history_key ORDER BY MAX(id) DESC LIMIT ?",
+                (model, max_keys))]
+            out: list[tuple[int, str, str]] = []
+            for key in keys:
+                out += [(int(r[0]), key, r[1]) for r in c.execute(
+                    "SELECT id, text FROM history WHERE model = ? AND history_key = ? ORDER BY id DESC LIMIT ?",
+                    (model, key, per_key))]
+            return [(key, text) for _, key, text in sorted(out)]
+
+        return await self._run(read)

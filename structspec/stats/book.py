@@ -1,0 +1,185 @@
+"""The statistics book: every counter of the recent past in memory, and what is not yet in the store.
+
+The decode path only adds to in-memory counters (``Recorder``: a dict update under a
+lock, no I/O). The server's flush task ``take``s the counters added since the last flush,
+writes them and marks them ``committed`` (or ``restore``s them after a failed write).
+The policy reads ``rows`` from the book: what this process recorded plus, after each
+``replace_persisted``, what the store holds (every replica's traffic when several share
+one store).
+
+Thread-safe. Cost: ``add`` is O(counters added); ``rows_for`` is O(counters of one
+(model, schema)) through an index.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Iterable, Mapping
+
+from structspec.stats.counters import (
+    LATENCY_BOUNDS_MS,
+    LENGTH_BOUNDS,
+    CounterKey,
+    Series,
+    batch_bucket,
+    histogram_label,
+    hour_of,
+)
+
+Counters = dict[CounterKey, float]
+
+
+def merge_into(into: Counters, rows: Mapping[CounterKey, float] | Iterable[tuple[CounterKey, float]]) -> Counters:
+    items = rows.items() if isinstance(rows, Mapping) else rows
+    for key, value in items:
+        into[key] = into.get(key, 0.0) + value
+    return into
+
+
+class StatsBook:
+    def __init__(self, horizon_seconds: float = 7 * 86400, clock: Callable[[], float] = time.time):
+        self.horizon_seconds = horizon_seconds  # how far back ``rows`` keeps counters (the policy's reach)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._rows: Counters = {}  # persisted (as of the last replace) + everything recorded here since
+        self._by_schema: dict[tuple[str, str], set[CounterKey]] = defaultdict(set)
+        self._pending: Counters = {}  # recorded, not yet taken by a flush
+        self._in_flight: list[Counters] = []  # taken by a flush, not yet committed
+
+    # -- recording -------------------------------------------------------------------------------
+    def add(self, rows: Iterable[tuple[CounterKey, float]]) -> None:
+        with self._lock:
+            for key, value in rows:
+                self._pending[key] = self._pending.get(key, 0.0) + value
+                self._put(key, value)
+
+    def _put(self, key: CounterKey, value: float) -> None:
+        self._rows[key] = self._rows.get(key, 0.0) + value
+        self._by_schema[(key.model, key.schema_key)].add(key)
+
+    def recorder(self, model: str) -> "Recorder":
+        return Recorder(self, model)
+
+    # -- flushing ---------------------------------------------------------------------------------
+    def take(self) -> Counters:
+        """The counters recorded since the last take; they stay ``unflushed`` until committed."""
+        with self._lock:
+            rows, self._pending = self._pending, {}
+            if rows:
+                self._in_flight.append(rows)
+            return rows
+
+    def committed(self, rows: Counters) -> None:
+        """The write of ``rows`` is in the store (call it under the store's lock, so no reader counts them twice)."""
+        with self._lock:
+            self._in_flight = [r for r in self._in_flight if r is not rows]
+
+    def restore(self, rows: Counters) -> None:
+        """A write failed: put the rows back so the next flush writes them."""
+        with self._lock:
+            self._in_flight = [r for r in self._in_flight if r is not rows]
+            merge_into(self._pending, rows)
+
+    def unflushed(self) -> Counters:
+        """Counters not yet in the store: pending plus in flight."""
+        with self._lock:
+            return self._unflushed()
+
+    def _unflushed(self) -> Counters:
+        out: Counters = {}
+        for part in (self._pending, *self._in_flight):
+            merge_into(out, part)
+        return out
+
+    def replace_persisted(self, stored: Iterable[tuple[CounterKey, float]]) -> None:
+        """Make ``rows`` the store's counters of the horizon (every replica's) plus what is not yet written."""
+        cutoff = hour_of(self.clock() - self.horizon_seconds)
+        with self._lock:  # one hold: a record added meanwhile is in both or neither
+            unflushed = self._unflushed()
+            self._rows, self._by_schema = {}, defaultdict(set)
+            for key, value in stored:
+                if key.hour >= cutoff:
+                    self._put(key, value)
+            for key, value in unflushed.items():
+                self._put(key, value)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def rows_for(self, model: str, schema_key: str, since_hour: int = 0) -> Counters:
+        with self._lock:
+            return {k: self._rows[k] for k in self._by_schema.get((model, schema_key), ()) if k.hour >= since_hour}
+
+    def rows(self) -> Counters:
+        with self._lock:
+            return dict(self._rows)
+
+
+class Recorder:
+    """A ``StatsBook`` seen by one model's engine: the calls the decode path makes (no I/O, never raises)."""
+
+    def __init__(self, book: StatsBook, model: str):
+        self.book = book
+        self.model = model
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.book.clock
+
+    def _key(self, schema_key: str, series: str, proposer: str = "", bucket: int = 0, label: str = "") -> CounterKey:
+        return CounterKey(self.model, schema_key, hour_of(self.book.clock()), series, proposer, bucket, label)
+
+    def record_request(self, schema_key: str, output_tokens: int, target_passes: int, forced_tokens: int, finish: str,
+                       latency_ms: float) -> None:
+        """One request ended (``finish``: stop | length | cancelled | error)."""
+        k = self._key
+        rows = [
+            (k(schema_key, Series.REQUESTS), 1.0),
+            (k(schema_key, Series.OUTPUT_TOKENS), float(output_tokens)),
+            (k(schema_key, Series.TARGET_PASSES), float(target_passes)),
+            (k(schema_key, Series.FORCED_TOKENS), float(forced_tokens)),
+            (k(schema_key, Series.FINISH, label=finish), 1.0),
+            (k(schema_key, Series.LATENCY_MS, label=histogram_label(latency_ms, LATENCY_BOUNDS_MS)), 1.0),
+            (k(schema_key, Series.LATENCY_MS_SUM), float(latency_ms)),
+        ]
+        if finish == "stop":  # a truncated or cancelled length says nothing about the schema's outputs
+            rows.append((k(schema_key, Series.OUTPUT_LENGTH, label=histogram_label(output_tokens, LENGTH_BOUNDS)), 1.0))
+        self.book.add(rows)
+
+    def record_decision(self, schema_key: str, reason: str, reasons: Mapping[str, str]) -> None:
+        """The policy decided for one request: its own ``reason`` and each proposer's (``reasons``)."""
+        rows = [(self._key(schema_key, Series.DECISION, label=reason), 1.0)]
+        rows += [(self._key(schema_key, Series.DECISION, p, label=r), 1.0) for p, r in reasons.items()]
+        self.book.add(rows)
+
+    def record_verification(self, schema_key: str, proposer: str, batch_size: int, drafted: int, accepted: int,
+                            probe: bool) -> None:
+        """One verification of a ``drafted``-token draft kept ``accepted`` tokens.
+
+        The verifier examined positions 1..accepted+1 (the first rejection ends it), so position i is
+        ``reached`` when i <= min(drafted, accepted + 1) and accepted there when i <= accepted.
+        """
+        b = batch_bucket(batch_size)
+        k = self._key
+        rows = [
+            (k(schema_key, Series.VERIFICATIONS, proposer, b), 1.0),
+            (k(schema_key, Series.DRAFTED, proposer, b), float(drafted)),
+            (k(schema_key, Series.ACCEPTED, proposer, b), float(accepted)),
+        ]
+        if probe:
+            rows.append((k(schema_key, Series.PROBE_VERIFICATIONS, proposer, b), 1.0))
+        for i in range(1, min(drafted, accepted + 1) + 1):
+            rows.append((k(schema_key, Series.REACHED, proposer, b, str(i)), 1.0))
+            if i <= accepted:
+                rows.append((k(schema_key, Series.ACCEPTED_AT, proposer, b, str(i)), 1.0))
+        self.book.add(rows)
+
+    def record_proposal(self, proposer: str, asked: int, seconds: float) -> None:
+        self.book.add([(self._key("", Series.PROPOSALS, proposer, 0, str(asked)), 1.0),
+                       (self._key("", Series.PROPOSE_SECONDS, proposer, 0, str(asked)), float(seconds))])
+
+    def record_step(self, batch_size: int, longest_draft: int, seconds: float) -> None:
+        """One target forward over ``batch_size`` sequences, the longest carrying ``longest_draft`` drafted tokens."""
+        b = batch_bucket(batch_size)
+        self.book.add([(self._key("", Series.STEPS, "", b, str(longest_draft)), 1.0),
+                       (self._key("", Series.STEP_SECONDS, "", b, str(longest_draft)), float(seconds))])

@@ -1,0 +1,125 @@
+"""Statistics as additive counters: one number per (model, schema, hour, series, proposer, batch bucket, label).
+
+Every statistic structspec keeps is a sum, so one table of counters holds them all and a
+store writes them with plain add-upserts (no read-modify-write, any number of replicas).
+The series (below) say what a counter counts; ``label`` carries the one extra dimension a
+series has (a draft position, a histogram bucket, a finish or decision reason, a step's
+draft length). Windows (1 h, 24 h, 7 d, ...) are sums of hourly counters.
+
+``model`` keys statistics by the model that produced them (profile and draft version,
+``model_key``): a demo server and a Gemma server sharing a data directory never mix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HOUR = 3600
+
+
+def hour_of(ts: float) -> int:
+    """Start (unix seconds) of the hour holding ``ts``."""
+    return int(ts // HOUR) * HOUR
+
+
+def batch_bucket(batch_size: int) -> int:
+    """A running batch size rounded up to a power of two (1, 2, 4, 8, ...)."""
+    size = max(1, int(batch_size))
+    return 1 << (size - 1).bit_length()
+
+
+def model_key(profile: str, draft_version: str = "") -> str:
+    """The model statistics are kept under: ``gemma-3-270m``, or ``demo+draft:1a2b3c4d`` with a draft model."""
+    return f"{profile}+draft:{draft_version}" if draft_version else profile
+
+
+@dataclass(frozen=True, order=True)
+class CounterKey:
+    model: str
+    schema_key: str  # "" for the model's own series (step costs)
+    hour: int  # unix seconds, a multiple of HOUR
+    series: str  # one of Series
+    proposer: str = ""
+    batch_bucket: int = 0
+    label: str = ""
+
+
+class Series:
+    """What a counter counts. Per schema and hour unless noted."""
+
+    # per request, recorded when it ends
+    REQUESTS = "requests"
+    OUTPUT_TOKENS = "output_tokens"
+    TARGET_PASSES = "target_passes"
+    FORCED_TOKENS = "forced_tokens"
+    FINISH = "finish"  # label: stop | length | cancelled | error
+    OUTPUT_LENGTH = "output_length"  # label: histogram upper bound (LENGTH_BOUNDS)
+    LATENCY_MS = "latency_ms"  # label: histogram upper bound (LATENCY_BOUNDS_MS)
+    LATENCY_MS_SUM = "latency_ms_sum"
+    DECISION = "decision"  # label: a Reason; proposer "" for the request, else that proposer's own reason
+    # per (proposer, batch bucket), recorded after each verification that carried a draft
+    VERIFICATIONS = "verifications"
+    DRAFTED = "drafted"
+    ACCEPTED = "accepted"
+    PROBE_VERIFICATIONS = "probe_verifications"  # of VERIFICATIONS, those made by a recovery probe
+    REACHED = "reached"  # label: draft position 1..k; the verifier examined it
+    ACCEPTED_AT = "accepted_at"  # label: draft position; examined and accepted
+    # per proposer: its own drafting time (label: tokens asked for)
+    PROPOSALS = "proposals"
+    PROPOSE_SECONDS = "propose_seconds"
+    # the model's (schema_key ""), per batch bucket: target step times by the longest draft in the step (label)
+    STEPS = "steps"
+    STEP_SECONDS = "step_seconds"
+
+
+class Reason:
+    """Why a request (or one proposer) drafted or not: the labels of ``Series.DECISION``."""
+
+    DRAFTED = "drafted"  # at least one proposer may draft
+    COLD = "cold"  # not enough evidence yet: drafting, measuring
+    REQUEST_OFF = "request_off"  # the request asked for no drafting
+    SCHEMA_OFF = "schema_off"  # the schema's owner turned drafting off
+    SCHEMA_ON = "schema_on"  # the schema's owner turned drafting on (the policy's switches bypassed)
+    SERVER_OFF = "server_off"  # the server's speculation configuration drafts nothing
+    SHORT_OUTPUT = "short_output"  # predicted output under min_predicted_length: fast-forward only
+    LOW_ACCEPTANCE = "low_acceptance"  # under acceptance_threshold at this batch bucket
+    NO_GAIN = "no_gain"  # the cost model finds no draft length beating plain decoding
+    BATCH_SIZE = "batch_size"  # the running batch is past the proposer's limit
+    PROBE = "probe"  # a recovery probe: drafting with proposers the policy had switched off
+    POLICY_ERROR = "policy_error"  # the policy raised (a bug, logged): no drafting for the request
+
+
+LENGTH_BOUNDS: tuple[float, ...] = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, math.inf)
+LATENCY_BOUNDS_MS: tuple[float, ...] = (25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 20000, 30000, 60000, 120000,
+                                        300000, math.inf)
+
+
+def histogram_label(value: float, bounds: tuple[float, ...]) -> str:
+    """The label of the first bucket whose upper bound is >= ``value`` ("inf" for the last)."""
+    for bound in bounds:
+        if value <= bound:
+            return "inf" if math.isinf(bound) else str(int(bound))
+    return "inf"
+
+
+def label_bound(label: str) -> float:
+    return math.inf if label == "inf" else float(label)
+
+
+def histogram_quantile(counts: dict[str, float], q: float, bounds: tuple[float, ...]) -> float | None:
+    """The ``q`` quantile of a histogram (label -> count) over ``bounds``, linear within its bucket (between the
+    bucket's own lower and upper bound); the last, unbounded bucket gives its lower bound. None when empty."""
+    items = sorted(((label_bound(k), v) for k, v in counts.items() if v > 0))
+    total = sum(v for _, v in items)
+    if total <= 0:
+        return None
+    target, seen = q * total, 0.0
+    for upper, n in items:
+        lower = max((b for b in bounds if b < upper), default=0.0)
+        if seen + n >= target:
+            if math.isinf(upper):
+                return lower
+            return lower + (upper - lower) * ((target - seen) / n)
+        seen += n
+    return items[-1][0]

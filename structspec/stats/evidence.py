@@ -1,0 +1,185 @@
+"""What the drafting policy reads: a schema's recent acceptance and the model's step costs.
+
+Acceptance is measured over the most recent ``window_tokens`` drafted tokens (whole hours,
+newest first, the oldest one scaled to fit): a change of traffic shows as soon as that much
+new evidence exists, however much old evidence there is. Output lengths and step costs of
+an hour ``age`` hours old weigh ``2^(-age / half_life)``. Cost: one pass over the counters
+of one (model, schema) and of the model's own series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from structspec.stats.book import Counters
+from structspec.stats.counters import HOUR, LENGTH_BOUNDS, Series, batch_bucket, histogram_quantile
+
+
+@dataclass(frozen=True)
+class ProposerEvidence:
+    """Weighted drafting counts of one proposer (at one batch bucket, or pooled)."""
+
+    drafted: float = 0.0
+    accepted: float = 0.0
+    reached: tuple[float, ...] = ()  # [i]: drafts whose position i+1 was examined
+    accepted_at: tuple[float, ...] = ()  # [i]: of those, accepted
+
+    @property
+    def acceptance(self) -> float:
+        """Drafted tokens accepted per token the verifier examined (a draft's tokens after its first rejection
+        were never examined): the per-token acceptance, whatever length the drafts had."""
+        examined = sum(self.reached)
+        if examined > 0:
+            return sum(self.accepted_at) / examined
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def expected_accepted(self, k: int) -> float:
+        """E[accepted tokens | a k-token draft] = sum_{i<=k} prod_{j<=i} P(accept j | examined j).
+
+        A position never examined takes the last measured conditional rate (0 when none was measured)."""
+        total, chain, last = 0.0, 1.0, 0.0
+        for i in range(k):
+            if i < len(self.reached) and self.reached[i] > 0:
+                last = self.accepted_at[i] / self.reached[i]
+            chain *= last
+            total += chain
+        return total
+
+
+@dataclass(frozen=True)
+class SchemaEvidence:
+    by_bucket: dict[tuple[str, int], ProposerEvidence] = field(default_factory=dict)  # (proposer, bucket)
+    pooled: dict[str, ProposerEvidence] = field(default_factory=dict)  # proposer, every bucket
+    output_p50: float | None = None  # complete outputs, in tokens
+    finished: float = 0.0  # weighted complete outputs behind output_p50
+
+    def at_bucket(self, proposer: str, batch_size: int, min_drafted: float) -> ProposerEvidence | None:
+        """The proposer's evidence at the batch bucket of ``batch_size``; where that bucket has under
+        ``min_drafted`` tokens, pooled over every bucket (acceptance barely depends on the batch)."""
+        own = self.by_bucket.get((proposer, batch_bucket(batch_size)))
+        if own is not None and own.drafted >= min_drafted:
+            return own
+        return self.pooled.get(proposer, own)
+
+
+@dataclass(frozen=True)
+class CostEvidence:
+    """Mean measured seconds: target steps per (batch bucket, longest draft), drafting per (proposer, k)."""
+
+    steps: dict[tuple[int, int], float] = field(default_factory=dict)
+    proposals: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def step_seconds(self, batch_size: int, k: int) -> float | None:
+        """A step at ``batch_size``'s bucket with a k-token draft; between measured lengths, interpolated."""
+        b = batch_bucket(batch_size)
+        if (b, k) in self.steps:
+            return self.steps[(b, k)]
+        ks = sorted(kk for bb, kk in self.steps if bb == b)
+        lower = [kk for kk in ks if kk < k]
+        upper = [kk for kk in ks if kk > k]
+        if not lower or not upper:
+            return None  # not extrapolated: an unmeasured length is not chosen
+        lo, hi = lower[-1], upper[0]
+        t_lo, t_hi = self.steps[(b, lo)], self.steps[(b, hi)]
+        return t_lo + (t_hi - t_lo) * (k - lo) / (hi - lo)
+
+    def propose_seconds(self, proposer: str, k: int) -> float:
+        """Drafting time for ``k`` tokens: measured, or scaled from the nearest measured length (0 when none)."""
+        if (proposer, k) in self.proposals:
+            return self.proposals[(proposer, k)]
+        ks = [kk for p, kk in self.proposals if p == proposer]
+        if not ks:
+            return 0.0
+        near = min(ks, key=lambda kk: abs(kk - k))
+        return self.proposals[(proposer, near)] * k / max(near, 1)
+
+
+def _weight(hour: int, now_hour: int, half_life_hours: float) -> float:
+    return 0.5 ** (max(0, now_hour - hour) / HOUR / half_life_hours)
+
+
+def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
+                    window_tokens: float = 1000.0) -> SchemaEvidence:
+    """From one (model, schema)'s counters."""
+    hourly: dict[tuple[str, int], dict[int, list]] = {}  # (proposer, bucket) -> hour -> counts
+    lengths: dict[str, float] = {}
+    for key, value in counters.items():
+        s = key.series
+        if s == Series.OUTPUT_LENGTH:
+            w = _weight(key.hour, now_hour, half_life_hours) * value
+            lengths[key.label] = lengths.get(key.label, 0.0) + w
+            continue
+        if s not in (Series.DRAFTED, Series.ACCEPTED, Series.REACHED, Series.ACCEPTED_AT):
+            continue
+        row = hourly.setdefault((key.proposer, key.batch_bucket), {}).setdefault(key.hour, [0.0, 0.0, {}, {}])
+        _add(row, s, key.label, value)
+    pooled: dict[str, dict[int, list]] = {}
+    for (proposer, _), hours in hourly.items():
+        for hour, (dr, ac, reached, acc_at) in hours.items():
+            row = pooled.setdefault(proposer, {}).setdefault(hour, [0.0, 0.0, {}, {}])
+            row[0] += dr
+            row[1] += ac
+            for src, dst in ((reached, row[2]), (acc_at, row[3])):
+                for pos, v in src.items():
+                    dst[pos] = dst.get(pos, 0.0) + v
+    return SchemaEvidence({k: _recent(h, window_tokens) for k, h in hourly.items()},
+                          {p: _recent(h, window_tokens) for p, h in pooled.items()},
+                          histogram_quantile(lengths, 0.5, LENGTH_BOUNDS), sum(lengths.values()))
+
+
+def _add(row: list, series: str, label: str, value: float) -> None:
+    if series == Series.DRAFTED:
+        row[0] += value
+    elif series == Series.ACCEPTED:
+        row[1] += value
+    else:
+        target = row[2] if series == Series.REACHED else row[3]
+        pos = int(label)
+        target[pos] = target.get(pos, 0.0) + value
+
+
+def _recent(hours: dict[int, list], window_tokens: float) -> ProposerEvidence:
+    """The newest hours' counts up to ``window_tokens`` drafted tokens (the oldest hour taken in part)."""
+    drafted = accepted = 0.0
+    reached: dict[int, float] = {}
+    acc_at: dict[int, float] = {}
+    for hour in sorted(hours, reverse=True):
+        dr, ac, r, a = hours[hour]
+        if dr <= 0:
+            continue
+        share = min(1.0, (window_tokens - drafted) / dr)
+        drafted += dr * share
+        accepted += ac * share
+        for src, dst in ((r, reached), (a, acc_at)):
+            for pos, v in src.items():
+                dst[pos] = dst.get(pos, 0.0) + v * share
+        if drafted >= window_tokens - 1e-9:
+            break
+    return _evidence(drafted, accepted, reached, acc_at)
+
+
+def _evidence(drafted: float, accepted: float, reached: dict[int, float], acc_at: dict[int, float]) -> ProposerEvidence:
+    depth = max([*reached, *acc_at, 0])
+    return ProposerEvidence(drafted, accepted, tuple(reached.get(i, 0.0) for i in range(1, depth + 1)),
+                            tuple(acc_at.get(i, 0.0) for i in range(1, depth + 1)))
+
+
+def cost_evidence(counters: Counters, now_hour: int, half_life_hours: float, min_samples: float = 5.0) -> CostEvidence:
+    """From the model's own series (schema key ""): means with at least ``min_samples`` weighted samples."""
+    sums: dict[tuple[str, str, int, int], list[float]] = {}
+    for key, value in counters.items():
+        if key.series not in (Series.STEPS, Series.STEP_SECONDS, Series.PROPOSALS, Series.PROPOSE_SECONDS):
+            continue
+        w = _weight(key.hour, now_hour, half_life_hours) * value
+        kind = "step" if key.series in (Series.STEPS, Series.STEP_SECONDS) else "proposal"
+        row = sums.setdefault((kind, key.proposer, key.batch_bucket, int(key.label)), [0.0, 0.0])
+        row[0 if key.series in (Series.STEPS, Series.PROPOSALS) else 1] += w
+    steps, proposals = {}, {}
+    for (kind, proposer, bucket, k), (n, seconds) in sums.items():
+        if n < min_samples:
+            continue
+        if kind == "step":
+            steps[(bucket, k)] = seconds / n
+        else:
+            proposals[(proposer, k)] = seconds / n
+    return CostEvidence(steps, proposals)
