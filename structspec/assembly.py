@@ -7,13 +7,14 @@ factory; ``assemble_engine`` wires already-loaded models (tests, benchmarks).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
 import torch
 
-from structspec.engine.config import EngineConfig, SchedulerLimits
+from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
@@ -21,20 +22,27 @@ from structspec.grammar import GrammarCompiler, TokenizerView
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.speculation.configs import ProposerSet, speculation_config
 from structspec.speculation.draft_model import DraftModelProposer
-from structspec.speculation.router import AcceptanceSink, Router
+from structspec.speculation.history import SchemaHistory
+from structspec.speculation.router import Router
+from structspec.stats.book import Recorder
+from structspec.stats.counters import model_key
 
 log = logging.getLogger(__name__)
 
 
 def assemble_engine(models, grammar_backend: str = "llguidance", limits: SchedulerLimits = SchedulerLimits(),
                     proposers: ProposerSet | None = None, max_context: int | None = None, max_tokens_cap: int = 4096,
-                    compiler: GrammarCompiler | None = None, stats: AcceptanceSink | None = None,
-                    examples: ExampleBook | None = None, fast_forward: bool = True) -> Engine:
+                    compiler: GrammarCompiler | None = None, stats: Recorder | None = None,
+                    examples: ExampleBook | None = None, fast_forward: bool = True,
+                    policy: PolicyConfig | None = None, history: SchemaHistory | None = None,
+                    seed: int | None = None) -> Engine:
     """An engine (not started) around loaded models.
 
     ``proposers``: None = no drafting (fast-forward is per request, and ``fast_forward`` for all).
-    ``stats`` receives the per-step acceptance counts. ``examples``: worked examples added to requests
-    that bring none (``build_engine`` builds them for base-model profiles).
+    ``stats`` records requests, decisions, verifications and step times (its model should be
+    ``engine_model_key(models)``). ``policy``: the drafting policy's thresholds; None drafts with every
+    proposer always (a fixed configuration). ``examples``: worked examples added to requests that bring
+    none (``build_engine`` builds them for base-model profiles). ``seed`` seeds the policy's probes.
     """
     executor = TransformersExecutor(models.target, max_context=max_context)
     if compiler is None:
@@ -45,16 +53,38 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
         draft = None
         if proposers.draft and models.draft is not None:
             draft = DraftModelProposer(TransformersExecutor(models.draft, max_context=executor.max_context), eos)
-        speculator = Router(models.tokenizer, proposers, executor.vocab_size, draft=draft, stats=stats)
-    core = EngineCore(executor, models.tokenizer, eos, limits, speculator)
-    return Engine(core, models.tokenizer, compiler, executor.max_context, max_tokens_cap, examples, fast_forward)
+        import random
+
+        speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=history, draft=draft,
+                            stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft)
+    core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)
+    return Engine(core, models.tokenizer, compiler, executor.max_context, max_tokens_cap, examples, fast_forward,
+                  engine_model_key(models))
+
+
+def engine_model_key(models) -> str:
+    """The model an engine's statistics are kept under: the profile and, with a draft model, its version."""
+    return model_key(models.profile, models.draft_version if models.draft is not None else "")
+
+
+def persisted_history(store: Any, model: str) -> SchemaHistory:
+    """A schema history loaded from ``store`` (the last outputs of the most recent schemas) that writes
+    every new output back to it."""
+    history = SchemaHistory(journal=lambda key, text: store.append_history(model, key, text, time.time()))
+    cfg = history.config
+    try:  # on the factory's thread: its own event loop for the store's coroutine
+        history.load(asyncio.run(store.load_history(model, cfg.per_schema, cfg.max_schemas)))
+    except Exception:  # noqa: BLE001 - a cold history costs speed, not the server
+        log.exception("loading the schema history failed; starting without it")
+    return history
 
 
 def build_engine(settings: Any, store: Any = None) -> Engine:
     """Load the configured profile and start the engine (the server's engine factory).
 
     ``settings``: a ``ServiceSettings`` (anything with ``engine_config()``) or an ``EngineConfig``.
-    ``store`` receives the per-step acceptance counts (per schema, proposer and batch-size bucket).
+    ``store``: its statistics book records this engine's traffic (keyed by the model) and the drafting
+    policy reads it; the schema history is loaded from it and written back.
     """
     from structspec.models.loading import load_profile
     from structspec.models.profiles import get_profile
@@ -71,9 +101,14 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     models = run_in_worker(load_profile, config.profile, device=device, dtype=config.resolved_dtype(device),
                            with_draft=bool(spec.proposers and spec.proposers.draft))
     examples = build_example_book(get_profile(models.profile).few_shot)
+    model = engine_model_key(models)
+    recorder = store.stats.recorder(model) if store is not None else None
+    history = persisted_history(store, model) if store is not None and spec.proposers else None
     engine = run_in_worker(assemble_engine, models, config.grammar_backend, config.limits, spec.proposers,
-                           max_tokens_cap=config.max_tokens_cap, stats=store, examples=examples,
-                           fast_forward=spec.fast_forward)
+                           max_tokens_cap=config.max_tokens_cap, stats=recorder, examples=examples,
+                           fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None,
+                           history=history)
     engine.start()
-    log.info("engine ready in %.1fs (profile %s)", time.monotonic() - t0, models.profile)
+    log.info("engine ready in %.1fs (profile %s, statistics under model %s)", time.monotonic() - t0, models.profile,
+             model)
     return engine

@@ -17,14 +17,15 @@ ALLOWED: dict[str, set[str]] = {
     "models": set(),
     "prompts": set(),
     "schemas": set(),
-    "store": set(),
+    "stats": set(),  # counters, the book and their summaries: recorded by the engine, kept by the store
+    "store": {"stats"},
     "client": {"proto_gen"},
-    "engine": {"grammar", "models", "prompts", "schemas"},  # the Speculator protocol is the engine's own
-    "speculation": {"engine", "grammar", "models", "store"},
-    "assembly": {"engine", "grammar", "models", "speculation"},
-    "service": {"engine", "grammar", "prompts", "proto_gen", "schemas", "speculation", "store"},
+    "engine": {"grammar", "models", "prompts", "schemas", "stats"},  # the Speculator protocol is the engine's own
+    "speculation": {"engine", "grammar", "models", "stats", "store"},
+    "assembly": {"engine", "grammar", "models", "speculation", "stats"},
+    "service": {"engine", "grammar", "prompts", "proto_gen", "schemas", "speculation", "stats", "store"},
     "demo": {"prompts", "schemas"},
-    "bench": {"assembly", "client", "demo", "engine", "grammar", "models", "prompts", "schemas", "speculation"},
+    "bench": {"assembly", "client", "demo", "engine", "grammar", "models", "prompts", "schemas", "speculation", "stats"},
     "cli": {"bench", "demo", "models", "cli_client", "cli_serve"},
     "cli_serve": {"service"},
     "cli_client": {"bench", "client", "schemas", "service"},

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
 
-from structspec.engine.types import GenerationResult, InvalidRequest, SamplingParams, SpeculationMode, TextDelta
+from structspec.engine.types import (
+    GenerationResult,
+    InvalidRequest,
+    SamplingParams,
+    SchemaSpeculation,
+    SpeculationMode,
+    TextDelta,
+)
 from structspec.prompts import FewShotExample
 
 MAX_INPUT_CHARS = 1_000_000
@@ -33,6 +40,7 @@ class ExtractionRequest:
     request_id: str = ""
     schema_key: str = ""  # stable name for stats ("invoice@3"); defaults to the schema's hash
     history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
+    schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the schema owner's override
 
     @property
     def input_text(self) -> str:
@@ -65,6 +73,7 @@ class ToolCallRequest:
     deadline: float | None = None
     request_id: str = ""
     history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
+    schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the tool list's override (none registered yet)
 
     def validate(self, max_tokens_cap: int) -> None:
         """Raises: InvalidRequest naming the field (``messages``, ``tools[i].name``, ``tools`` or a sampling field)."""
@@ -120,3 +129,7 @@ class EngineAPI(Protocol):
     def queue_depth(self) -> int: ...
 
     def running(self) -> int: ...
+
+    @property
+    def model_key(self) -> str:
+        """The model statistics are kept under (``structspec.stats.counters.model_key``)."""

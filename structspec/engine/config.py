@@ -6,6 +6,7 @@ and build an ``EngineConfig`` in one function (``ServiceSettings.engine_config``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -17,8 +18,41 @@ class SchedulerLimits:
     prefill_chunk: int = 256  # prompt tokens one sequence feeds per step
     step_tokens: int = 512  # tokens one forward may carry in all (decodes first, prefill fills the rest)
     max_draft: int = 8  # drafted tokens per sequence per step (KV headroom reserved for them)
-    max_spec_batch: int = 8  # no drafting while more sequences than this run (verification stops paying)
+    max_spec_batch: int = 64  # no drafting at all while more sequences than this run (the policy decides below it)
     prefix_cache_tokens: int = 8192  # prompt KV kept after requests finish, for reuse (0: no prefix caching)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The drafting policy's thresholds (``structspec.speculation.policy``)."""
+
+    acceptance_threshold: float = 0.55  # a proposer under this acceptance (at the batch bucket) is off
+    min_evidence_tokens: int = 500  # drafted tokens of evidence before the guard or the cost model switch anything off
+    evidence_window_tokens: int = 1000  # acceptance is measured over the schema's most recent drafted tokens
+    half_life_hours: float = 3.0  # output lengths and step costs an hour old weigh 2^(-1/3)
+    min_predicted_length: int = 20  # predicted output tokens under this: fast-forward only
+    min_length_evidence: int = 8  # finished requests before their p50 replaces the schema's own estimate
+    draft_model_max_batch: int = 32  # no draft-model drafting with more sequences running
+    probe_rate: float = 0.02  # share of requests that still draft with switched-off proposers
+    gain_margin: float = 0.05  # a draft length must beat plain decoding's time per token by this share
+    max_draft: int = 8  # the longest draft (the scheduler's KV headroom)
+
+    def problems(self) -> list[str]:
+        """What is wrong with the values, each naming its field (empty when valid)."""
+        checks = [
+            (0.0 <= self.acceptance_threshold <= 1.0, "acceptance_threshold", "must be in [0, 1]"),
+            (self.min_evidence_tokens >= 1, "min_evidence_tokens", "must be >= 1"),
+            (self.evidence_window_tokens >= self.min_evidence_tokens, "evidence_window_tokens",
+             "must be >= min_evidence_tokens"),
+            (self.half_life_hours > 0 and math.isfinite(self.half_life_hours), "half_life_hours", "must be > 0"),
+            (self.min_predicted_length >= 0, "min_predicted_length", "must be >= 0"),
+            (self.min_length_evidence >= 1, "min_length_evidence", "must be >= 1"),
+            (self.draft_model_max_batch >= 0, "draft_model_max_batch", "must be >= 0"),
+            (0.0 <= self.probe_rate <= 1.0, "probe_rate", "must be in [0, 1]"),
+            (0.0 <= self.gain_margin < 1.0, "gain_margin", "must be in [0, 1)"),
+            (self.max_draft >= 1, "max_draft", "must be >= 1"),
+        ]
+        return [f"{name}: {why} (got {getattr(self, name)!r})" for ok, name, why in checks if not ok]
 
 
 @dataclass(frozen=True)
@@ -27,9 +61,10 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     grammar_backend: str = "llguidance"  # llguidance | outlines
-    speculation: str = "all"  # a name in structspec.speculation.configs.SPECULATION_CONFIGS
+    speculation: str = "policy"  # a name in structspec.speculation.configs.SPECULATION_CONFIGS
     max_tokens_cap: int = 4096  # a request may not ask for more
     limits: SchedulerLimits = field(default_factory=SchedulerLimits)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def resolved_device(self, cuda_available: bool) -> str:
         return ("cuda" if cuda_available else "cpu") if self.device == "auto" else self.device

@@ -29,10 +29,12 @@ from structspec.engine.detok import IncrementalDetokenizer
 from structspec.engine.scheduler import Scheduler, StepPlan
 from structspec.engine.sequence import EngineSequence, SequenceStatus
 from structspec.engine.speculator import Draft, DraftVerdict, Speculator
-from structspec.engine.types import FinishReason, OverBudget, QueueFull
+from structspec.engine.types import FinishReason, OverBudget, QueueFull, SpeculationReport
 from structspec.engine.verify import Verdict, verify
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask, small_allowed_set, token_allowed
 from structspec.models.executor import ForwardStep, StepInput
+from structspec.stats.book import Recorder
+from structspec.stats.counters import Reason, batch_bucket
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +48,13 @@ class _Inbox:
 
 class EngineCore:
     def __init__(self, executor: ForwardStep, tokenizer, eos_token_id: int, limits: SchedulerLimits = SchedulerLimits(),
-                 speculator: Speculator | None = None):
+                 speculator: Speculator | None = None, stats: Recorder | None = None):
         self.executor = executor
         self.tokenizer = tokenizer
         self.eos = eos_token_id
         self.limits = limits
         self.speculator = speculator
+        self.stats = stats  # requests, drafting decisions and step times (in-memory counters, no I/O)
         self.scheduler = Scheduler(executor, limits)
         self.draft_failures = 0  # drafting attempts that raised (each turned drafting off for its request)
         self._inbox = _Inbox()
@@ -89,13 +92,14 @@ class EngineCore:
     def step(self) -> None:
         self._take_inbox()
         self._admit()
+        self._redecide()
         plans = self.scheduler.schedule()
         if not plans:
             return
         for plan in plans:
             if plan.scores:
                 self._draft(plan)
-        outputs = self._forward(plans)
+        outputs = self._timed_forward(plans)
         if outputs is None:
             return
         with torch.inference_mode():  # the step's logits are inference tensors, masked in place
@@ -125,8 +129,31 @@ class EngineCore:
         for seq, error in failed:
             self._finish(seq, FinishReason.ERROR, error)
         for seq in admitted:
+            self._decide(seq, len(self.scheduler.running))
             self._fast_forward(seq)  # the opening forced tokens ride along with the prompt
             self._check_done(seq)
+
+    def _decide(self, seq: EngineSequence, batch_size: int) -> None:
+        """Ask the speculator who may draft for ``seq`` at this batch size, and count the decision."""
+        if self.speculator is None:
+            seq.decision = SpeculationReport(False, Reason.SERVER_OFF)
+        else:
+            try:
+                seq.decision = self.speculator.decide(seq, batch_size)
+            except Exception:  # noqa: BLE001 - a policy bug costs speed, never the request
+                log.exception("the drafting policy failed for request %s; it runs without drafts", seq.request_id)
+                seq.decision = SpeculationReport(False, Reason.POLICY_ERROR)
+        seq.decision_bucket = batch_bucket(batch_size)
+        if self.stats is not None:
+            self.stats.record_decision(seq.schema_key, seq.decision.reason, seq.decision.reasons)
+
+    def _redecide(self) -> None:
+        """Decide again for the sequences admitted at another batch-size bucket than the batch's now."""
+        batch = len(self.scheduler.running)
+        bucket = batch_bucket(batch)
+        for seq in self.scheduler.running:
+            if seq.decision_bucket != bucket and seq.speculate:
+                self._decide(seq, batch)
 
     # -- 3. draft and grammar masks ----------------------------------------------------------------
     def _draft(self, plan: StepPlan) -> None:
@@ -190,6 +217,16 @@ class EngineCore:
                 matcher.consume(seq.output[len(seq.output) + walked.consumed:])
 
     # -- 4. one forward ------------------------------------------------------------------------------
+    def _timed_forward(self, plans: list[StepPlan]) -> list[torch.Tensor] | None:
+        """The forward; a step of decodes only (no prompt chunk) is timed for the policy's cost model."""
+        decode_only = all(p.seq.status is SequenceStatus.DECODING for p in plans)
+        started = time.perf_counter()
+        outputs = self._forward(plans)
+        if outputs is not None and decode_only and self.stats is not None:
+            longest = max((len(p.draft.tokens) if p.draft else 0) for p in plans)
+            self.stats.record_step(len(self.scheduler.running), longest, time.perf_counter() - started)
+        return outputs
+
     def _forward(self, plans: list[StepPlan]) -> list[torch.Tensor] | None:
         try:
             return self.executor.step([self._step_input(p) for p in plans])
@@ -323,6 +360,9 @@ class EngineCore:
         seq.end(reason, error, time.monotonic())
         if self.speculator is not None:
             self.speculator.on_finish(seq)
+        if self.stats is not None:
+            self.stats.record_request(seq.schema_key, len(seq.output), seq.usage.target_forward_passes,
+                                      seq.usage.forced_tokens, reason.value, seq.timings.total_ms)
         seq.on_event("done", None)
 
 

@@ -34,8 +34,10 @@ class Engine:
     """Implements ``EngineAPI`` over one target model (and its proposers)."""
 
     def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
-                 max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True):
+                 max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True,
+                 model_key: str = ""):
         self.core = core
+        self.model_key = model_key  # the model statistics are kept under (profile and draft version)
         self.examples = examples or ExampleBook()  # worked examples for requests that bring none
         self.tokenizer = tokenizer
         self.compiler = compiler
@@ -171,7 +173,7 @@ class Engine:
             prompt=ids, grammar=grammar, matcher=grammar.matcher(), params=params, seed=seed,
             deadline=request.deadline, fast_forward=self.fast_forward and request.fast_forward,
             speculate=request.speculation.value != "off", schema_key=schema_key, schema=schema, on_event=lambda *_: None,
-            history_scope=request.history_scope,
+            history_scope=request.history_scope, schema_speculation=request.schema_speculation,
         )
 
     async def _run(self, seq: EngineSequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:
@@ -200,7 +202,7 @@ class Engine:
         yield GenerationResult(
             request_id=seq.request_id, text=text, token_ids=list(seq.output), finish_reason=seq.finish,
             outcome=Outcome.NOT_CHECKED, usage=seq.usage, timings=seq.timings, error=seq.error,
-            grammar_limit=seq.grammar_limit,
+            grammar_limit=seq.grammar_limit, speculation=seq.decision,
         )
 
     def _finalize(self, result: GenerationResult, check) -> GenerationResult:

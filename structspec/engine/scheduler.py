@@ -9,7 +9,8 @@ The plan: decoding sequences first (their pending token and the forced tokens af
 always in full), then prompt chunks (``prefill_chunk`` each) in admission order within what
 is left of ``step_tokens``. A plan whose feed completes the committed text *scores*: the
 forward returns logits for the next position(s), and it may carry a draft of up to
-``max_draft`` tokens while no more than ``max_spec_batch`` sequences run.
+``max_draft`` tokens (and no more than its drafting decision allows, ``EngineSequence.draft_cap``)
+while no more than ``max_spec_batch`` sequences run.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class Scheduler:
             budget -= n
             scores = n == len(seq.uncached)
             # k drafted + 1 new token must fit max_tokens
-            k = min(max_draft, seq.remaining - 1) if scores and seq.speculate else 0
+            k = min(max_draft, seq.draft_cap, seq.remaining - 1) if scores else 0
             plans.append(StepPlan(seq, seq.uncached[:n], scores, max(0, k), batch))
         return plans
 

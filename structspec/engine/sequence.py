@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from structspec.engine.detok import IncrementalDetokenizer
-from structspec.engine.types import FinishReason, SamplingParams, Timings, Usage
+from structspec.engine.types import FinishReason, SamplingParams, SchemaSpeculation, SpeculationReport, Timings, Usage
 from structspec.grammar.base import CompiledGrammar, Matcher
 
 _KEYS = itertools.count()
@@ -54,6 +54,9 @@ class EngineSequence:
     status: SequenceStatus = SequenceStatus.WAITING
     submitted: bool = False  # handed to an engine (once: a second submit would double its reservation)
     history_scope: str = ""  # whose earlier outputs of this schema speculation may draft from ("": everyone's)
+    schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the schema owner's override
+    decision: SpeculationReport | None = None  # the drafting policy's latest decision (from admission on)
+    decision_bucket: int = 0  # the running batch's bucket when it was made
     output: list[int] = field(default_factory=list)
     uncached: list[int] = field(default_factory=list)
     seq_id: int = -1  # the executor's sequence (its KV cache) while admitted
@@ -76,6 +79,13 @@ class EngineSequence:
     @property
     def remaining(self) -> int:
         return self.params.max_tokens - len(self.output)
+
+    @property
+    def draft_cap(self) -> int:
+        """The longest draft the policy allows now (0: none); the scheduler's limits apply on top."""
+        if not self.speculate or self.decision is None:
+            return 0
+        return max(self.decision.max_draft.values(), default=0)
 
     @property
     def running(self) -> bool:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from structspec.engine.types import SpeculationReport
+
 if TYPE_CHECKING:
     from structspec.engine.sequence import EngineSequence
 
@@ -33,6 +35,11 @@ class DraftVerdict:
 
 
 class Speculator(Protocol):
+    def decide(self, seq: "EngineSequence", batch_size: int) -> SpeculationReport:
+        """Who may draft for ``seq`` with ``batch_size`` sequences running, how far, and why.
+
+        Asked at admission and whenever the running batch crosses a batch-size bucket. Raises: Never."""
+
     def propose(self, seq: "EngineSequence", max_tokens: int) -> Draft | None:
         """At most ``max_tokens`` drafted tokens after ``seq``'s committed text, or None.
 

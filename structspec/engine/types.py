@@ -31,6 +31,25 @@ class SpeculationMode(str, enum.Enum):
     OFF = "off"  # no drafting (fast-forward stays: it never changes the output)
 
 
+class SchemaSpeculation(str, enum.Enum):
+    """A schema owner's override of the drafting policy, kept with the schema version."""
+
+    AUTO = "auto"  # the policy decides from the schema's statistics
+    OFF = "off"  # never draft (fast-forward stays)
+    ON = "on"  # always draft with every proposer the server has (the policy's switches bypassed)
+
+
+@dataclass(frozen=True)
+class SpeculationReport:
+    """Whether a request drafted and, if not, why (``structspec.stats.counters.Reason`` labels)."""
+
+    drafted: bool  # the policy let at least one proposer draft (whether or not any draft was made)
+    reason: str  # the request's reason: drafted, cold, probe, request_off, short_output, low_acceptance, ...
+    probe: bool = False  # a recovery probe: drafted with proposers the policy had switched off
+    max_draft: dict[str, int] = field(default_factory=dict)  # proposer -> draft-length cap (the ones allowed)
+    reasons: dict[str, str] = field(default_factory=dict)  # proposer -> its own reason
+
+
 class EngineError(Exception):
     """Base of errors the service maps to status codes; ``field`` names the offending request field."""
 
@@ -124,6 +143,7 @@ class GenerationResult:
     # finish ERROR because the schema's grammar passed one of the grammar engine's resource limits
     # (a property of the schema, not a model failure): the limit's name
     grammar_limit: str | None = None
+    speculation: SpeculationReport | None = None  # the drafting decision (None from engines without a policy)
 
     @property
     def truncated(self) -> bool:

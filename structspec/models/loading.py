@@ -6,6 +6,7 @@ operator reading the server log knows what to fix.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,22 @@ class LoadedModels:
     draft: PreTrainedModel | None
     device: torch.device
     dtype: torch.dtype
+    draft_version: str = ""  # ``weights_version`` of the loaded draft ("" without one)
+
+
+def weights_version(path: str | Path) -> str:
+    """A short content hash of a model folder's weights and config: another draft, another version.
+
+    Cost: reads the weight files once (a few MB for a draft model)."""
+    digest = hashlib.sha256()
+    folder = Path(path)
+    for file in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")) + [folder / "config.json"]:
+        if file.is_file():
+            digest.update(file.name.encode())
+            with file.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()[:12]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -102,12 +119,13 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
         profile.prepare()
     tokenizer = load_tokenizer(profile.target)
     target = load_causal_lm(profile.target, dev, dt)
-    draft = None
+    draft, draft_version = None, ""
     if with_draft and profile.draft:
         check_shared_tokenizer(tokenizer, load_tokenizer(profile.draft), profile.target, profile.draft)
         draft = load_causal_lm(profile.draft, dev, dt)
+        draft_version = weights_version(profile.draft)
     log.info("loaded profile %s on %s (%s)", profile.name, dev, dt)
-    return LoadedModels(profile.name, target, tokenizer, draft, dev, dt)
+    return LoadedModels(profile.name, target, tokenizer, draft, dev, dt, draft_version)
 
 
 def load_profile(name: str, **kwargs: Any) -> LoadedModels:

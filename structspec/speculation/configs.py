@@ -22,6 +22,7 @@ class SpeculationConfig:
     name: str
     fast_forward: bool  # tokens the grammar forces skip the model (never changes the output)
     proposers: ProposerSet | None  # None: no drafting
+    adaptive: bool = False  # the drafting policy decides per schema and batch size (else: always draft)
 
 
 SPECULATION_CONFIGS: dict[str, SpeculationConfig] = {c.name: c for c in (
@@ -30,6 +31,7 @@ SPECULATION_CONFIGS: dict[str, SpeculationConfig] = {c.name: c for c in (
     SpeculationConfig("ff+ngram", True, ProposerSet(ngram=True, history=False, draft=False)),
     SpeculationConfig("ff+ngram+history", True, ProposerSet(ngram=True, history=True, draft=False)),
     SpeculationConfig("all", True, ProposerSet(ngram=True, history=True, draft=True)),
+    SpeculationConfig("policy", True, ProposerSet(ngram=True, history=True, draft=True), adaptive=True),
 )}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from structspec.speculation.base import Draft, DraftContext
 
@@ -27,13 +28,27 @@ class HistoryConfig:
 
 
 class SchemaHistory:
-    """Bounded memory of recent outputs per schema (LRU across schemas)."""
+    """Bounded memory of recent outputs per schema (LRU across schemas).
 
-    def __init__(self, config: HistoryConfig = HistoryConfig()):
+    ``journal`` is told every output added (the store persists them, so a restarted server does not
+    start cold); ``load`` puts persisted outputs back, oldest first, without telling the journal.
+    """
+
+    def __init__(self, config: HistoryConfig = HistoryConfig(), journal: Callable[[str, str], None] | None = None):
         self.config = config
+        self.journal = journal
         self._by_schema: OrderedDict[str, deque[str]] = OrderedDict()
 
+    def load(self, entries: Iterable[tuple[str, str]]) -> None:
+        for schema_key, text in entries:
+            self._add(schema_key, text)
+
     def add(self, schema_key: str, text: str) -> None:
+        self._add(schema_key, text)
+        if self.journal is not None:
+            self.journal(schema_key, text)
+
+    def _add(self, schema_key: str, text: str) -> None:
         outputs = self._by_schema.pop(schema_key, None) or deque(maxlen=self.config.per_schema)
         outputs.append(text)
         self._by_schema[schema_key] = outputs

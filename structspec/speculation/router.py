@@ -1,22 +1,25 @@
-"""Per step, pick who drafts: the draft model inside free-text strings, copy/history elsewhere.
+"""Per request, ask the policy who may draft; per step, pick who drafts: the draft model inside
+free-text strings, copy/history elsewhere.
 
 Forced tokens never reach a proposer's turn: the engine fast-forwards them before asking
-for a draft. The router implements the engine's ``Speculator`` seam: it keeps each
-sequence's speculation state on the sequence (``EngineSequence.speculation``), is told
-every verdict (and records it in the acceptance statistics), and feeds the schema history
-with finished outputs.
+for a draft. The router implements the engine's ``Speculator`` seam: it decides with the
+drafting policy (``policy.decide``) over the schema's evidence in the statistics book, keeps
+each sequence's speculation state on the sequence (``EngineSequence.speculation``), is told
+every verdict (and records it, by draft position, in the statistics), and feeds the schema
+history with finished outputs.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from typing import Protocol
 
 import torch
 
+from structspec.engine.config import PolicyConfig
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.speculator import DraftVerdict
-from structspec.engine.types import FinishReason
+from structspec.engine.types import FinishReason, SpeculationReport
 from structspec.grammar.json_text import scan
 from structspec.speculation.base import Draft, DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.configs import ProposerSet
@@ -24,14 +27,13 @@ from structspec.speculation.draft_model import DraftModelProposer
 from structspec.speculation.history import HistoryProposer, SchemaHistory
 from structspec.speculation.json_position import is_free_text
 from structspec.speculation.ngram import NgramProposer
-from structspec.store.base import batch_bucket
+from structspec.speculation.policy import PolicyRequest, decide
+from structspec.stats.book import Recorder
+from structspec.stats.counters import Reason, hour_of
+from structspec.stats.evidence import CostEvidence, SchemaEvidence, cost_evidence, schema_evidence
 
-
-class AcceptanceSink(Protocol):
-    """Where per-step acceptance counts go (the store's buffered, non-blocking recorder)."""
-
-    def record_acceptance(self, schema_key: str, proposer: str, batch_bucket: int, drafted: int, accepted: int,
-                          ts: float) -> None: ...
+EVIDENCE_TTL_SECONDS = 1.0  # the policy's reading of the book is reused this long (admissions come in bursts)
+EVIDENCE_HORIZON_SECONDS = 48 * 3600  # older statistics say little about today's traffic
 
 
 def history_key(seq: EngineSequence) -> str:
@@ -41,8 +43,11 @@ def history_key(seq: EngineSequence) -> str:
 
 
 class Router:
+    """``policy`` None: every proposer drafts up to the scheduler's limit (a fixed configuration)."""
+
     def __init__(self, tokenizer, proposers: ProposerSet, vocab_size: int, history: SchemaHistory | None = None,
-                 draft: DraftModelProposer | None = None, stats: AcceptanceSink | None = None):
+                 draft: DraftModelProposer | None = None, stats: Recorder | None = None,
+                 policy: PolicyConfig | None = None, rng: random.Random | None = None, max_draft: int = 8):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.history = history or SchemaHistory()
@@ -50,6 +55,49 @@ class Router:
         self.history_proposer = HistoryProposer(tokenizer, self.history) if proposers.history else None
         self.draft = draft if proposers.draft else None
         self.stats = stats
+        self.policy = policy
+        self.rng = rng or random.Random()
+        self.max_draft = max_draft  # the cap of a fixed configuration (the scheduler's limit)
+        self.names = tuple(p.name for p in (self.draft, self.ngram, self.history_proposer) if p is not None)
+        self._evidence: dict[str, tuple[float, SchemaEvidence]] = {}
+        self._costs: tuple[float, CostEvidence] | None = None
+        self._probed: dict[str, dict[str, int]] = {}  # schema key -> proposer -> hour of its last probe
+
+    # -- the policy ------------------------------------------------------------------------------
+    def decide(self, seq: EngineSequence, batch_size: int) -> SpeculationReport:
+        if self.policy is None:
+            if not seq.speculate or not self.names:
+                reason = Reason.REQUEST_OFF if self.names else Reason.SERVER_OFF
+                return SpeculationReport(False, reason, False, {}, {p: reason for p in self.names})
+            return SpeculationReport(True, Reason.DRAFTED, False, {p: self.max_draft for p in self.names},
+                                     {p: Reason.DRAFTED for p in self.names})
+        now = self.stats.clock() if self.stats is not None else time.time()
+        hour = hour_of(now)
+        probed = self._probed.get(seq.schema_key, {})
+        request = PolicyRequest(seq.schema_key, seq.schema, seq.speculate, seq.schema_speculation,
+                                frozenset(p for p, h in probed.items() if h == hour))
+        evidence, costs = self._read(seq.schema_key, now)
+        report = decide(evidence, costs, request, batch_size, self.rng, self.policy, self.names)
+        if report.probe:
+            self._probed.setdefault(seq.schema_key, {}).update(
+                {p: hour for p, r in report.reasons.items() if r == Reason.PROBE})
+        return report
+
+    def _read(self, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
+        if self.stats is None:
+            return SchemaEvidence(), CostEvidence()
+        book, model, half_life = self.stats.book, self.stats.model, self.policy.half_life_hours
+        since = hour_of(now - EVIDENCE_HORIZON_SECONDS)
+        cached = self._evidence.get(schema_key)
+        if cached is None or now - cached[0] > EVIDENCE_TTL_SECONDS or now < cached[0]:
+            cached = (now, schema_evidence(book.rows_for(model, schema_key, since), hour_of(now), half_life,
+                                           self.policy.evidence_window_tokens))
+            self._evidence[schema_key] = cached
+            if len(self._evidence) > 4096:  # a bound, not an LRU: the next reads rebuild what they need
+                self._evidence.clear()
+        if self._costs is None or now - self._costs[0] > EVIDENCE_TTL_SECONDS or now < self._costs[0]:
+            self._costs = (now, cost_evidence(book.rows_for(model, "", since), hour_of(now), half_life))
+        return cached[1], self._costs[1]
 
     def _context(self, seq: EngineSequence) -> DraftContext:
         state = seq.speculation
@@ -70,8 +118,15 @@ class Router:
 
     def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
         ctx = self._context(seq)
+        caps = seq.decision.max_draft if seq.decision is not None else {}
         for proposer in self.order(ctx):
-            draft = proposer.propose(ctx, self._draft_len(ctx.state, proposer.name, max_tokens))
+            if proposer.name not in caps:
+                continue  # the policy switched it off for this request
+            k = self._draft_len(ctx.state, proposer.name, min(max_tokens, caps[proposer.name]))
+            started = time.perf_counter()
+            draft = proposer.propose(ctx, k)
+            if self.stats is not None:
+                self.stats.record_proposal(proposer.name, k, time.perf_counter() - started)
             if draft is not None and draft.tokens:
                 return self._fit_q(draft)
         return None
@@ -98,8 +153,9 @@ class Router:
             prev = recent.get(verdict.proposer)
             recent[verdict.proposer] = verdict.accepted if prev is None else 0.5 * prev + 0.5 * verdict.accepted
         if self.stats is not None:
-            self.stats.record_acceptance(seq.schema_key, verdict.proposer, batch_bucket(verdict.batch_size),
-                                         verdict.drafted, verdict.accepted, time.time())
+            probe = seq.decision is not None and seq.decision.reasons.get(verdict.proposer) == Reason.PROBE
+            self.stats.record_verification(seq.schema_key, verdict.proposer, verdict.batch_size, verdict.drafted,
+                                           verdict.accepted, probe)
 
     def on_finish(self, seq: EngineSequence) -> None:
         if seq.speculation is not None and self.draft is not None:

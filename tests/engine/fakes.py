@@ -148,3 +148,18 @@ def make_seq(prompt: list[int], slots: Sequence[frozenset[int]], max_tokens: int
         speculate=speculate, schema_key="toy", schema=None,
         on_event=(lambda kind, payload: events.append((kind, payload))) if events is not None else (lambda *_: None),
     )
+
+
+class AlwaysDrafts:
+    """A speculator's ``decide``: every request may draft as far as the scheduler allows (a fixed configuration)."""
+
+    def decide(self, seq, batch_size):
+        from structspec.engine.types import SpeculationReport
+
+        return SpeculationReport(True, "drafted", False, {"any": 1 << 20}, {})
+
+    def on_verified(self, seq, verdict):
+        pass
+
+    def on_finish(self, seq):
+        pass

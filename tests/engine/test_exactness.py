@@ -27,7 +27,7 @@ from structspec.engine.sampling import keyed_gumbel, target_logprobs
 from structspec.engine.speculator import Draft
 from structspec.engine.types import SamplingParams
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
-from tests.engine.fakes import EOS, SlotMatcher, TableExecutor, ToyTokenizer, make_seq
+from tests.engine.fakes import AlwaysDrafts, EOS, SlotMatcher, TableExecutor, ToyTokenizer, make_seq
 
 V = 6  # 0 = EOS, 1..5
 SLOTS = [frozenset({1, 2, 3, 4}), frozenset({1, 2, 3, 4, 5}), frozenset({2, 3, 4, 5})]  # 5 masked first, 1 last
@@ -49,7 +49,7 @@ class ToyExecutor(TableExecutor):
         return _table(context, 1)
 
 
-class SampledProposer:
+class SampledProposer(AlwaysDrafts):
     """Drafts up to 3 tokens from its own q (which gives the masked token 5 and EOS real mass), reporting q."""
 
     def propose(self, seq, max_tokens):

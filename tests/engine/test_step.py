@@ -9,12 +9,12 @@ from structspec.engine.core import EngineCore, run_until_idle
 from structspec.engine.sequence import SequenceStatus
 from structspec.engine.speculator import Draft, DraftVerdict
 from structspec.engine.types import FinishReason
-from tests.engine.fakes import EOS, TableExecutor, ToyTokenizer, free_slots, make_seq
+from tests.engine.fakes import AlwaysDrafts, EOS, TableExecutor, ToyTokenizer, free_slots, make_seq
 
 CYCLE = {t: t % 15 + 1 for t in range(16)}
 
 
-class ScriptedSpeculator:
+class ScriptedSpeculator(AlwaysDrafts):
     """Drafts ``script(seq)`` tokens; records every verdict and finish it is told."""
 
     def __init__(self, script):

@@ -15,6 +15,7 @@ from structspec.engine.types import FinishReason, SamplingParams
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
 from structspec.speculation.base import Draft
 from structspec.speculation.configs import ProposerSet, speculation_config
+from tests.engine.fakes import AlwaysDrafts
 
 ITEMS = build_workload("extraction", 4) + build_workload("freetext", 3) + build_workload("toolcall", 3)
 
@@ -68,7 +69,7 @@ def test_greedy_identical_with_speculation(make_engine, config):
     assert sum(s.usage.target_forward_passes for s in got) < sum(s.usage.target_forward_passes for s in ref)
 
 
-class GarbageProposer:
+class GarbageProposer(AlwaysDrafts):
     """Drafts random tokens: mostly ungrammatical. They must be trimmed and never reach the output."""
 
     def __init__(self, vocab):
@@ -135,7 +136,7 @@ def test_seeded_sampling_is_the_same_text_whatever_the_server_state(make_engine)
     assert drafted > 50 and 0 < accepted < drafted  # drafts were made, some accepted, some rejected
 
 
-class OracleProposer:
+class OracleProposer(AlwaysDrafts):
     """Drafts the reference continuation: every draft is accepted, and the last one completes the grammar."""
 
     def __init__(self, reference):

@@ -1,0 +1,97 @@
+"""The policy in its loop, on a simulated clock: the router decides, verifications are recorded, the book feeds the
+next decision. A schema whose traffic shifts gets its proposer switched off, probed, and switched back on."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from structspec.engine.config import PolicyConfig
+from structspec.engine.types import SchemaSpeculation
+from structspec.speculation.configs import ProposerSet
+from structspec.speculation.router import Router
+from structspec.stats.book import StatsBook
+from structspec.stats.counters import HOUR, Reason
+
+LONG = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(8)}}
+
+
+@dataclass
+class Seq:
+    schema_key: str = "invoice@1"
+    schema: dict | None = None
+    speculate: bool = True
+    schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO
+
+
+class DraftStub:
+    name = "draft"
+
+
+def simulate(phases: list[tuple[int, float]], config: PolicyConfig, per_hour: int = 40, seed: int = 0,
+             step_costs: dict[int, float] | None = None) -> list[dict]:
+    """``phases``: (hours, per-position acceptance). Per hour: counts of decisions by reason."""
+    clock = [1000 * HOUR]
+    book = StatsBook(clock=lambda: clock[0])
+    rec = book.recorder("demo")
+    router = Router(None, ProposerSet(ngram=False, history=False, draft=True), 16, draft=DraftStub(), stats=rec,
+                    policy=config, rng=random.Random(seed))
+    rng = random.Random(seed + 1)
+    hours = []
+    for n_hours, c in phases:
+        for _ in range(n_hours):
+            counts: dict[str, int] = {}
+            for _ in range(per_hour):
+                clock[0] += HOUR / per_hour
+                report = router.decide(Seq(schema=LONG), 1)
+                counts[report.reason] = counts.get(report.reason, 0) + 1
+                if "draft" in report.max_draft:
+                    k = min(8, report.max_draft["draft"])
+                    for _ in range(12):  # a request's verifications
+                        accepted = 0
+                        while accepted < k and rng.random() < c:
+                            accepted += 1
+                        rec.record_verification("invoice@1", "draft", 1, k, accepted, report.probe)
+                        if step_costs is not None:
+                            rec.record_step(1, k, step_costs[k])
+                            rec.record_step(1, 0, step_costs[0])
+                rec.record_request("invoice@1", 120, 40, 10, "stop", 900.0)
+            hours.append(counts)
+    return hours
+
+
+def drafting(hour: dict) -> int:
+    """Requests the policy let draft outside probes."""
+    return hour.get(Reason.DRAFTED, 0) + hour.get(Reason.COLD, 0)
+
+
+def switch_points(hours: list[dict], shift: int, recover: int) -> tuple[int | None, int | None]:
+    """Hours after ``shift`` until no request drafts outside probes; hours after ``recover`` until most do again."""
+    off = next((h - shift for h in range(shift, recover) if drafting(hours[h]) == 0), None)
+    on = next((h - recover for h in range(recover, len(hours)) if drafting(hours[h]) > len(hours[h]) // 2), None)
+    return off, on
+
+
+def test_a_shift_switches_the_proposer_off_within_the_window_and_back_on_after_recovery():
+    hours = simulate([(6, 0.9), (8, 0.2), (10, 0.9)], PolicyConfig())
+    assert all(drafting(h) == 40 for h in hours[:6])  # good traffic: everyone drafts (cold, then on evidence)
+    off, on = switch_points(hours, 6, 14)
+    assert off is not None and off <= 1, hours[6:8]  # the shift shows within the hour after it
+    for h in hours[6 + off + 1:14]:  # switched off, with its reason, and probed at least once an hour
+        assert h.get(Reason.LOW_ACCEPTANCE, 0) > 30 and h.get(Reason.PROBE, 0) >= 1
+    assert on is not None and on <= 3, hours[14:18]  # the probes bring it back
+
+
+def test_the_loop_test_has_power_a_policy_without_the_guard_never_switches_off():
+    hours = simulate([(6, 0.9), (8, 0.2), (10, 0.9)], PolicyConfig(acceptance_threshold=0.0))
+    off, _ = switch_points(hours, 6, 14)
+    assert off is None
+
+
+def test_the_cost_model_switches_off_where_verification_is_too_costly_for_the_acceptance():
+    # acceptance 0.6 passes the guard, but a 1 + 0.8 k verification never pays for it
+    costly = {k: 0.04 * (1 + 0.8 * k) for k in range(9)}
+    hours = simulate([(6, 0.6)], PolicyConfig(), step_costs=costly)
+    assert hours[-1].get(Reason.NO_GAIN, 0) >= 35
+    cheap = {k: 0.04 * (1 + 0.01 * k) for k in range(9)}
+    assert drafting(simulate([(6, 0.6)], PolicyConfig(), step_costs=cheap)[-1]) == 40
