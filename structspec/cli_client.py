@@ -1,5 +1,5 @@
 """Client sub-commands of the main ``structspec`` CLI: ``health``, ``extract``, ``call-tool``,
-``schemas list|show|register|delete|stats`` and ``loadtest``.
+``schemas list|show|register|delete|set-speculation|stats`` and ``loadtest``.
 
 The connection options (``--target``, the TLS options, the token files, ``--timeout``) are declared
 once, as the fields of ``Connection``; ``@connection_options(...)`` gives a command the ones it
@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import os
 import sys
 import typing
@@ -155,12 +156,35 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
+def _strict_json(value: Any) -> Any:
+    """``value`` with infinite floats (the last histogram bucket's bound) as "inf": JSON has no infinity."""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
 def _read_text(text: Optional[str], text_file: Optional[Path]) -> str:
     if text is not None:
         return text
     if text_file is None or str(text_file) == "-":
         return sys.stdin.read()
     return text_file.read_text()
+
+
+def speculation_line(model: str, report: Any) -> str:
+    """One line saying whether a request drafted and why, e.g.
+    ``model gemma-3-270m: drafted (drafted); draft_model: batch_size, ngram: drafted (up to 8)``."""
+    where = f"model {model or '?'}"
+    if report is None:
+        return f"{where}: no drafting decision reported"
+    head = f"{where}: {'drafted' if report.drafted else 'no drafting'} ({report.reason}{', probe' if report.probe else ''})"
+    parts = [f"{p}: {r}" + (f" (up to {report.max_draft[p]})" if p in report.max_draft else "")
+             for p, r in sorted(report.reasons.items())]
+    return head + ("; " + ", ".join(parts) if parts else "")
 
 
 def _read_examples(path: Optional[Path]) -> list[tuple[str, Any]]:
@@ -215,10 +239,12 @@ def extract(
     *,
     conn: Connection,
 ) -> None:
-    """Extract a JSON instance of a schema from text."""
+    """Extract a JSON instance of a schema from text. The value goes to stdout; whether the request drafted,
+    and why, to stderr."""
     from dataclasses import asdict
 
     from structspec.client import ExtractionResult, TextDelta
+    from structspec.client.convert import check_output
 
     if (schema_id is None) == (schema_file is None):
         typer.echo("error: give exactly one of --schema-id and --schema-file", err=True)
@@ -232,8 +258,8 @@ def extract(
     body = _read_text(text, text_file)
     with conn.client() as client:
         try:
+            result = None
             if stream:
-                result = None
                 for item in client.extract_stream(body, **kwargs):
                     if isinstance(item, TextDelta):
                         typer.echo(item.text, nl=False)
@@ -242,12 +268,17 @@ def extract(
                 typer.echo("")
                 if full and result is not None:
                     _print_json(asdict(result))
-            elif full:
-                _print_json(asdict(client.extract_result(body, **kwargs)))
             else:
-                _print_json(client.extract(body, **kwargs))
+                result = client.extract_result(body, **kwargs)
+                if full:
+                    _print_json(asdict(result))
+                else:
+                    check_output(result)  # as Client.extract: a truncated or violating output is an error
+                    _print_json(result.value)
         except Exception as exc:
             _fail(exc)
+    if result is not None:
+        typer.echo(speculation_line(result.model, result.speculation), err=True)
 
 
 @connection_options(CALL)
@@ -287,10 +318,14 @@ def call_tool(
                                       examples=_read_examples(examples_file))
         except Exception as exc:
             _fail(exc)
-        _print_json({"calls": [{"name": c.name, "arguments": c.arguments} for c in result.calls], "text": result.text, "usage": asdict(result.usage)})
+        _print_json({"calls": [{"name": c.name, "arguments": c.arguments} for c in result.calls], "text": result.text,
+                     "usage": asdict(result.usage), "model": result.model,
+                     "speculation": asdict(result.speculation) if result.speculation is not None else None})
+        typer.echo(speculation_line(result.model, result.speculation), err=True)
 
 
-schemas_app = typer.Typer(help="The schema registry: list, show, register, delete, stats.", no_args_is_help=True)
+schemas_app = typer.Typer(help="The schema registry: list, show, register, delete, set-speculation, stats.",
+                          no_args_is_help=True)
 
 
 @schemas_app.command("list")
@@ -310,14 +345,16 @@ def schemas_list(
             _fail(exc)
     if as_json:
         _print_json([{"schema_id": s.schema_id, "version": s.version, "sha256": s.sha256, "source": s.source,
-                      "created_at": s.created_at.isoformat(), "description": s.description} for s in items])
+                      "created_at": s.created_at.isoformat(), "description": s.description,
+                      "speculation": s.speculation} for s in items])
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("id", "version", "source", "created", "sha256", "description")
+    table = Table("id", "version", "source", "created", "sha256", "speculation", "description")
     for s in items:
-        table.add_row(s.schema_id, str(s.version), s.source, s.created_at.strftime("%Y-%m-%d %H:%M"), s.sha256[:12], s.description[:60])
+        table.add_row(s.schema_id, str(s.version), s.source, s.created_at.strftime("%Y-%m-%d %H:%M"), s.sha256[:12],
+                      s.speculation, s.description[:60])
     Console().print(table)
 
 
@@ -336,7 +373,8 @@ def schemas_show(
         except Exception as exc:
             _fail(exc)
     _print_json({"schema_id": s.schema_id, "version": s.version, "sha256": s.sha256, "source": s.source,
-                 "created_at": s.created_at.isoformat(), "description": s.description, "schema": s.schema})
+                 "created_at": s.created_at.isoformat(), "description": s.description, "speculation": s.speculation,
+                 "schema": s.schema})
 
 
 @schemas_app.command("register")
@@ -379,6 +417,63 @@ def schemas_delete(
     typer.echo(f"deleted {schema_id} versions {', '.join(map(str, deleted))}")
 
 
+SCHEMA_SPECULATION_MODES = ("auto", "off", "on")
+
+
+@schemas_app.command("set-speculation")
+@connection_options(ADMIN_CALL)
+def schemas_set_speculation(
+    schema_id: Annotated[str, typer.Argument(help="schema id")],
+    mode: Annotated[str, typer.Argument(help="auto (the drafting policy decides), off (never draft) or on (always "
+                                             "draft, the policy bypassed)", show_default=False)],
+    version: Annotated[Optional[int], typer.Option("--version", help="default: latest")] = None,
+    *,
+    conn: Connection,
+) -> None:
+    """Set a schema version's drafting override (auto, off or on). Needs the admin token."""
+    if mode not in SCHEMA_SPECULATION_MODES:
+        typer.echo(f"error: MODE must be one of {', '.join(SCHEMA_SPECULATION_MODES)}, got {mode!r}", err=True)
+        raise typer.Exit(2)
+    with conn.client() as client:
+        try:
+            s = client.set_schema_speculation(schema_id, mode, version)
+        except Exception as exc:
+            _fail(exc)
+    typer.echo(f"{s.schema_id}@{s.version} speculation {s.speculation}")
+
+
+def window_label(seconds: int) -> str:
+    """300 -> 5m, 3600 -> 1h, 86400 -> 1d; other lengths in seconds."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def stats_tables(entry: Any) -> list[Any]:
+    """The rich tables of one (model, schema) entry: requests, drafting per proposer, decisions; one row per window."""
+    from rich.table import Table
+
+    title = f"{entry.schema_key} on {entry.model or '?'}"
+    requests = Table("window", "requests", "output tokens p50 / p95", "passes / token", "latency ms p50 / p99",
+                     "finish", title=f"{title}: requests")
+    drafting = Table("window", "proposer", "batch", "drafted", "accepted", "acceptance", "verifications (probes)",
+                     "acceptance by draft position", title=f"{title}: drafting")
+    decisions = Table("window", "proposer", "reason", "requests", title=f"{title}: decisions")
+    for seconds, w in entry.windows.items():
+        label = window_label(seconds)
+        finish = ", ".join(f"{k} {v}" for k, v in sorted(w.finish_reasons.items())) or "-"
+        requests.add_row(label, str(w.requests), f"{w.output_tokens_p50:.0f} / {w.output_tokens_p95:.0f}",
+                         f"{w.passes_per_token:.2f}", f"{w.latency_ms_p50:.0f} / {w.latency_ms_p99:.0f}", finish)
+        for p in w.proposers:
+            drafting.add_row(label, p.proposer, str(p.batch_bucket), str(p.drafted), str(p.accepted),
+                             f"{p.acceptance_rate:.2f}", f"{p.events} ({p.probe_verifications})",
+                             " ".join(f"{a:.2f}" for a in p.acceptance_by_position))
+        for d in w.decisions:
+            decisions.add_row(label, d.proposer or "(request)", d.reason, str(d.requests))
+    return [t for t in (requests, drafting, decisions) if t.row_count]
+
+
 @schemas_app.command("stats")
 @connection_options(CALL)
 def schemas_stats(
@@ -386,21 +481,35 @@ def schemas_stats(
     version: Annotated[Optional[int], typer.Option("--version", help="default: latest")] = None,
     key: Annotated[Optional[str], typer.Option("--key", help="a schema key such as invoice@2 or inline:...")] = None,
     window: Annotated[list[int], typer.Option("--window", help="window in seconds (repeatable; default 300, 3600, 86400)")] = [],  # noqa: B006
+    model: Annotated[Optional[str], typer.Option("--model", help="statistics of this model (default: one schema: the "
+                                                                 "server's model; every schema: every model)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
     *,
     conn: Connection,
 ) -> None:
-    """Speculation statistics (drafted/accepted per proposer and batch bucket)."""
+    """Statistics per model and schema: requests, output lengths, passes per token, finish reasons, drafting
+    per proposer and batch bucket (with acceptance by draft position) and the drafting decisions' reasons."""
     from dataclasses import asdict
 
     with conn.client() as client:
         try:
             if schema_id is None and key is None:
-                stats = client.list_schema_stats(window)
+                stats = client.list_schema_stats(window, model=model)
             else:
-                stats = [client.get_schema_stats(schema_id, version, schema_key=key, windows=window)]
+                stats = [client.get_schema_stats(schema_id, version, schema_key=key, windows=window, model=model)]
         except Exception as exc:
             _fail(exc)
-    _print_json([asdict(s) for s in stats])
+    if as_json:
+        _print_json(_strict_json([asdict(s) for s in stats]))
+        return
+    from rich.console import Console
+
+    console = Console()
+    if not stats:
+        console.print("no statistics recorded")
+    for entry in stats:
+        for table in stats_tables(entry):
+            console.print(table)
 
 
 @connection_options(("target", "token_file"), leading=("target",), defaults={"target": "127.0.0.1:50051"})

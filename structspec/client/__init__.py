@@ -31,10 +31,14 @@ from structspec.client.errors import (
     UnavailableError,
 )
 from structspec.client.results import (
+    DecisionCount,
     ExtractionResult,
+    HistogramBucket,
     ProposerStats,
     SchemaInfo,
     SchemaStats,
+    SpeculationReport,
+    StatsWindow,
     TextDelta,
     Timings,
     ToolCall,
@@ -44,9 +48,10 @@ from structspec.client.results import (
 from structspec.client.sync import Client
 
 __all__ = [
-    "AsyncClient", "Client", "DeadlineExceededError", "ExtractionResult", "FieldViolation", "InternalError",
-    "InvalidArgumentError", "ModelValidationError", "NO_RETRY", "NotFoundError", "OutputError", "PermissionDeniedError",
-    "ProposerStats", "RequestCancelledError", "ResourceExhaustedError", "RetryPolicy", "SchemaInfo", "SchemaStats",
-    "SchemaViolationError", "StructSpecError", "TLSConfig", "TextDelta", "Timings", "ToolCall", "ToolCallResult",
-    "TruncatedOutputError", "UnauthenticatedError", "UnavailableError", "Usage",
+    "AsyncClient", "Client", "DeadlineExceededError", "DecisionCount", "ExtractionResult", "FieldViolation",
+    "HistogramBucket", "InternalError", "InvalidArgumentError", "ModelValidationError", "NO_RETRY", "NotFoundError",
+    "OutputError", "PermissionDeniedError", "ProposerStats", "RequestCancelledError", "ResourceExhaustedError",
+    "RetryPolicy", "SchemaInfo", "SchemaStats", "SchemaViolationError", "SpeculationReport", "StatsWindow",
+    "StructSpecError", "TLSConfig", "TextDelta", "Timings", "ToolCall", "ToolCallResult", "TruncatedOutputError",
+    "UnauthenticatedError", "UnavailableError", "Usage",
 ]

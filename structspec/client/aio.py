@@ -13,7 +13,7 @@ from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
 from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
 from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
-from structspec.client.sync import deadline_after, remaining, retry_delay, stats_request, warn_if_restarted
+from structspec.client.sync import deadline_after, remaining, retry_delay, warn_if_restarted
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
@@ -142,15 +142,21 @@ class AsyncClient:
             req.version = version
         return list((await self._call(self._stub.DeleteSchema, req, timeout, admin=True)).deleted_versions)
 
+    async def set_schema_speculation(self, schema_id: str, speculation: str, version: int | None = None, *,
+                                     timeout: float | None = None) -> SchemaInfo:
+        req = convert.set_speculation_request(schema_id, speculation, version)
+        return SchemaInfo.from_pb((await self._call(self._stub.SetSchemaSpeculation, req, timeout, admin=True)).schema)
+
     async def get_schema_stats(
         self, schema_id: str | None = None, version: int | None = None, *, schema_key: str | None = None,
-        windows: Sequence[int] = (), timeout: float | None = None,
+        windows: Sequence[int] = (), model: str | None = None, timeout: float | None = None,
     ) -> SchemaStats:
-        req = stats_request(schema_id, version, schema_key, windows)
+        req = convert.stats_request(schema_id, version, schema_key, windows, model)
         return SchemaStats.from_pb((await self._call(self._stub.GetSchemaStats, req, timeout)).stats)
 
-    async def list_schema_stats(self, windows: Sequence[int] = (), *, timeout: float | None = None) -> list[SchemaStats]:
-        req = pb.ListSchemaStatsRequest(window_seconds=list(windows))
+    async def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
+                                timeout: float | None = None) -> list[SchemaStats]:
+        req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "")
         return [SchemaStats.from_pb(s) for s in (await self._call(self._stub.ListSchemaStats, req, timeout)).stats]
 
     async def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:

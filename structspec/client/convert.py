@@ -11,6 +11,7 @@ from structspec.proto_gen.v1 import structspec_pb2 as pb
 
 ROLES = {"system": pb.ROLE_SYSTEM, "user": pb.ROLE_USER, "assistant": pb.ROLE_ASSISTANT, "tool": pb.ROLE_TOOL}
 SPECULATION = {None: pb.SPECULATION_MODE_UNSPECIFIED, "auto": pb.SPECULATION_MODE_AUTO, "off": pb.SPECULATION_MODE_OFF}
+SCHEMA_SPECULATION = {"auto": pb.SCHEMA_SPECULATION_AUTO, "off": pb.SCHEMA_SPECULATION_OFF, "on": pb.SCHEMA_SPECULATION_ON}
 TOOL_CHOICE_MODES = {"auto": pb.TOOL_CHOICE_MODE_AUTO, "required": pb.TOOL_CHOICE_MODE_REQUIRED, "none": pb.TOOL_CHOICE_MODE_NONE}
 
 Message = Mapping[str, str] | tuple[str, str] | Any
@@ -166,6 +167,29 @@ def register_request(schema_id: str, schema: Mapping[str, Any] | str | Any, desc
     else:
         text = json.dumps(model_schema(schema))
     return pb.RegisterSchemaRequest(schema_id=schema_id, schema_json=text, description=description)
+
+
+def set_speculation_request(schema_id: str, mode: str, version: int | None = None) -> pb.SetSchemaSpeculationRequest:
+    if mode not in SCHEMA_SPECULATION:
+        raise ValueError(f"speculation must be one of {', '.join(SCHEMA_SPECULATION)}, got {mode!r}")
+    req = pb.SetSchemaSpeculationRequest(schema_ref=pb.SchemaRef(schema_id=schema_id), speculation=SCHEMA_SPECULATION[mode])
+    if version is not None:
+        req.schema_ref.version = version
+    return req
+
+
+def stats_request(schema_id: str | None, version: int | None, schema_key: str | None, windows: Sequence[int],
+                  model: str | None = None) -> pb.GetSchemaStatsRequest:
+    if (schema_id is None) == (schema_key is None):
+        raise ValueError("give exactly one of schema_id and schema_key")
+    req = pb.GetSchemaStatsRequest(window_seconds=list(windows), model=model or "")
+    if schema_key is not None:
+        req.schema_key = schema_key
+    else:
+        req.schema_ref.schema_id = schema_id or ""
+        if version is not None:
+            req.schema_ref.version = version
+    return req
 
 
 def check_output(result: ExtractionResult | ToolCallResult) -> None:

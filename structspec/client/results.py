@@ -48,6 +48,30 @@ class Timings:
         return cls(t.queued_ms, t.prefill_ms, t.decode_ms, t.total_ms)
 
 
+_SCHEMA_SPECULATION = {pb.SCHEMA_SPECULATION_AUTO: "auto", pb.SCHEMA_SPECULATION_OFF: "off", pb.SCHEMA_SPECULATION_ON: "on"}
+
+
+@dataclass(frozen=True)
+class SpeculationReport:
+    """Whether a request drafted and why (reasons: drafted, cold, probe, request_off, schema_off, schema_on,
+    server_off, short_output, low_acceptance, no_gain, batch_size)."""
+
+    drafted: bool  # the policy let at least one proposer draft
+    reason: str  # the request's reason
+    probe: bool = False  # a recovery probe: drafted with proposers the policy had switched off
+    max_draft: dict[str, int] = field(default_factory=dict)  # proposer -> longest draft it may make
+    reasons: dict[str, str] = field(default_factory=dict)  # proposer -> its own reason
+
+    @classmethod
+    def from_pb(cls, r: pb.SpeculationReport) -> "SpeculationReport":
+        return cls(r.drafted, r.reason, r.probe, dict(r.max_draft), dict(r.proposer_reasons))
+
+    @classmethod
+    def of(cls, parent: pb.ExtractResult | pb.CallToolResponse) -> "SpeculationReport | None":
+        """The report of a result message; None when the server sent none."""
+        return cls.from_pb(parent.speculation) if parent.HasField("speculation") else None
+
+
 @dataclass(frozen=True)
 class ExtractionResult:
     request_id: str
@@ -60,6 +84,8 @@ class ExtractionResult:
     timings: Timings
     error: str = ""
     schema_key: str = ""
+    speculation: SpeculationReport | None = None  # None from servers that report no drafting decision
+    model: str = ""  # the model that produced it (the one its statistics are kept under)
 
     @property
     def complete(self) -> bool:
@@ -76,7 +102,7 @@ class ExtractionResult:
                 value = None
         return cls(
             r.request_id, r.json, value, _FINISH.get(r.finish_reason, ""), outcome, r.truncated,
-            Usage.from_pb(r.usage), Timings.from_pb(r.timings), r.error, r.schema_key,
+            Usage.from_pb(r.usage), Timings.from_pb(r.timings), r.error, r.schema_key, SpeculationReport.of(r), r.model,
         )
 
 
@@ -106,6 +132,8 @@ class ToolCallResult:
     timings: Timings
     raw_output: str = ""
     error: str = ""
+    speculation: SpeculationReport | None = None  # None from servers that report no drafting decision
+    model: str = ""  # the model that produced it
 
     @classmethod
     def from_pb(cls, r: pb.CallToolResponse) -> "ToolCallResult":
@@ -113,6 +141,7 @@ class ToolCallResult:
         return cls(
             r.request_id, calls, r.text if r.HasField("text") else None, _FINISH.get(r.finish_reason, ""),
             _OUTCOME.get(r.outcome, ""), r.truncated, Usage.from_pb(r.usage), Timings.from_pb(r.timings), r.raw_output, r.error,
+            SpeculationReport.of(r), r.model,
         )
 
 
@@ -126,6 +155,7 @@ class SchemaInfo:
     created_at: dt.datetime
     source: str
     created: bool | None = None  # RegisterSchema only: False when the content already existed
+    speculation: str = "auto"  # the owner's drafting override: auto | off | on
 
     @property
     def key(self) -> str:
@@ -136,30 +166,83 @@ class SchemaInfo:
         return cls(
             s.schema_id, s.version, json.loads(s.schema_json) if s.schema_json else None, s.sha256, s.description,
             s.created_at.ToDatetime(tzinfo=dt.timezone.utc), s.source, created,
+            _SCHEMA_SPECULATION.get(s.speculation, "auto"),
         )
 
 
 @dataclass(frozen=True)
 class ProposerStats:
+    """Drafting of one proposer at one batch-size bucket over a window."""
+
     proposer: str
     batch_bucket: int
     drafted: int
     accepted: int
-    events: int
+    events: int  # verifications that carried its draft
     acceptance_rate: float
+    probe_verifications: int = 0  # of ``events``, those made by recovery probes
+    reached: list[int] = field(default_factory=list)  # [i]: drafts whose position i+1 was examined
+    accepted_at: list[int] = field(default_factory=list)  # [i]: of those, accepted at position i+1
+    acceptance_by_position: list[float] = field(default_factory=list)  # [i]: accepted_at[i] / reached[i]
+
+    @classmethod
+    def from_pb(cls, p: pb.ProposerStats) -> "ProposerStats":
+        return cls(p.proposer, p.batch_bucket, p.drafted, p.accepted, p.events, p.acceptance_rate, p.probe_verifications,
+                   list(p.reached), list(p.accepted_at), list(p.acceptance_by_position))
+
+
+@dataclass(frozen=True)
+class DecisionCount:
+    proposer: str  # "" for the request's own reason
+    reason: str
+    requests: int
+
+
+@dataclass(frozen=True)
+class HistogramBucket:
+    upper_bound: float  # math.inf for the last
+    count: int
+
+
+@dataclass(frozen=True)
+class StatsWindow:
+    """The statistics of one (model, schema) over one window ending now (whole hours)."""
+
+    window_seconds: int
+    proposers: list[ProposerStats] = field(default_factory=list)
+    requests: int = 0
+    output_tokens: int = 0
+    target_passes: int = 0
+    forced_tokens: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)  # stop | length | cancelled | error -> requests
+    output_tokens_p50: float = 0.0  # of the requests that finished with "stop"
+    output_tokens_p95: float = 0.0
+    latency_ms_p50: float = 0.0
+    latency_ms_p99: float = 0.0
+    latency_ms_mean: float = 0.0
+    passes_per_token: float = 0.0
+    decisions: list[DecisionCount] = field(default_factory=list)
+    output_length: list[HistogramBucket] = field(default_factory=list)
+    latency_ms: list[HistogramBucket] = field(default_factory=list)
+
+    @classmethod
+    def from_pb(cls, w: pb.StatsWindow) -> "StatsWindow":
+        return cls(
+            w.window_seconds, [ProposerStats.from_pb(p) for p in w.proposers], w.requests, w.output_tokens,
+            w.target_passes, w.forced_tokens, dict(w.finish_reasons), w.output_tokens_p50, w.output_tokens_p95,
+            w.latency_ms_p50, w.latency_ms_p99, w.latency_ms_mean, w.passes_per_token,
+            [DecisionCount(d.proposer, d.reason, d.requests) for d in w.decisions],
+            [HistogramBucket(b.upper_bound, b.count) for b in w.output_length],
+            [HistogramBucket(b.upper_bound, b.count) for b in w.latency_ms],
+        )
 
 
 @dataclass(frozen=True)
 class SchemaStats:
     schema_key: str
-    windows: dict[int, list[ProposerStats]]  # window seconds -> rows
+    windows: dict[int, StatsWindow]  # window seconds -> its statistics, in the order asked for
+    model: str = ""  # the model they were measured on
 
     @classmethod
     def from_pb(cls, s: pb.SchemaStats) -> "SchemaStats":
-        return cls(
-            s.schema_key,
-            {
-                w.window_seconds: [ProposerStats(p.proposer, p.batch_bucket, p.drafted, p.accepted, p.events, p.acceptance_rate) for p in w.proposers]
-                for w in s.windows
-            },
-        )
+        return cls(s.schema_key, {w.window_seconds: StatsWindow.from_pb(w) for w in s.windows}, s.model)

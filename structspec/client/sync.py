@@ -192,15 +192,25 @@ class Client:
             req.version = version
         return list(self._call(self._stub.DeleteSchema, req, timeout, admin=True).deleted_versions)
 
+    def set_schema_speculation(self, schema_id: str, speculation: str, version: int | None = None, *,
+                               timeout: float | None = None) -> SchemaInfo:
+        """Set the drafting override of one version (the latest by default): "auto" (the policy decides),
+        "off" (never draft) or "on" (always draft, the policy bypassed). Needs the admin token."""
+        req = convert.set_speculation_request(schema_id, speculation, version)
+        return SchemaInfo.from_pb(self._call(self._stub.SetSchemaSpeculation, req, timeout, admin=True).schema)
+
     def get_schema_stats(
         self, schema_id: str | None = None, version: int | None = None, *, schema_key: str | None = None,
-        windows: Sequence[int] = (), timeout: float | None = None,
+        windows: Sequence[int] = (), model: str | None = None, timeout: float | None = None,
     ) -> SchemaStats:
-        req = stats_request(schema_id, version, schema_key, windows)
+        """One schema's statistics on ``model`` (default: the model the server runs)."""
+        req = convert.stats_request(schema_id, version, schema_key, windows, model)
         return SchemaStats.from_pb(self._call(self._stub.GetSchemaStats, req, timeout).stats)
 
-    def list_schema_stats(self, windows: Sequence[int] = (), *, timeout: float | None = None) -> list[SchemaStats]:
-        req = pb.ListSchemaStatsRequest(window_seconds=list(windows))
+    def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
+                          timeout: float | None = None) -> list[SchemaStats]:
+        """Every (model, schema) with statistics, sorted by model then key; ``model``: only that one's."""
+        req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "")
         return [SchemaStats.from_pb(s) for s in self._call(self._stub.ListSchemaStats, req, timeout).stats]
 
     def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
@@ -230,15 +240,3 @@ class Client:
                                        "NOT_SERVING")
             time.sleep(poll)
 
-
-def stats_request(schema_id: str | None, version: int | None, schema_key: str | None, windows: Sequence[int]) -> pb.GetSchemaStatsRequest:
-    if (schema_id is None) == (schema_key is None):
-        raise ValueError("give exactly one of schema_id and schema_key")
-    req = pb.GetSchemaStatsRequest(window_seconds=list(windows))
-    if schema_key is not None:
-        req.schema_key = schema_key
-    else:
-        req.schema_ref.schema_id = schema_id or ""
-        if version is not None:
-            req.schema_ref.version = version
-    return req

@@ -3,9 +3,9 @@
 - No token configured: everything is open (the server logs a warning).
 - Auth tokens configured: every RPC but health and reflection needs one of them (an admin
   token works too) in ``authorization: Bearer <token>`` metadata -> UNAUTHENTICATED otherwise.
-- Registry writes (RegisterSchema, DeleteSchema) need an admin token whenever any token is
-  configured -> PERMISSION_DENIED for a valid non-admin token. With auth tokens but no admin
-  token, registry writes are refused: secure by default.
+- Registry writes (RegisterSchema, DeleteSchema, SetSchemaSpeculation) need an admin token
+  whenever any token is configured -> PERMISSION_DENIED for a valid non-admin token. With auth
+  tokens but no admin token, registry writes are refused: secure by default.
 
 Tokens are compared in constant time and never logged.
 """
@@ -21,7 +21,7 @@ import grpc
 from structspec.service.errors import ServiceError, details_metadata
 
 SERVICE_PREFIX = "/structspec.v1.StructSpec/"
-ADMIN_METHODS = frozenset({SERVICE_PREFIX + "RegisterSchema", SERVICE_PREFIX + "DeleteSchema"})
+ADMIN_METHODS = frozenset({SERVICE_PREFIX + m for m in ("RegisterSchema", "DeleteSchema", "SetSchemaSpeculation")})
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.ServerReflection/")
 
 

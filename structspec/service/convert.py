@@ -17,14 +17,25 @@ from typing import Any, Sequence
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest, ToolCallResult
-from structspec.engine.types import FinishReason, GenerationResult, Outcome, SamplingParams, SpeculationMode, Timings, Usage
+from structspec.engine.types import (
+    FinishReason,
+    GenerationResult,
+    Outcome,
+    SamplingParams,
+    SchemaSpeculation,
+    SpeculationMode,
+    SpeculationReport,
+    Timings,
+    Usage,
+)
 from structspec.grammar import json_text
 from structspec.prompts import FewShotExample
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service.errors import invalid, schema_too_deep
 from structspec.service.registry import ResolvedSchema
-from structspec.store.base import AcceptanceTotals, SchemaRecord
-
+from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS, label_bound
+from structspec.stats.summary import ProposerSummary, SchemaSummary
+from structspec.store.base import SchemaRecord
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,11 @@ _OUTCOME = {
     Outcome.INTERNAL_ERROR: pb.OUTCOME_INTERNAL_ERROR,
     Outcome.TEXT: pb.OUTCOME_TEXT,
     Outcome.NOT_CHECKED: pb.OUTCOME_NOT_CHECKED,
+}
+_SCHEMA_SPECULATION = {
+    SchemaSpeculation.AUTO: pb.SCHEMA_SPECULATION_AUTO,
+    SchemaSpeculation.OFF: pb.SCHEMA_SPECULATION_OFF,
+    SchemaSpeculation.ON: pb.SCHEMA_SPECULATION_ON,
 }
 _TOOL_CHOICE = {
     pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto",
@@ -138,6 +154,14 @@ def speculation(value: int) -> SpeculationMode:
     return SpeculationMode.OFF if value == pb.SPECULATION_MODE_OFF else SpeculationMode.AUTO
 
 
+def schema_speculation(value: int, field: str = "speculation") -> SchemaSpeculation:
+    """A SchemaSpeculation enum value; UNSPECIFIED (or one this server does not know) is refused."""
+    for mode, number in _SCHEMA_SPECULATION.items():
+        if value == number:
+            return mode
+    raise invalid(field, "must be SCHEMA_SPECULATION_AUTO, SCHEMA_SPECULATION_OFF or SCHEMA_SPECULATION_ON")
+
+
 def extraction_request(
     req: pb.ExtractRequest, schema: ResolvedSchema, request_id: str, deadline: float | None, limits: Limits,
     history_scope: str = "",
@@ -155,6 +179,7 @@ def extraction_request(
         request_id=request_id,
         schema_key=schema.key,
         history_scope=history_scope,
+        schema_speculation=schema.speculation,
     )
 
 
@@ -263,7 +288,12 @@ def struct_of(value: dict[str, Any]) -> struct_pb2.Struct:
     return msg
 
 
-def extract_result(result: GenerationResult, key: str) -> pb.ExtractResult:
+def speculation_report(r: SpeculationReport) -> pb.SpeculationReport:
+    return pb.SpeculationReport(drafted=r.drafted, reason=r.reason, probe=r.probe, max_draft=dict(r.max_draft),
+                                proposer_reasons=dict(r.reasons))
+
+
+def extract_result(result: GenerationResult, key: str, model: str = "") -> pb.ExtractResult:
     out = pb.ExtractResult(
         request_id=result.request_id,
         json=result.text,
@@ -274,7 +304,10 @@ def extract_result(result: GenerationResult, key: str) -> pb.ExtractResult:
         timings=timings(result.timings),
         error=result.error or "",
         schema_key=key,
+        model=model,
     )
+    if result.speculation is not None:
+        out.speculation.CopyFrom(speculation_report(result.speculation))
     ok, value = parsed_value(result)
     if ok and _fits_struct(value):
         if isinstance(value, dict):
@@ -284,7 +317,7 @@ def extract_result(result: GenerationResult, key: str) -> pb.ExtractResult:
     return out
 
 
-def tool_result(res: ToolCallResult) -> pb.CallToolResponse:
+def tool_result(res: ToolCallResult, model: str = "") -> pb.CallToolResponse:
     r = res.result
     out = pb.CallToolResponse(
         request_id=r.request_id,
@@ -295,7 +328,10 @@ def tool_result(res: ToolCallResult) -> pb.CallToolResponse:
         timings=timings(r.timings),
         error=r.error or "",
         raw_output=r.text,
+        model=model,
     )
+    if r.speculation is not None:
+        out.speculation.CopyFrom(speculation_report(r.speculation))
     if res.text is not None:
         out.text = res.text
     if not r.truncated:
@@ -325,6 +361,7 @@ def schema_version(rec: SchemaRecord, omit_content: bool = False) -> pb.SchemaVe
         description=rec.description,
         created_at=timestamp(rec.created_at),
         source=rec.source,
+        speculation=_SCHEMA_SPECULATION.get(SchemaSpeculation(rec.speculation), pb.SCHEMA_SPECULATION_AUTO),
     )
 
 
@@ -343,19 +380,60 @@ def windows(requested: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
-def proposer_stats(t: AcceptanceTotals) -> pb.ProposerStats:
+def proposer_stats(p: ProposerSummary) -> pb.ProposerStats:
     return pb.ProposerStats(
-        proposer=t.proposer,
-        batch_bucket=t.batch_bucket,
-        drafted=t.drafted,
-        accepted=t.accepted,
-        events=t.events,
-        acceptance_rate=t.acceptance_rate,
+        proposer=p.proposer,
+        batch_bucket=p.batch_bucket,
+        drafted=p.drafted,
+        accepted=p.accepted,
+        events=p.verifications,
+        acceptance_rate=p.acceptance_rate,
+        probe_verifications=p.probe_verifications,
+        reached=list(p.reached),
+        accepted_at=list(p.accepted_at),
+        acceptance_by_position=p.acceptance_by_position(),
     )
 
 
-def schema_stats(key: str, per_window: Sequence[tuple[int, Sequence[AcceptanceTotals]]]) -> pb.SchemaStats:
-    return pb.SchemaStats(
-        schema_key=key,
-        windows=[pb.StatsWindow(window_seconds=w, proposers=[proposer_stats(t) for t in rows]) for w, rows in per_window],
+def histogram(counts: dict[str, int], bounds: Sequence[float]) -> list[pb.HistogramBucket]:
+    """Every bucket of ``bounds`` in order, zeros included (and any other bound the counters name); [] when empty."""
+    if not any(counts.values()):
+        return []
+    by_bound = {label_bound(label): n for label, n in counts.items()}
+    return [pb.HistogramBucket(upper_bound=b, count=by_bound.get(b, 0)) for b in sorted(set(bounds) | set(by_bound))]
+
+
+def stats_window(window_seconds: int, s: SchemaSummary | None) -> pb.StatsWindow:
+    """One window of one (model, schema); ``None``: nothing recorded in it."""
+    if s is None:
+        return pb.StatsWindow(window_seconds=window_seconds)
+    return pb.StatsWindow(
+        window_seconds=window_seconds,
+        proposers=[proposer_stats(p) for p in s.proposers],
+        requests=s.requests,
+        output_tokens=s.output_tokens,
+        target_passes=s.target_passes,
+        forced_tokens=s.forced_tokens,
+        finish_reasons=dict(s.finish),
+        output_tokens_p50=s.output_quantile(0.5) or 0.0,
+        output_tokens_p95=s.output_quantile(0.95) or 0.0,
+        latency_ms_p50=s.latency_quantile(0.5) or 0.0,
+        latency_ms_p99=s.latency_quantile(0.99) or 0.0,
+        latency_ms_mean=s.latency_ms_sum / s.requests if s.requests else 0.0,
+        passes_per_token=s.passes_per_token,
+        decisions=[pb.DecisionCount(proposer=p, reason=r, requests=n) for (p, r), n in sorted(s.decisions.items())],
+        output_length=histogram(s.output_length, LENGTH_BOUNDS),
+        latency_ms=histogram(s.latency_ms, LATENCY_BOUNDS_MS),
     )
+
+
+def schema_stats(model: str, key: str, per_window: Sequence[tuple[int, SchemaSummary | None]]) -> pb.SchemaStats:
+    return pb.SchemaStats(model=model, schema_key=key, windows=[stats_window(w, s) for w, s in per_window])
+
+
+def schema_stats_list(per_window: Sequence[tuple[int, Sequence[SchemaSummary]]]) -> list[pb.SchemaStats]:
+    """One entry per (model, schema key) recorded in the longest window, sorted by model then key."""
+    found = [{(s.model, s.schema_key): s for s in summaries} for _, summaries in per_window]
+    longest = max(range(len(per_window)), key=lambda i: per_window[i][0])
+    return [schema_stats(model, key, [(w, f.get((model, key))) for (w, _), f in zip(per_window, found)])
+            for model, key in sorted(found[longest])]

@@ -42,6 +42,12 @@ class ServiceMetrics:
         )
         self.drafted = Counter("structspec_drafted_tokens", "tokens drafted, by proposer", ["proposer"], registry=r)
         self.accepted = Counter("structspec_accepted_tokens", "drafted tokens accepted, by proposer", ["proposer"], registry=r)
+        self.decisions = Counter(
+            "structspec_speculation_decisions",
+            "finished requests by the drafting policy's reason (drafted, cold, short_output, low_acceptance, ...)",
+            ["rpc", "reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge("structspec_queue_depth", "requests waiting for a batch slot", registry=r)
         self.running = Gauge("structspec_running_batch_size", "sequences being decoded", registry=r)
         self.serving = Gauge("structspec_serving", "1 while the server is SERVING (model loaded, not draining)", registry=r)
@@ -79,6 +85,8 @@ class ServiceMetrics:
             self.drafted.labels(name).inc(n)
         for name, n in u.accepted.items():
             self.accepted.labels(name).inc(n)
+        if result.speculation is not None:
+            self.decisions.labels(rpc, result.speculation.reason).inc()
 
     def start_http(self, host: str, port: int) -> int:
         """Serve /metrics; returns the bound port."""

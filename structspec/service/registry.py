@@ -1,4 +1,5 @@
-"""The schema registry: validated, content-addressed, immutable schema versions over a ``Store``."""
+"""The schema registry: validated, content-addressed, immutable schema versions over a ``Store``,
+each with its owner's override of the drafting policy (the one mutable part of a version)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 import grpc
 
+from structspec.engine.types import SchemaSpeculation
 from structspec.grammar import json_text
 from structspec.grammar.cache import canonical_json as grammar_canonical_json
 from structspec.service.errors import FieldViolation, ServiceError, invalid, not_found, schema_too_deep
@@ -99,6 +101,11 @@ class ResolvedSchema:
     key: str  # statistics key
     record: SchemaRecord | None = None  # None for inline schemas
 
+    @property
+    def speculation(self) -> SchemaSpeculation:
+        """The owner's drafting override (inline schemas have no owner: AUTO)."""
+        return SchemaSpeculation(self.record.speculation) if self.record is not None else SchemaSpeculation.AUTO
+
 
 class SchemaRegistry:
     """Registers and resolves schemas. Versions are immutable, so parsed schemas are cached by
@@ -143,6 +150,14 @@ class SchemaRegistry:
         for v in deleted:
             self._parsed.pop((schema_id, v), None)
         return deleted
+
+    async def set_speculation(self, schema_id: str, version: int | None, mode: SchemaSpeculation) -> SchemaRecord:
+        """Set the drafting override of one version (the latest when ``version`` is None); the updated record."""
+        record = await self.get(schema_id, version)
+        updated = await self.store.set_schema_speculation(record.schema_id, record.version, mode.value)
+        if updated is None:  # deleted between the two calls
+            raise not_found(f"schema {schema_id!r} version {record.version} is not registered", field="version")
+        return updated
 
     async def resolve(self, schema_id: str, version: int | None = None) -> ResolvedSchema:
         record = await self.get(schema_id, version)

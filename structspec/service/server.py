@@ -14,6 +14,7 @@ import importlib
 import inspect
 import ipaddress
 import logging
+import math
 import signal
 import threading
 import time
@@ -44,6 +45,7 @@ DEFAULT_ENGINE_FACTORY = "structspec.assembly:build_engine"
 # gRPC itself refuses messages above this multiple of max_message_bytes (RESOURCE_EXHAUSTED);
 # between 1x and this, the servicer answers INVALID_ARGUMENT with a readable message.
 TRANSPORT_LIMIT_FACTOR = 2
+PRUNE_INTERVAL_S = 3600  # statistics past the retention are pruned this often
 
 # Called once, in a worker thread, with the settings (and ``store=`` when it takes that keyword);
 # may return the engine or an awaitable of it. An engine with ``start()`` has it called (and
@@ -109,6 +111,16 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+async def _logged(what: str, step: Awaitable[Any]) -> bool:
+    """Await one statistics step; a failure is logged (the next period retries) and returns False."""
+    try:
+        await step
+        return True
+    except Exception:
+        log.exception("%s failed (will retry)", what)
+        return False
+
+
 class StructSpecServer:
     def __init__(
         self,
@@ -143,6 +155,8 @@ class StructSpecServer:
     async def start(self) -> None:
         s = self.settings
         await self.store.open()
+        # the policy starts from what the store holds (before the engine loads, so it drafts informed)
+        await _logged("loading statistics", self.store.refresh_stats())
         if s.register_builtin_schemas:
             if self._builtin_schemas is None:
                 from structspec.schemas import SCHEMAS_DIR, load_builtin_schemas
@@ -251,17 +265,20 @@ class StructSpecServer:
         self.metrics.malformed.labels(rpc).inc()
 
     async def _flush_loop(self) -> None:
-        last_prune = 0.0
+        """Every interval, write what was recorded; every refresh period, reload the store's counters into
+        the book the drafting policy reads (every replica's traffic); hourly, prune past the retention."""
+        s = self.settings
+        last_refresh, last_prune = time.monotonic(), -math.inf  # start() loaded the counters already
         while True:
-            await asyncio.sleep(self.settings.stats_flush_interval_seconds)
-            try:
-                await self.store.flush()
-                now = time.time()
-                if now - last_prune > 3600:
-                    await self.store.prune_acceptance(now - self.settings.stats_retention_days * 86400)
-                    last_prune = now
-            except Exception:
-                log.exception("writing speculation statistics failed (will retry)")
+            await asyncio.sleep(s.stats_flush_interval_seconds)
+            await _logged("writing statistics", self.store.flush())
+            now = time.monotonic()
+            if now - last_refresh >= s.stats_refresh_seconds and await _logged("reloading statistics",
+                                                                                self.store.refresh_stats()):
+                last_refresh = now
+            if now - last_prune >= PRUNE_INTERVAL_S and await _logged(
+                    "pruning statistics", self.store.prune(time.time() - s.stats_retention_days * 86400)):
+                last_prune = now
 
     def cut_drain_short(self) -> None:
         """Cancel the in-flight requests now instead of at the end of the grace period (a second signal)."""

@@ -25,7 +25,8 @@ from structspec.service.auth import bearer_token
 from structspec.service.errors import ServiceError
 from structspec.service.metrics import ServiceMetrics
 from structspec.service.registry import ResolvedSchema, SchemaRegistry, registered_stats_key
-from structspec.store.base import AcceptanceTotals, Store
+from structspec.stats.summary import SchemaSummary, summarize
+from structspec.store.base import Store, sum_counters
 
 log = logging.getLogger("structspec.service")
 T = TypeVar("T")
@@ -50,6 +51,13 @@ class EngineSlot:
         if self.engine is None:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly", "MODEL_LOADING")
         return self.engine
+
+    def model_key(self) -> str:
+        """The model the engine keeps statistics under (known once it is loaded; draining or not)."""
+        if self.engine is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "model is loading, so the server's model is not known "
+                               "yet; set model to read a model's statistics, or retry shortly", "MODEL_LOADING")
+        return self.engine.model_key
 
 
 @dataclass
@@ -185,7 +193,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             req = await self._extraction_request(request, schema, call)
             call.result = await self._guarded(call, engine.extract(req))
             errors.check_result(call.result, call.deadline, schema_field=call.schema_field)
-            return pb.ExtractResponse(result=convert.extract_result(call.result, schema.key))
+            return pb.ExtractResponse(result=convert.extract_result(call.result, schema.key, engine.model_key))
         raise AssertionError("unreachable")  # _rpc aborts on every error
 
     async def ExtractStream(
@@ -222,7 +230,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                 raise ServiceError(grpc.StatusCode.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
             call.result = final
             errors.check_result(final, call.deadline, schema_field=call.schema_field)
-            response = pb.ExtractStreamResponse(result=convert.extract_result(final, schema.key))
+            response = pb.ExtractStreamResponse(result=convert.extract_result(final, schema.key, engine.model_key))
             call.delivered = True
             yield response
 
@@ -234,7 +242,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             res = await self._guarded(call, engine.call_tool(req))
             call.result = res.result
             errors.check_result(res.result, call.deadline, schema_field=call.schema_field)
-            return convert.tool_result(res)
+            return convert.tool_result(res, engine.model_key)
         raise AssertionError("unreachable")
 
     # -- registry ---------------------------------------------------------------------------------
@@ -268,7 +276,24 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             return pb.DeleteSchemaResponse(deleted_versions=deleted)
         raise AssertionError("unreachable")
 
+    async def SetSchemaSpeculation(self, request: pb.SetSchemaSpeculationRequest,
+                                   context: grpc.aio.ServicerContext) -> pb.SetSchemaSpeculationResponse:
+        async with self._rpc("SetSchemaSpeculation", request, context):
+            mode = convert.schema_speculation(request.speculation)
+            ref = request.schema_ref
+            record = await self._registry.set_speculation(ref.schema_id, ref.version if ref.HasField("version") else None, mode)
+            log.info("schema %s version %d: speculation %s", record.schema_id, record.version, record.speculation)
+            return pb.SetSchemaSpeculationResponse(schema=convert.schema_version(record))
+        raise AssertionError("unreachable")
+
     # -- statistics -------------------------------------------------------------------------------
+
+    async def _summaries(self, windows: tuple[int, ...], model: str | None,
+                         schema_key: str | None = None) -> list[tuple[int, list[SchemaSummary]]]:
+        """Each window's summaries, from one read of the longest (so every window sees the same counters)."""
+        now = self._clock()
+        counters = await self._store.read_counters(since=now - max(windows), model=model, schema_key=schema_key)
+        return [(w, summarize(sum_counters(counters.items(), now - w, None), w)) for w in windows]
 
     async def GetSchemaStats(self, request: pb.GetSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetSchemaStatsResponse:
         async with self._rpc("GetSchemaStats", request, context):
@@ -282,23 +307,14 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                 key = request.schema_key
             else:
                 raise errors.invalid("target", "set schema_ref or schema_key")
-            now = self._clock()
-            per_window = [(w, await self._store.acceptance_totals(since=now - w, schema_key=key)) for w in windows]
-            return pb.GetSchemaStatsResponse(stats=convert.schema_stats(key, per_window))
+            model = request.model or self._engine.model_key()
+            per_window = [(w, next(iter(found), None)) for w, found in await self._summaries(windows, model, key)]
+            return pb.GetSchemaStatsResponse(stats=convert.schema_stats(model, key, per_window))
         raise AssertionError("unreachable")
 
     async def ListSchemaStats(self, request: pb.ListSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.ListSchemaStatsResponse:
         async with self._rpc("ListSchemaStats", request, context):
             windows = convert.windows(request.window_seconds)
-            now = self._clock()
-            by_window: list[tuple[int, dict[str, list[AcceptanceTotals]]]] = []
-            for w in windows:
-                grouped: dict[str, list[AcceptanceTotals]] = {}
-                for t in await self._store.acceptance_totals(since=now - w):
-                    grouped.setdefault(t.schema_key, []).append(t)
-                by_window.append((w, grouped))
-            keys = sorted(by_window[windows.index(max(windows))][1])
-            stats = [convert.schema_stats(k, [(w, g.get(k, [])) for w, g in by_window]) for k in keys]
-            return pb.ListSchemaStatsResponse(stats=stats)
+            per_window = await self._summaries(windows, request.model or None)
+            return pb.ListSchemaStatsResponse(stats=convert.schema_stats_list(per_window))
         raise AssertionError("unreachable")
-

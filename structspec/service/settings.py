@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from structspec.engine.config import EngineConfig, SchedulerLimits
+from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits
 from structspec.speculation.configs import SPECULATION_CONFIGS
 
 ENV_PREFIX = "STRUCTSPEC_"
@@ -56,6 +56,11 @@ def _opt(default: Any = None, help: str = "", choices: tuple[str, ...] = (), fac
 
 _ENGINE = EngineConfig()
 _LIMITS = SchedulerLimits()
+_POLICY = PolicyConfig()
+# settings field -> PolicyConfig field, where the names differ
+_POLICY_NAMES = {"acceptance_half_life_hours": "half_life_hours"}
+_POLICY_FIELDS = ("acceptance_threshold", "min_evidence_tokens", "evidence_window_tokens", "acceptance_half_life_hours",
+                  "min_predicted_length", "draft_model_max_batch", "probe_rate", "gain_margin")
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,12 @@ class ServiceSettings:
     data_dir: Path = _opt(help="directory for the embedded store and other state", factory=_default_data_dir)
     store_url: str = _opt("", "store URL: sqlite:///path.db (empty: <data-dir>/structspec.db); postgresql:// later")
     register_builtin_schemas: bool = _opt(True, "register the built-in schemas (schemas/*.json) at start-up")
-    stats_flush_interval_seconds: float = _opt(5.0, "how often buffered speculation statistics are written")
-    stats_retention_days: float = _opt(30.0, "speculation statistics older than this are pruned")
+    stats_flush_interval_seconds: float = _opt(1.0, "how often the statistics recorded in memory are written to the "
+                                               "store: a SIGKILL loses at most one interval's, a SIGTERM none (the "
+                                               "drain writes them)")
+    stats_refresh_seconds: float = _opt(30.0, "how often the drafting policy's in-memory statistics are reloaded from "
+                                        "the store, so that it sees the traffic of every replica sharing it")
+    stats_retention_days: float = _opt(30.0, "statistics older than this are pruned (checked hourly)")
     # -- limits --------------------------------------------------------------------------------
     max_queue: int = _opt(_LIMITS.max_queue, "requests waiting beyond the running batch; more get RESOURCE_EXHAUSTED")
     max_batch: int = _opt(_LIMITS.max_batch, "most sequences decoded together")
@@ -88,9 +97,35 @@ class ServiceSettings:
     grammar_backend: str = _opt(_ENGINE.grammar_backend, "grammar engine", ("llguidance", "outlines"))
     # -- speculation ---------------------------------------------------------------------------
     speculation: str = _opt(_ENGINE.speculation, "speculation configuration: off (no fast-forward, no drafting), ff "
-                            "(fast-forward only), ff+ngram, ff+ngram+history, all (+ the draft model); requests may "
-                            "still turn drafting off", tuple(SPECULATION_CONFIGS))
-    max_batch_for_speculation: int = _opt(_LIMITS.max_spec_batch, "no drafting when more sequences than this are running")
+                            "(fast-forward only), ff+ngram, ff+ngram+history, all (+ the draft model, always "
+                            "drafting), policy (every proposer, the drafting policy deciding per schema and batch "
+                            "size from the measured acceptance and costs); requests and schema owners may still turn "
+                            "drafting off", tuple(SPECULATION_CONFIGS))
+    max_batch_for_speculation: int = _opt(_LIMITS.max_spec_batch, "hard ceiling: nothing drafts while more sequences "
+                                          "than this are running; below it the drafting policy decides (it switches "
+                                          "the draft model off past --draft-model-max-batch)")
+    # -- drafting policy (structspec.speculation.policy) -----------------------------------------
+    acceptance_threshold: float = _opt(_POLICY.acceptance_threshold, "a proposer whose measured acceptance at the "
+                                       "running batch size is under this stops drafting for the schema (probes "
+                                       "re-measure it)")
+    min_evidence_tokens: int = _opt(_POLICY.min_evidence_tokens, "drafted tokens of a schema's evidence (per proposer "
+                                    "and batch size) before the policy switches anything off; until then it drafts "
+                                    "to measure")
+    evidence_window_tokens: int = _opt(_POLICY.evidence_window_tokens, "a proposer's acceptance for a schema is "
+                                       "measured over the schema's most recent this many drafted tokens (a change of "
+                                       "traffic shows as soon as that much new evidence exists)")
+    acceptance_half_life_hours: float = _opt(_POLICY.half_life_hours, "age at which a measured output length or step "
+                                             "time weighs half in the policy's predictions")
+    min_predicted_length: int = _opt(_POLICY.min_predicted_length, "a request whose predicted output (the median of "
+                                     "the schema's recent outputs) is shorter than this many tokens does not draft "
+                                     "(grammar fast-forward only)")
+    draft_model_max_batch: int = _opt(_POLICY.draft_model_max_batch, "the draft model does not draft while more "
+                                      "sequences than this are running (its own forward stops paying); the cheaper "
+                                      "proposers may")
+    probe_rate: float = _opt(_POLICY.probe_rate, "share of requests that still draft with the proposers the policy "
+                             "switched off, so their acceptance is re-measured and drafting comes back when it pays")
+    gain_margin: float = _opt(_POLICY.gain_margin, "a draft length is used only when the cost model predicts it beats "
+                              "plain decoding's time per token by this share")
     history_scope: str = _opt("per_token", "whose earlier outputs the schema history drafts from: per_token (the "
                               "caller's own, when auth tokens are configured: one caller's latency then says nothing "
                               "about whether another's outputs matched) or shared (everyone's: warms up faster)",
@@ -103,7 +138,7 @@ class ServiceSettings:
         None, "file of bearer tokens (one a line) accepted on every RPC but health and reflection; env STRUCTSPEC_AUTH_TOKEN also works"
     )
     admin_token_file: Path | None = _opt(
-        None, "file of admin tokens (one a line) required for RegisterSchema/DeleteSchema; env STRUCTSPEC_ADMIN_TOKEN also works"
+        None, "file of admin tokens (one a line) required for RegisterSchema/DeleteSchema/SetSchemaSpeculation; env STRUCTSPEC_ADMIN_TOKEN also works"
     )
     auth_token: Secret | None = _opt(None, "bearer token value (environment only)")
     admin_token: Secret | None = _opt(None, "admin token value (environment only)")
@@ -145,8 +180,10 @@ class ServiceSettings:
         for name in ("drain_grace_seconds", "stats_retention_days"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
-        if self.stats_flush_interval_seconds <= 0:
-            problems.append("stats_flush_interval_seconds: must be > 0")
+        for name in ("stats_flush_interval_seconds", "stats_refresh_seconds"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name}: must be > 0")
+        problems += self._policy_problems()
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             problems.append("tls_cert_file and tls_key_file: give both or neither")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
@@ -159,14 +196,27 @@ class ServiceSettings:
             raise SettingsError("invalid settings:\n  " + "\n  ".join(problems))
         return self
 
+    def _policy(self, max_draft: int = _LIMITS.max_draft) -> PolicyConfig:
+        return PolicyConfig(max_draft=max_draft, **{_POLICY_NAMES.get(n, n): getattr(self, n) for n in _POLICY_FIELDS})
+
+    def _policy_problems(self) -> list[str]:
+        """PolicyConfig's own checks, each naming the setting (not the engine's field)."""
+        settings_name = {v: k for k, v in _POLICY_NAMES.items()}
+        out = []
+        for problem in self._policy().problems():
+            name, sep, rest = problem.partition(":")
+            out.append(f"{settings_name.get(name, name)}{sep}{rest}")
+        return out
+
     def engine_config(self) -> EngineConfig:
         """The engine's configuration: the one place settings become engine parameters."""
+        limits = SchedulerLimits(max_batch=self.max_batch, max_queue=self.max_queue, kv_budget_tokens=self.kv_budget_tokens,
+                                 max_spec_batch=self.max_batch_for_speculation,
+                                 prefix_cache_tokens=self.prefix_cache_tokens)
         return EngineConfig(
             profile=self.profile, device=self.device, dtype=self.dtype, grammar_backend=self.grammar_backend,
-            speculation=self.speculation, max_tokens_cap=self.max_tokens_cap,
-            limits=SchedulerLimits(max_batch=self.max_batch, max_queue=self.max_queue,
-                                   kv_budget_tokens=self.kv_budget_tokens, max_spec_batch=self.max_batch_for_speculation,
-                                   prefix_cache_tokens=self.prefix_cache_tokens),
+            speculation=self.speculation, max_tokens_cap=self.max_tokens_cap, limits=limits,
+            policy=self._policy(limits.max_draft),
         )
 
     def public_dict(self) -> dict[str, Any]:

@@ -146,6 +146,12 @@ def test_async_client(served: ServerThread, engine: FakeEngine) -> None:
             assert [s.schema_id for s in await c.list_schemas("person")] == ["person"]
             assert (await c.get_schema_stats("person")).schema_key == "person@1"
             assert await c.list_schema_stats() == []
+            assert (await c.set_schema_speculation("person", "off")).speculation == "off"
+            assert (await c.get_schema("person")).speculation == "off"
+            r = await c.extract_result("Ada", schema_id="person")
+            assert engine.last_request.schema_speculation.value == "off"
+            assert r.model == "fake" and r.speculation is not None and r.speculation.reason == "schema_off"
+            assert (await c.get_schema_stats("person", model="fake")).model == "fake"
             assert await c.delete_schema("person") == [1]
             with pytest.raises(NotFoundError):
                 await c.get_schema("person")

@@ -6,6 +6,10 @@ bounds concurrency (``max_running``) and its queue (``max_queue`` -> ``QueueFull
 validates requests with their own ``validate`` (as the engine does). Magic markers steer it:
 
 in the schema, anywhere: key ``x-fake-unsupported``   -> SchemaError(kind="unsupported")
+Its drafting decision (``GenerationResult.speculation``) follows the request's and the schema's
+overrides: request OFF -> request_off, schema off -> schema_off, schema on -> schema_on, else
+drafted; it "drafts" (usage, statistics) only when the decision says so.
+
 in the text (or last message):
     ``[length]``      finish LENGTH (max_tokens forced to half the output)
     ``[violation]``   outcome SCHEMA_VIOLATION
@@ -37,12 +41,14 @@ from structspec.engine.types import (
     Outcome,
     OverBudget,
     QueueFull,
+    SchemaSpeculation,
+    SpeculationMode,
+    SpeculationReport,
     TextDelta,
     Timings,
     Usage,
 )
 from structspec.grammar.base import SchemaError, SchemaIssue
-from structspec.store import batch_bucket
 
 MAGIC_KEYWORD = "x-fake-unsupported"
 _SLOW_RE = re.compile(r"\[slow(?:=([0-9.]+))?\]")
@@ -111,8 +117,10 @@ class FakeEngine:
         max_queue: int = 32,
         store: Any = None,
         max_tokens_cap: int = 4096,
+        model_key: str = "fake",
     ):
-        self.store = store  # a Store: record_acceptance per finished request, like the engine
+        self.store = store  # a Store: its book records each finished request, like the engine's recorder
+        self.model_key = model_key
         self.token_delay = token_delay
         self.chunk_chars = chunk_chars
         self.max_running = max_running
@@ -137,6 +145,10 @@ class FakeEngine:
     def running(self) -> int:
         return self._running
 
+    @property
+    def last_request(self) -> ExtractionRequest | ToolCallRequest:
+        return self.requests[-1]
+
     async def extract(self, request: ExtractionRequest) -> GenerationResult:
         result = None
         async for item in self.extract_stream(request):
@@ -154,7 +166,8 @@ class FakeEngine:
         self._check_prompt(prompt)
         text = json.dumps(instance_for(request.schema), separators=(",", ":"))
         async for item in self._decode(
-            request.request_id, prompt, text, request.sampling.max_tokens, request.deadline, schema_key=request.schema_key
+            request.request_id, prompt, text, request.sampling.max_tokens, request.deadline, schema_key=request.schema_key,
+            decision=decision_for(request),
         ):
             yield item
 
@@ -175,7 +188,8 @@ class FakeEngine:
             calls = [ToolCall(t["name"], instance_for(t.get("parameters", {}))) for t in chosen]
             text = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], separators=(",", ":"))
         result = None
-        async for item in self._decode(request.request_id, prompt, text, request.sampling.max_tokens, request.deadline, answer is None):
+        async for item in self._decode(request.request_id, prompt, text, request.sampling.max_tokens, request.deadline,
+                                       answer is None, decision=decision_for(request)):
             if isinstance(item, GenerationResult):
                 result = item
         assert result is not None
@@ -204,7 +218,7 @@ class FakeEngine:
 
     async def _decode(
         self, request_id: str, prompt: str, text: str, max_tokens: int, deadline: float | None, is_json: bool = True,
-        schema_key: str = "",
+        schema_key: str = "", decision: SpeculationReport | None = None,
     ) -> AsyncIterator[TextDelta | GenerationResult]:
         slow = _SLOW_RE.search(prompt)
         delay = (float(slow.group(1)) if slow.group(1) else 0.1) if slow else self.token_delay
@@ -252,17 +266,24 @@ class FakeEngine:
             self.finished.append(request_id)
         out = "".join(emitted)
         n = len(emitted)
+        drafts = decision is not None and decision.drafted and n > 0
         usage = Usage(
             prompt_tokens=max(1, len(prompt) // 4) + 20,
             output_tokens=n,
-            target_forward_passes=math.ceil(n / 2),
+            target_forward_passes=math.ceil(n / 2) if drafts else n,
             forced_tokens=n // 3,
-            drafted={"draft_model": n},
-            accepted={"draft_model": n // 2},
+            drafted={"draft_model": n} if drafts else {},
+            accepted={"draft_model": n // 2} if drafts else {},
         )
-        if self.store is not None and schema_key and n:
-            self.store.record_acceptance(schema_key, "draft_model", batch_bucket(self._running + 1), n, n // 2, time.time())
         timings = Timings(queued_ms=queued_ms, decode_ms=(time.perf_counter() - t0) * 1000 - queued_ms, total_ms=(time.perf_counter() - t0) * 1000)
+        if self.store is not None and schema_key:
+            recorder = self.store.stats.recorder(self.model_key)
+            if decision is not None:
+                recorder.record_decision(schema_key, decision.reason, decision.reasons)
+            if drafts:  # one verification of the whole output as a draft
+                recorder.record_verification(schema_key, "draft_model", self._running + 1, n, n // 2, probe=False)
+            recorder.record_request(schema_key, n, usage.target_forward_passes, usage.forced_tokens, finish.value,
+                                    timings.total_ms)
         outcome, value, error = Outcome.VALID, None, None
         if finish is FinishReason.LENGTH:
             outcome = Outcome.TRUNCATED
@@ -278,10 +299,21 @@ class FakeEngine:
             value = json.loads(out)
             if "[violation]" in prompt:
                 outcome, error = Outcome.SCHEMA_VIOLATION, "/total: multipleOf: 0.01 is post-checked and failed (fake)"
-        yield GenerationResult(request_id, out, list(range(n)), finish, outcome, usage, timings, value=value, error=error)
+        yield GenerationResult(request_id, out, list(range(n)), finish, outcome, usage, timings, value=value, error=error,
+                               speculation=decision)
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+def decision_for(request: ExtractionRequest | ToolCallRequest) -> SpeculationReport:
+    """The fake policy: the overrides, else draft with the one fake proposer."""
+    if request.speculation is SpeculationMode.OFF:
+        return SpeculationReport(False, "request_off", reasons={"draft_model": "request_off"})
+    if request.schema_speculation is SchemaSpeculation.OFF:
+        return SpeculationReport(False, "schema_off", reasons={"draft_model": "schema_off"})
+    reason = "schema_on" if request.schema_speculation is SchemaSpeculation.ON else "drafted"
+    return SpeculationReport(True, reason, max_draft={"draft_model": 8}, reasons={"draft_model": reason})
 
 
 def make_fake_engine(settings: Any, store: Any = None) -> FakeEngine:

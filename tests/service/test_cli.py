@@ -40,7 +40,7 @@ def test_commands_registered(app: typer.Typer) -> None:
     for name in ("serve", "health", "extract", "call-tool", "schemas", "loadtest", "version"):
         assert name in out
     out = plain(runner.invoke(app, ["schemas", "--help"], env={"COLUMNS": "200"}).output)
-    for name in ("list", "show", "register", "delete", "stats"):
+    for name in ("list", "show", "register", "delete", "set-speculation", "stats"):
         assert name in out
 
 
@@ -55,7 +55,7 @@ def test_client_commands_share_the_connection_options(app: typer.Typer) -> None:
 
     for path in (["extract"], ["call-tool"], ["schemas", "list"], ["schemas", "show"], ["schemas", "stats"]):
         assert set(cli_client.CALL) <= set(options(*path)) and "admin_token_file" not in options(*path), path
-    for path in (["schemas", "register"], ["schemas", "delete"]):
+    for path in (["schemas", "register"], ["schemas", "delete"], ["schemas", "set-speculation"]):
         assert set(cli_client.ADMIN_CALL) <= set(options(*path)) and "token_file" not in options(*path), path
     assert {"target", "tls", "ca_file", "cert_file", "key_file", "timeout"} <= set(options("health"))
     assert options("health")["timeout"].default == 3.0 and options("extract")["timeout"].default is None
@@ -104,16 +104,20 @@ def test_missing_engine_module_is_a_clear_error() -> None:
 def test_client_commands(app: typer.Typer, served: ServerThread, tmp_path: Path) -> None:
     t = ["--target", served.target]
     ok = lambda args, **kw: runner.invoke(app, args + t, **kw)  # noqa: E731
+    served.engine.store = served.server.store  # type: ignore[union-attr]  # record statistics like the real engine
 
     r = ok(["health"])
     assert r.exit_code == 0 and "SERVING" in r.output
     r = ok(["extract", "--text", "Ada", "-s", "contact"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["email"] == "ada@example.com"
-    r = ok(["extract", "-s", "contact", "--text-file", "-"], input="from stdin")
-    assert r.exit_code == 0 and json.loads(r.output)
+    assert json.loads(r.stdout)["email"] == "ada@example.com"  # the value alone on stdout
+    assert r.stderr.strip() == "model fake: drafted (drafted); draft_model: drafted (up to 8)"  # why, on stderr
+    r = ok(["extract", "-s", "contact", "--text-file", "-", "--speculation", "off"], input="from stdin")
+    assert r.exit_code == 0 and json.loads(r.stdout)
+    assert r.stderr.strip() == "model fake: no drafting (request_off); draft_model: request_off"
     r = ok(["extract", "--text", "Ada", "-s", "contact", "--stream", "--full"])
-    assert r.exit_code == 0 and '"outcome": "valid"' in r.output
+    assert r.exit_code == 0 and '"outcome": "valid"' in r.stdout and '"reason": "drafted"' in r.stdout
+    assert "model fake: drafted" in r.stderr
     r = ok(["extract", "--text", "x", "-s", "nope"])
     assert r.exit_code == 1 and "NOT_FOUND" in r.output
     r = ok(["extract", "--text", "[length]", "-s", "contact"])
@@ -132,9 +136,33 @@ def test_client_commands(app: typer.Typer, served: ServerThread, tmp_path: Path)
     r = ok(["schemas", "show", "cli-schema"])
     assert json.loads(r.output)["schema"]["properties"]["q"]["type"] == "integer"
     r = ok(["extract", "--text", "x", "--schema-file", str(schema)])
-    assert json.loads(r.output) == {"q": 1}
-    r = ok(["schemas", "stats", "cli-schema"])
-    assert r.exit_code == 0 and json.loads(r.output)[0]["schema_key"] == "cli-schema@1"
+    assert json.loads(r.stdout) == {"q": 1}
+    ok(["extract", "--text", "x", "-s", "cli-schema"])
+    r = ok(["schemas", "set-speculation", "cli-schema", "off"])
+    assert r.exit_code == 0 and "cli-schema@1 speculation off" in r.output
+    r = ok(["extract", "--text", "x", "-s", "cli-schema"])
+    assert "no drafting (schema_off)" in r.stderr
+    r = ok(["schemas", "set-speculation", "cli-schema", "sometimes"])
+    assert r.exit_code == 2 and "auto, off, on" in r.output
+    r = ok(["schemas", "set-speculation", "cli-schema", "on", "--version", "7"])
+    assert r.exit_code == 1 and "NOT_FOUND" in r.output
+    r = ok(["schemas", "list", "--json"])
+    assert {s["schema_id"]: s["speculation"] for s in json.loads(r.stdout)}["cli-schema"] == "off"
+    r = ok(["schemas", "stats", "cli-schema", "--json"])
+    assert r.exit_code == 0, r.output
+    (entry,) = json.loads(r.stdout)
+    assert (entry["schema_key"], entry["model"]) == ("cli-schema@1", "fake")
+    day = entry["windows"]["86400"]
+    assert day["requests"] == 2 and day["proposers"][0]["proposer"] == "draft_model"
+    assert day["output_length"][-1]["upper_bound"] == "inf"  # strict JSON: no Infinity
+    r = ok(["schemas", "stats", "cli-schema"], env={"COLUMNS": "250"})
+    out = plain(r.output)
+    assert r.exit_code == 0 and "cli-schema@1 on fake: requests" in out and "cli-schema@1 on fake: drafting" in out
+    assert "schema_off" in out and "(request)" in out and "stop 2" in out and "1.00" in out
+    r = ok(["schemas", "stats", "--model", "fake"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "contact@1 on fake: requests" in plain(r.output)
+    r = ok(["schemas", "stats", "--model", "nobody"])
+    assert r.exit_code == 0 and "no statistics recorded" in r.output
     r = ok(["schemas", "delete", "cli-schema", "-y"])
     assert r.exit_code == 0 and "deleted cli-schema versions 1" in r.output
 
@@ -153,7 +181,9 @@ def test_client_commands(app: typer.Typer, served: ServerThread, tmp_path: Path)
 
     r = ok(["call-tool", "-m", "user: weather in Oslo?"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["calls"][0]["name"] == "get_weather"
+    answer = json.loads(r.stdout)
+    assert answer["calls"][0]["name"] == "get_weather" and answer["model"] == "fake"
+    assert answer["speculation"]["drafted"] and answer["speculation"]["reason"] == "drafted"
 
 
 def test_wait_holds_a_command_until_the_server_is_serving(app: typer.Typer, tmp_path: Path) -> None:
@@ -178,4 +208,4 @@ def test_wait_holds_a_command_until_the_server_is_serving(app: typer.Typer, tmp_
         started = time.monotonic()
         done = runner.invoke(app, ["extract", "--target", st.target, "-s", "contact", "--text", "x", "--wait", "20"])
         assert done.exit_code == 0, done.output
-        assert json.loads(done.output) and time.monotonic() - started >= 1.0
+        assert json.loads(done.stdout) and time.monotonic() - started >= 1.0

@@ -152,3 +152,59 @@ def test_worked_examples_are_checked_and_compacted() -> None:
                            ('{"name": "get_weather"}', "a call must be")):
         with pytest.raises(errors.ServiceError, match=reason):
             call(output)
+
+
+def test_speculation_report_model_and_schema_override() -> None:
+    from dataclasses import replace
+
+    from structspec.engine.types import SchemaSpeculation, SpeculationReport
+    from structspec.store.base import SchemaRecord
+
+    plain = convert.extract_result(result('{"a":1}'), "k@1", "demo")
+    assert plain.model == "demo" and not plain.HasField("speculation")  # an engine without a policy reports none
+    report = SpeculationReport(False, "low_acceptance", False, {"ngram": 4}, {"ngram": "drafted", "draft_model": "low_acceptance"})
+    out = convert.extract_result(replace(result('{"a":1}'), speculation=report), "k@1", "demo").speculation
+    assert (out.drafted, out.reason, out.probe) == (False, "low_acceptance", False)
+    assert dict(out.max_draft) == {"ngram": 4} and dict(out.proposer_reasons) == report.reasons
+    tool = convert.tool_result(ToolCallResult(replace(result("[]"), speculation=report), [], None), "demo")
+    assert tool.model == "demo" and tool.speculation.reason == "low_acceptance"
+
+    assert convert.schema_speculation(pb.SCHEMA_SPECULATION_ON) is SchemaSpeculation.ON
+    for bad in (pb.SCHEMA_SPECULATION_UNSPECIFIED, 99):
+        with pytest.raises(errors.ServiceError) as err:
+            convert.schema_speculation(bad)
+        assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and [v.field for v in err.value.violations] == ["speculation"]
+    rec = SchemaRecord("inv", 1, "{}", "h", "", 1.0, "api", "off")
+    assert convert.schema_version(rec).speculation == pb.SCHEMA_SPECULATION_OFF
+    assert convert.schema_version(replace(rec, speculation="auto")).speculation == pb.SCHEMA_SPECULATION_AUTO
+
+
+def test_stats_windows_from_summaries() -> None:
+    import math
+
+    from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS
+    from structspec.stats.summary import ProposerSummary, SchemaSummary
+
+    p = ProposerSummary("ngram", 2, verifications=3, drafted=9, accepted=4, probe_verifications=1,
+                        reached=(3, 2, 1), accepted_at=(2, 1, 1))
+    s = SchemaSummary("m", "k@1", 3600, requests=4, output_tokens=100, target_passes=50, forced_tokens=20,
+                      latency_ms_sum=400.0, finish={"stop": 3, "error": 1}, output_length={"32": 2, "inf": 1},
+                      latency_ms={"100": 4}, decisions={("ngram", "cold"): 4, ("", "drafted"): 4}, proposers=(p,))
+    w = convert.stats_window(3600, s)
+    (ps,) = w.proposers
+    assert (ps.proposer, ps.batch_bucket, ps.events, ps.drafted, ps.accepted, ps.probe_verifications) == ("ngram", 2, 3, 9, 4, 1)
+    assert list(ps.reached) == [3, 2, 1] and list(ps.accepted_at) == [2, 1, 1]
+    assert list(ps.acceptance_by_position) == pytest.approx([2 / 3, 0.5, 1.0]) and ps.acceptance_rate == pytest.approx(4 / 9)
+    assert (w.requests, w.output_tokens, w.target_passes, w.forced_tokens) == (4, 100, 50, 20)
+    assert dict(w.finish_reasons) == {"stop": 3, "error": 1} and w.passes_per_token == 0.5 and w.latency_ms_mean == 100
+    assert [(d.proposer, d.reason, d.requests) for d in w.decisions] == [("", "drafted", 4), ("ngram", "cold", 4)]
+    assert [b.upper_bound for b in w.output_length] == list(LENGTH_BOUNDS) and math.isinf(w.output_length[-1].upper_bound)
+    assert {b.upper_bound: b.count for b in w.output_length if b.count} == {32: 2, math.inf: 1}
+    assert [b.upper_bound for b in w.latency_ms] == list(LATENCY_BOUNDS_MS)
+    assert 0 < w.output_tokens_p50 <= w.output_tokens_p95 and 0 < w.latency_ms_p50 <= w.latency_ms_p99 <= 100
+    assert convert.stats_window(60, None) == pb.StatsWindow(window_seconds=60)  # nothing recorded: an empty window
+
+    other = SchemaSummary("a-model", "k@1", 60, requests=1)
+    listed = convert.schema_stats_list([(60, [other]), (3600, [s, SchemaSummary("a-model", "k@1", 3600, requests=2)])])
+    assert [(x.model, x.schema_key) for x in listed] == [("a-model", "k@1"), ("m", "k@1")]  # by model, then key
+    assert [w.requests for w in listed[1].windows] == [0, 4]  # absent from the short window: empty there

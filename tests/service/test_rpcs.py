@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from structspec.client import NO_RETRY, Client, ExtractionResult, NotFoundError, TextDelta
+from structspec.client import NO_RETRY, Client, ExtractionResult, NotFoundError, SpeculationReport, TextDelta
 from structspec.schemas import load_builtin_schemas
 from tests.service.fakes import FakeEngine
 from tests.service.harness import ServerThread, settings_for
@@ -43,8 +43,10 @@ def test_extract_result_fields(client: Client, engine: FakeEngine) -> None:
     assert [m.role for m in sent.messages] == ["system", "user"]
     assert r.request_id == "req-1" == sent.request_id
     assert r.finish_reason == "stop" and r.outcome == "valid" and not r.truncated
-    assert r.usage.output_tokens > 0 and r.usage.drafted["draft_model"] == r.usage.output_tokens
-    assert r.usage.target_forward_passes > 0 and r.timings.total_ms >= 0
+    assert r.usage.output_tokens > 0 and r.usage.drafted == {}  # speculation off: nothing drafted
+    assert r.usage.target_forward_passes == r.usage.output_tokens and r.timings.total_ms >= 0
+    assert r.speculation is not None and (r.speculation.drafted, r.speculation.reason) == (False, "request_off")
+    assert client.extract_result("x", schema_id="contact").usage.drafted["draft_model"] > 0
     assert r.schema_key == "contact@1" and json.loads(r.json) == r.value
 
 
@@ -126,24 +128,135 @@ def test_registry_persists_across_restart(tmp_path: Path) -> None:
         assert c.get_schema("invoice").version == 2 and c.get_schema("invoice", 1).schema["title"] == "Invoice"
 
 
+def record_two_models(served: ServerThread) -> None:
+    """Counters of the server's model ("fake") and of another sharing the store, and one of 3 hours ago."""
+    book = served.server.store.stats  # type: ignore[union-attr]
+    fake, other = book.recorder("fake"), book.recorder("other")
+    fake.record_verification("invoice@1", "draft_model", 3, 10, 7, probe=False)
+    fake.record_verification("invoice@1", "draft_model", 3, 10, 5, probe=False)
+    fake.record_verification("invoice@1", "ngram", 1, 4, 4, probe=True)
+    fake.record_request("invoice@1", 40, 25, 10, "stop", 120.0)
+    fake.record_request("invoice@1", 8, 8, 0, "length", 30.0)
+    fake.record_decision("invoice@1", "drafted", {"draft_model": "drafted", "ngram": "probe"})
+    fake.record_decision("invoice@1", "short_output", {"draft_model": "short_output", "ngram": "short_output"})
+    other.record_verification("invoice@1", "draft_model", 1, 8, 2, probe=False)
+    other.record_request("contact@1", 12, 12, 0, "stop", 50.0)
+    clock = book.clock
+    book.clock = lambda: time.time() - 3 * 3600
+    try:
+        fake.record_verification("invoice@1", "ngram", 1, 6, 0, probe=False)
+    finally:
+        book.clock = clock
+
+
 def test_schema_stats(served: ServerThread, client: Client) -> None:
-    store = served.server.store  # type: ignore[union-attr]
-    now = time.time()
-    store.record_acceptance("invoice@1", "draft_model", 4, 10, 7, now)
-    store.record_acceptance("invoice@1", "draft_model", 4, 10, 5, now)
-    store.record_acceptance("invoice@1", "ngram", 1, 4, 4, now - 2000)
-    store.record_acceptance("contact@1", "draft_model", 1, 8, 2, now)
-    stats = client.get_schema_stats("invoice", windows=[600, 3600])
-    assert stats.schema_key == "invoice@1"
-    short = {(p.proposer, p.batch_bucket): p for p in stats.windows[600]}
-    assert set(short) == {("draft_model", 4)}
-    p = short[("draft_model", 4)]
-    assert (p.drafted, p.accepted, p.events) == (20, 12, 2) and p.acceptance_rate == pytest.approx(0.6)
-    assert {(p.proposer, p.batch_bucket) for p in stats.windows[3600]} == {("draft_model", 4), ("ngram", 1)}
-    assert client.get_schema_stats(schema_key="contact@1").windows[86400][0].accepted == 2
-    assert sorted(s.schema_key for s in client.list_schema_stats()) == ["contact@1", "invoice@1"]
+    from structspec.stats.counters import LENGTH_BOUNDS
+
+    record_two_models(served)
+    stats = client.get_schema_stats("invoice", windows=[60, 86400])
+    assert (stats.model, stats.schema_key, list(stats.windows)) == ("fake", "invoice@1", [60, 86400])  # the server's model
+    short = stats.windows[60]
+    rows = {(p.proposer, p.batch_bucket): p for p in short.proposers}
+    assert set(rows) == {("draft_model", 4), ("ngram", 1)}
+    p = rows[("draft_model", 4)]
+    assert (p.drafted, p.accepted, p.events, p.probe_verifications) == (20, 12, 2, 0) and p.acceptance_rate == pytest.approx(0.6)
+    # 7 of 10 accepted examines 8 positions, 5 of 10 examines 6
+    assert p.reached == [2, 2, 2, 2, 2, 2, 1, 1] and p.accepted_at == [2, 2, 2, 2, 2, 1, 1, 0]
+    assert p.acceptance_by_position == pytest.approx([1, 1, 1, 1, 1, 0.5, 1, 0])
+    assert (rows[("ngram", 1)].events, rows[("ngram", 1)].probe_verifications) == (1, 1)
+    assert (short.requests, short.output_tokens, short.target_passes, short.forced_tokens) == (2, 48, 33, 10)
+    assert short.finish_reasons == {"stop": 1, "length": 1} and short.passes_per_token == pytest.approx(33 / 48)
+    assert 0 < short.output_tokens_p50 <= short.output_tokens_p95 <= 48  # the one "stop" request: 40 tokens, in (32, 48]
+    assert short.latency_ms_mean == pytest.approx(75) and 0 < short.latency_ms_p50 <= short.latency_ms_p99
+    assert [b.upper_bound for b in short.output_length] == list(LENGTH_BOUNDS)  # every bucket, the last infinite
+    assert [(b.upper_bound, b.count) for b in short.output_length if b.count] == [(48, 1)]  # the "length" one is not a length
+    assert sum(b.count for b in short.latency_ms) == 2
+    assert [(d.proposer, d.reason, d.requests) for d in short.decisions] == [
+        ("", "drafted", 1), ("", "short_output", 1), ("draft_model", "drafted", 1), ("draft_model", "short_output", 1),
+        ("ngram", "probe", 1), ("ngram", "short_output", 1)]
+    day = {(p.proposer, p.batch_bucket): p for p in stats.windows[86400].proposers}
+    assert (day[("ngram", 1)].events, day[("ngram", 1)].drafted) == (2, 10)  # three hours ago counts in the day only
+
+    theirs = client.get_schema_stats(schema_key="invoice@1", model="other", windows=[60])
+    assert theirs.model == "other" and [(p.proposer, p.drafted) for p in theirs.windows[60].proposers] == [("draft_model", 8)]
+    assert theirs.windows[60].requests == 0
+    assert [(s.model, s.schema_key) for s in client.list_schema_stats()] == [
+        ("fake", "invoice@1"), ("other", "contact@1"), ("other", "invoice@1")]  # sorted by model, then key
+    listed = {(s.model, s.schema_key): s for s in client.list_schema_stats([60])}
+    assert listed[("other", "contact@1")].windows[60].requests == 1
+    assert listed[("fake", "invoice@1")].windows[60] == short
+    assert [(s.model, s.schema_key) for s in client.list_schema_stats(model="other")] == [
+        ("other", "contact@1"), ("other", "invoice@1")]
+    assert client.list_schema_stats(model="nobody") == []
     empty = client.get_schema_stats("event")
-    assert list(empty.windows) == [300, 3600, 86400] and all(not rows for rows in empty.windows.values())
+    assert empty.model == "fake" and list(empty.windows) == [300, 3600, 86400]
+    assert all(not w.proposers and not w.requests and not w.output_length for w in empty.windows.values())
+
+
+def test_set_schema_speculation(tmp_path: Path) -> None:
+    from structspec.client import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError
+    from structspec.client.errors import error_from_rpc
+    from structspec.proto_gen.v1 import structspec_pb2 as pb
+    from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
+    from structspec.service.settings import Secret
+
+    engine = FakeEngine()
+    settings = settings_for(tmp_path, auth_token=Secret("user-tok"), admin_token=Secret("admin-tok"))
+    with ServerThread(settings, engine) as st, Client(st.target, token="user-tok", retry=NO_RETRY) as user, \
+            Client(st.target, token="user-tok", admin_token="admin-tok", retry=NO_RETRY) as admin:
+        with pytest.raises(PermissionDeniedError):
+            user.set_schema_speculation("contact", "off")  # an admin write
+        with Client(st.target, retry=NO_RETRY) as anonymous, pytest.raises(UnauthenticatedError):
+            anonymous.set_schema_speculation("contact", "off")
+        r = admin.extract_result("x", schema_id="contact")
+        assert r.speculation is not None and (r.speculation.drafted, r.speculation.reason) == (True, "drafted")
+        assert engine.last_request.schema_speculation.value == "auto"
+
+        info = admin.set_schema_speculation("contact", "off")
+        assert (info.schema_id, info.version, info.speculation) == ("contact", 1, "off")
+        assert user.get_schema("contact").speculation == "off"
+        r = user.extract_result("x", schema_id="contact")
+        assert engine.last_request.schema_speculation.value == "off"  # the override reaches the engine's request
+        assert r.speculation is not None and (r.speculation.drafted, r.speculation.reason) == (False, "schema_off")
+        assert r.speculation.reasons == {"draft_model": "schema_off"} and r.usage.drafted == {}
+        items = list(user.extract_stream("x", schema_id="contact"))
+        assert engine.last_request.schema_speculation.value == "off" and items[-1].speculation.reason == "schema_off"
+
+        assert admin.set_schema_speculation("contact", "on", version=1).speculation == "on"
+        r = user.extract_result("x", schema_id="contact")
+        assert r.speculation.reason == "schema_on" and r.speculation.max_draft == {"draft_model": 8}  # type: ignore[union-attr]
+        user.extract("x", schema={"type": "object"})  # an inline schema has no owner: AUTO
+        assert engine.last_request.schema_speculation.value == "auto"
+        r = user.extract_result("x", schema_id="contact", speculation="off")  # the request's own OFF still wins
+        assert r.speculation.reason == "request_off"  # type: ignore[union-attr]
+        admin.register_schema("contact", {"type": "object", "title": "v2"})  # the latest is a version of its own
+        assert admin.set_schema_speculation("contact", "off").version == 2
+        assert user.get_schema("contact", 1).speculation == "on"
+
+        with grpc.insecure_channel(st.target) as ch:  # the client never sends UNSPECIFIED: the raw stub does
+            stub = pb_grpc.StructSpecStub(ch)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SetSchemaSpeculation(pb.SetSchemaSpeculationRequest(schema_ref=pb.SchemaRef(schema_id="contact")),
+                                          metadata=(("authorization", "Bearer admin-tok"),))
+        bad = error_from_rpc(err.value)
+        assert isinstance(bad, InvalidArgumentError) and "speculation" in str(bad)
+        assert [v.field for v in bad.field_violations] == ["speculation"]
+        assert user.get_schema("contact").speculation == "off"  # unchanged
+        with pytest.raises(NotFoundError):
+            admin.set_schema_speculation("contact", "on", version=9)
+        with pytest.raises(ValueError, match="speculation"):
+            admin.set_schema_speculation("contact", "sometimes")
+
+
+def test_results_carry_the_speculation_report_and_the_model(client: Client, engine: FakeEngine) -> None:
+    msgs = [{"role": "user", "content": "weather in Oslo?"}]
+    r = client.extract_result("x", schema_id="contact")
+    assert r.model == "fake"
+    assert r.speculation == SpeculationReport(True, "drafted", False, {"draft_model": 8}, {"draft_model": "drafted"})
+    t = client.call_tool(msgs, TOOLS)
+    assert t.model == "fake" and t.speculation is not None and t.speculation.reason == "drafted"
+    t = client.call_tool(msgs, TOOLS, speculation="off")
+    assert t.speculation is not None and (t.speculation.drafted, t.speculation.reason) == (False, "request_off")
 
 
 def test_health_reflection_and_metrics(tmp_path: Path) -> None:
@@ -178,6 +291,11 @@ def test_not_serving_while_engine_loads(tmp_path: Path) -> None:
             c.extract("x", schema_id="contact")
         assert err.value.reason == "MODEL_LOADING"
         assert c.list_schemas()  # the registry works while the model loads
+        with pytest.raises(UnavailableError) as err:
+            c.get_schema_stats("contact")  # whose statistics? the server's model is not known yet
+        assert err.value.reason == "MODEL_LOADING"
+        assert c.get_schema_stats("contact", model="fake").model == "fake"  # a named model's are there
+        assert c.list_schema_stats() == []
 
         def slow_factory(settings: object) -> FakeEngine:
             time.sleep(0.5)
@@ -199,8 +317,12 @@ def test_engine_factory_gets_the_store_and_stats_flow(tmp_path: Path) -> None:
         assert engine.store is st.server.store  # type: ignore[union-attr]
         c.extract("x", schema_id="contact")
         c.extract("x", schema_id="contact")
-        (row,) = c.get_schema_stats("contact", windows=[60]).windows[60]
-        assert row.proposer == "draft_model" and row.events == 2 and row.drafted > row.accepted > 0
+        stats = c.get_schema_stats("contact", windows=[60])
+        (row,) = stats.windows[60].proposers
+        assert stats.model == "fake" and row.proposer == "draft_model" and row.events == 2 and row.drafted > row.accepted > 0
+        assert stats.windows[60].requests == 2 and stats.windows[60].finish_reasons == {"stop": 2}
+        assert [(d.proposer, d.reason, d.requests) for d in stats.windows[60].decisions] == [
+            ("", "drafted", 2), ("draft_model", "drafted", 2)]
 
 
 def test_a_stream_read_to_its_result_counts_as_ok_even_if_the_client_then_hangs_up(tmp_path: Path) -> None:

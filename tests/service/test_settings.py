@@ -17,7 +17,7 @@ def write(path: Path, text: str) -> Path:
 
 def test_defaults() -> None:
     s = load_settings(env={})
-    assert (s.profile, s.device, s.port, s.metrics_port, s.speculation) == ("gemma-3-270m", "auto", 50051, 9464, "all")
+    assert (s.profile, s.device, s.port, s.metrics_port, s.speculation) == ("gemma-3-270m", "auto", 50051, 9464, "policy")
     assert s.host == "127.0.0.1" and s.tokens() == frozenset() and not s.tls_enabled
 
 
@@ -63,6 +63,27 @@ def test_engine_config_is_built_in_one_place_with_the_engines_defaults() -> None
     assert tuple(choices) == tuple(SPECULATION_CONFIGS)  # one registry of configuration names
     with pytest.raises(SettingsError, match="speculation"):
         load_settings(env={}, overrides={"speculation": "ngram-only"})
+
+
+def test_policy_settings_reach_the_engine_config_and_are_checked_by_it() -> None:
+    from structspec.engine.config import PolicyConfig
+
+    s = load_settings(env={"STRUCTSPEC_PROBE_RATE": "0.1"}, overrides={
+        "acceptance_threshold": 0.7, "min_evidence_tokens": 100, "acceptance_half_life_hours": 1.5,
+        "min_predicted_length": 4, "draft_model_max_batch": 8, "gain_margin": 0.1})
+    policy = s.engine_config().policy
+    assert policy == PolicyConfig(acceptance_threshold=0.7, min_evidence_tokens=100, half_life_hours=1.5,
+                                  min_predicted_length=4, draft_model_max_batch=8, probe_rate=0.1, gain_margin=0.1,
+                                  max_draft=s.engine_config().limits.max_draft)
+    with pytest.raises(SettingsError) as err:
+        load_settings(env={}, overrides={"acceptance_threshold": 1.5, "acceptance_half_life_hours": 0,
+                                         "probe_rate": -1, "stats_refresh_seconds": 0})
+    text = str(err.value)
+    assert "acceptance_threshold: must be in [0, 1]" in text and "probe_rate" in text
+    assert "acceptance_half_life_hours: must be > 0" in text  # the setting's name, not the engine field's
+    assert "stats_refresh_seconds: must be > 0" in text
+    d = load_settings(env={})
+    assert (d.stats_flush_interval_seconds, d.stats_refresh_seconds, d.max_batch_for_speculation) == (1.0, 30.0, 64)
 
 
 def test_tokens_and_secrets(tmp_path: Path) -> None:

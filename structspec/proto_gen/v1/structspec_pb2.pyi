@@ -49,6 +49,13 @@ class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+
+class SchemaSpeculation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEMA_SPECULATION_UNSPECIFIED: _ClassVar[SchemaSpeculation]
+    SCHEMA_SPECULATION_AUTO: _ClassVar[SchemaSpeculation]
+    SCHEMA_SPECULATION_OFF: _ClassVar[SchemaSpeculation]
+    SCHEMA_SPECULATION_ON: _ClassVar[SchemaSpeculation]
 ROLE_UNSPECIFIED: Role
 ROLE_SYSTEM: Role
 ROLE_USER: Role
@@ -73,6 +80,10 @@ TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
 TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
 TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
 TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+SCHEMA_SPECULATION_UNSPECIFIED: SchemaSpeculation
+SCHEMA_SPECULATION_AUTO: SchemaSpeculation
+SCHEMA_SPECULATION_OFF: SchemaSpeculation
+SCHEMA_SPECULATION_ON: SchemaSpeculation
 
 class SchemaRef(_message.Message):
     __slots__ = ("schema_id", "version")
@@ -148,6 +159,34 @@ class Timings(_message.Message):
     total_ms: float
     def __init__(self, queued_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
+class SpeculationReport(_message.Message):
+    __slots__ = ("drafted", "reason", "probe", "max_draft", "proposer_reasons")
+    class MaxDraftEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ProposerReasonsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_REASONS_FIELD_NUMBER: _ClassVar[int]
+    drafted: bool
+    reason: str
+    probe: bool
+    max_draft: _containers.ScalarMap[str, int]
+    proposer_reasons: _containers.ScalarMap[str, str]
+    def __init__(self, drafted: _Optional[bool] = ..., reason: _Optional[str] = ..., probe: _Optional[bool] = ..., max_draft: _Optional[_Mapping[str, int]] = ..., proposer_reasons: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class ExtractRequest(_message.Message):
     __slots__ = ("schema_ref", "json_schema", "text", "messages", "instruction", "sampling", "speculation", "disable_fast_forward", "request_id", "examples")
     SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
@@ -181,7 +220,7 @@ class Example(_message.Message):
     def __init__(self, text: _Optional[str] = ..., output_json: _Optional[str] = ...) -> None: ...
 
 class ExtractResult(_message.Message):
-    __slots__ = ("request_id", "json", "object", "value", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "schema_key")
+    __slots__ = ("request_id", "json", "object", "value", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "schema_key", "speculation", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     JSON_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +232,8 @@ class ExtractResult(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     json: str
     object: _struct_pb2.Struct
@@ -204,7 +245,9 @@ class ExtractResult(_message.Message):
     timings: Timings
     error: str
     schema_key: str
-    def __init__(self, request_id: _Optional[str] = ..., json: _Optional[str] = ..., object: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., schema_key: _Optional[str] = ...) -> None: ...
+    speculation: SpeculationReport
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., json: _Optional[str] = ..., object: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., schema_key: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ExtractResponse(_message.Message):
     __slots__ = ("result",)
@@ -277,7 +320,7 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
-    __slots__ = ("request_id", "tool_calls", "text", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "raw_output")
+    __slots__ = ("request_id", "tool_calls", "text", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "raw_output", "speculation", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +331,8 @@ class CallToolResponse(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RAW_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     text: str
@@ -298,10 +343,12 @@ class CallToolResponse(_message.Message):
     timings: Timings
     error: str
     raw_output: str
-    def __init__(self, request_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., raw_output: _Optional[str] = ...) -> None: ...
+    speculation: SpeculationReport
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., raw_output: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class SchemaVersion(_message.Message):
-    __slots__ = ("schema_id", "version", "schema_json", "sha256", "description", "created_at", "source")
+    __slots__ = ("schema_id", "version", "schema_json", "sha256", "description", "created_at", "source", "speculation")
     SCHEMA_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +356,7 @@ class SchemaVersion(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     schema_id: str
     version: int
     schema_json: str
@@ -316,7 +364,8 @@ class SchemaVersion(_message.Message):
     description: str
     created_at: _timestamp_pb2.Timestamp
     source: str
-    def __init__(self, schema_id: _Optional[str] = ..., version: _Optional[int] = ..., schema_json: _Optional[str] = ..., sha256: _Optional[str] = ..., description: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ...) -> None: ...
+    speculation: SchemaSpeculation
+    def __init__(self, schema_id: _Optional[str] = ..., version: _Optional[int] = ..., schema_json: _Optional[str] = ..., sha256: _Optional[str] = ..., description: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., speculation: _Optional[_Union[SchemaSpeculation, str]] = ...) -> None: ...
 
 class RegisterSchemaRequest(_message.Message):
     __slots__ = ("schema_id", "schema_json", "description")
@@ -380,47 +429,126 @@ class DeleteSchemaResponse(_message.Message):
     deleted_versions: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, deleted_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class SetSchemaSpeculationRequest(_message.Message):
+    __slots__ = ("schema_ref", "speculation")
+    SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    schema_ref: SchemaRef
+    speculation: SchemaSpeculation
+    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., speculation: _Optional[_Union[SchemaSpeculation, str]] = ...) -> None: ...
+
+class SetSchemaSpeculationResponse(_message.Message):
+    __slots__ = ("schema",)
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    schema: SchemaVersion
+    def __init__(self, schema: _Optional[_Union[SchemaVersion, _Mapping]] = ...) -> None: ...
+
 class ProposerStats(_message.Message):
-    __slots__ = ("proposer", "batch_bucket", "drafted", "accepted", "events", "acceptance_rate")
+    __slots__ = ("proposer", "batch_bucket", "drafted", "accepted", "events", "acceptance_rate", "probe_verifications", "reached", "accepted_at", "acceptance_by_position")
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    PROBE_VERIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    REACHED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
     proposer: str
     batch_bucket: int
     drafted: int
     accepted: int
     events: int
     acceptance_rate: float
-    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., events: _Optional[int] = ..., acceptance_rate: _Optional[float] = ...) -> None: ...
+    probe_verifications: int
+    reached: _containers.RepeatedScalarFieldContainer[int]
+    accepted_at: _containers.RepeatedScalarFieldContainer[int]
+    acceptance_by_position: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., events: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., probe_verifications: _Optional[int] = ..., reached: _Optional[_Iterable[int]] = ..., accepted_at: _Optional[_Iterable[int]] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class DecisionCount(_message.Message):
+    __slots__ = ("proposer", "reason", "requests")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    proposer: str
+    reason: str
+    requests: int
+    def __init__(self, proposer: _Optional[str] = ..., reason: _Optional[str] = ..., requests: _Optional[int] = ...) -> None: ...
+
+class HistogramBucket(_message.Message):
+    __slots__ = ("upper_bound", "count")
+    UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    upper_bound: float
+    count: int
+    def __init__(self, upper_bound: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class StatsWindow(_message.Message):
-    __slots__ = ("window_seconds", "proposers")
+    __slots__ = ("window_seconds", "proposers", "requests", "output_tokens", "target_passes", "forced_tokens", "finish_reasons", "output_tokens_p50", "output_tokens_p95", "latency_ms_p50", "latency_ms_p99", "latency_ms_mean", "passes_per_token", "decisions", "output_length", "latency_ms")
+    class FinishReasonsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PROPOSERS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
+    FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASONS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_P50_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_P95_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_P50_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    PASSES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     window_seconds: int
     proposers: _containers.RepeatedCompositeFieldContainer[ProposerStats]
-    def __init__(self, window_seconds: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStats, _Mapping]]] = ...) -> None: ...
+    requests: int
+    output_tokens: int
+    target_passes: int
+    forced_tokens: int
+    finish_reasons: _containers.ScalarMap[str, int]
+    output_tokens_p50: float
+    output_tokens_p95: float
+    latency_ms_p50: float
+    latency_ms_p99: float
+    latency_ms_mean: float
+    passes_per_token: float
+    decisions: _containers.RepeatedCompositeFieldContainer[DecisionCount]
+    output_length: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
+    latency_ms: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
+    def __init__(self, window_seconds: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStats, _Mapping]]] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., finish_reasons: _Optional[_Mapping[str, int]] = ..., output_tokens_p50: _Optional[float] = ..., output_tokens_p95: _Optional[float] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., latency_ms_mean: _Optional[float] = ..., passes_per_token: _Optional[float] = ..., decisions: _Optional[_Iterable[_Union[DecisionCount, _Mapping]]] = ..., output_length: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., latency_ms: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ...) -> None: ...
 
 class SchemaStats(_message.Message):
-    __slots__ = ("schema_key", "windows")
+    __slots__ = ("schema_key", "windows", "model")
     SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     schema_key: str
     windows: _containers.RepeatedCompositeFieldContainer[StatsWindow]
-    def __init__(self, schema_key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[StatsWindow, _Mapping]]] = ...) -> None: ...
+    model: str
+    def __init__(self, schema_key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[StatsWindow, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetSchemaStatsRequest(_message.Message):
-    __slots__ = ("schema_ref", "schema_key", "window_seconds")
+    __slots__ = ("schema_ref", "schema_key", "window_seconds", "model")
     SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     schema_ref: SchemaRef
     schema_key: str
     window_seconds: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., schema_key: _Optional[str] = ..., window_seconds: _Optional[_Iterable[int]] = ...) -> None: ...
+    model: str
+    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., schema_key: _Optional[str] = ..., window_seconds: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetSchemaStatsResponse(_message.Message):
     __slots__ = ("stats",)
@@ -429,10 +557,12 @@ class GetSchemaStatsResponse(_message.Message):
     def __init__(self, stats: _Optional[_Union[SchemaStats, _Mapping]] = ...) -> None: ...
 
 class ListSchemaStatsRequest(_message.Message):
-    __slots__ = ("window_seconds",)
+    __slots__ = ("window_seconds", "model")
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     window_seconds: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, window_seconds: _Optional[_Iterable[int]] = ...) -> None: ...
+    model: str
+    def __init__(self, window_seconds: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ListSchemaStatsResponse(_message.Message):
     __slots__ = ("stats",)

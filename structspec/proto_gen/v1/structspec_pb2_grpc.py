@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class StructSpecStub:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema and DeleteSchema need the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema and SetSchemaSpeculation need
+    the admin token.
     """
 
     def __init__(self, channel):
@@ -71,6 +72,11 @@ class StructSpecStub:
                 request_serializer=structspec_dot_v1_dot_structspec__pb2.DeleteSchemaRequest.SerializeToString,
                 response_deserializer=structspec_dot_v1_dot_structspec__pb2.DeleteSchemaResponse.FromString,
                 _registered_method=True)
+        self.SetSchemaSpeculation = channel.unary_unary(
+                '/structspec.v1.StructSpec/SetSchemaSpeculation',
+                request_serializer=structspec_dot_v1_dot_structspec__pb2.SetSchemaSpeculationRequest.SerializeToString,
+                response_deserializer=structspec_dot_v1_dot_structspec__pb2.SetSchemaSpeculationResponse.FromString,
+                _registered_method=True)
         self.GetSchemaStats = channel.unary_unary(
                 '/structspec.v1.StructSpec/GetSchemaStats',
                 request_serializer=structspec_dot_v1_dot_structspec__pb2.GetSchemaStatsRequest.SerializeToString,
@@ -85,7 +91,8 @@ class StructSpecStub:
 
 class StructSpecServicer:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema and DeleteSchema need the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema and SetSchemaSpeculation need
+    the admin token.
     """
 
     def Extract(self, request, context):
@@ -138,15 +145,24 @@ class StructSpecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSchemaSpeculation(self, request, context):
+        """Set the schema owner's override of the drafting policy on one version (auto, off or on).
+        NOT_FOUND if the version is unknown. Takes effect for requests admitted afterwards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSchemaStats(self, request, context):
-        """Speculation statistics (drafted/accepted tokens per proposer and batch bucket) of one schema.
+        """Statistics of one schema on one model: requests, output lengths, latency, drafting decisions
+        and drafted/accepted tokens per proposer and batch bucket.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSchemaStats(self, request, context):
-        """Speculation statistics of every schema that has any.
+        """Statistics of every (model, schema) that has any.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -190,6 +206,11 @@ def add_StructSpecServicer_to_server(servicer, server):
                     request_deserializer=structspec_dot_v1_dot_structspec__pb2.DeleteSchemaRequest.FromString,
                     response_serializer=structspec_dot_v1_dot_structspec__pb2.DeleteSchemaResponse.SerializeToString,
             ),
+            'SetSchemaSpeculation': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSchemaSpeculation,
+                    request_deserializer=structspec_dot_v1_dot_structspec__pb2.SetSchemaSpeculationRequest.FromString,
+                    response_serializer=structspec_dot_v1_dot_structspec__pb2.SetSchemaSpeculationResponse.SerializeToString,
+            ),
             'GetSchemaStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSchemaStats,
                     request_deserializer=structspec_dot_v1_dot_structspec__pb2.GetSchemaStatsRequest.FromString,
@@ -210,7 +231,8 @@ def add_StructSpecServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class StructSpec:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema and DeleteSchema need the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema and SetSchemaSpeculation need
+    the admin token.
     """
 
     @staticmethod
@@ -392,6 +414,33 @@ class StructSpec:
             '/structspec.v1.StructSpec/DeleteSchema',
             structspec_dot_v1_dot_structspec__pb2.DeleteSchemaRequest.SerializeToString,
             structspec_dot_v1_dot_structspec__pb2.DeleteSchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSchemaSpeculation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/structspec.v1.StructSpec/SetSchemaSpeculation',
+            structspec_dot_v1_dot_structspec__pb2.SetSchemaSpeculationRequest.SerializeToString,
+            structspec_dot_v1_dot_structspec__pb2.SetSchemaSpeculationResponse.FromString,
             options,
             channel_credentials,
             insecure,
