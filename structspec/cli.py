@@ -96,13 +96,14 @@ def bench_grammar(
 @bench_app.command("decode")
 def bench_decode(
     profile: str = typer.Option("demo", help="demo | gemma-3-270m"),
-    workload: str = typer.Option("extraction", help="extraction | toolcall | freetext | mixed"),
+    workload: str = typer.Option("extraction", help="extraction | toolcall | freetext | mixed (with a short-output "
+                                                    "schema) | shift (one schema's traffic changes, then back)"),
     concurrency: str = typer.Option("1", help="requests in flight; a comma list runs each (e.g. 1,16; HF baselines "
                                               "run only at 1)"),
     requests: int = typer.Option(20, help="measured requests per configuration (after 2 warm-up ones)"),
     max_tokens: int = typer.Option(256, help="output cap per request"),
-    configs: str = typer.Option(",".join(("off", "ff", "ff+ngram", "ff+ngram+history", "all", "hf_outlines",
-                                          "hf_generate", "hf_assisted")),
+    configs: str = typer.Option(",".join(("off", "ff", "ff+ngram", "ff+ngram+history", "all", "policy",
+                                          "hf_outlines", "hf_generate", "hf_assisted")),
                                 help="comma-separated configurations to run, on the same prompts"),
     few_shot: Optional[int] = typer.Option(None, help="worked examples per prompt (default: 0 demo, 1 gemma)"),
     device: str = typer.Option("cpu", help="cpu | cuda"),

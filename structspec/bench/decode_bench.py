@@ -6,6 +6,8 @@ Engine configurations (structspec's decode loop, grammar-constrained):
   ff+ngram           + prompt/output lookup drafts
   ff+ngram+history   + schema-history drafts
   all                + the draft model (profiles that have one)
+  policy             every proposer, as the drafting policy decides per schema and batch size from the
+                     statistics this run records (the server's default)
 Baselines (HF transformers ``generate``, batch 1):
   hf_outlines        constrained by outlines' logits processor
   hf_generate        unconstrained greedy
@@ -16,7 +18,11 @@ Per configuration: tokens/s (output tokens / wall time), request latency p50/p99
 time per output token, target forward passes per output token (counted where
 the model runs), validity, share finished by ``stop``, field accuracy against the
 ground truth, and acceptance per proposer (accepted / drafted; the mean accepted
-length per drafting step includes the bonus/recovered token).
+length per drafting step includes the bonus/recovered token). The same per schema
+(``by_schema``) and, on the ``shift`` workload, per phase (``by_phase``), with the
+drafting decisions by reason. On ``shift`` the policy's statistics run on a simulated
+clock (``SHIFT_MINUTES_PER_REQUEST`` a request), so its hourly windows turn over
+within the run.
 """
 
 from __future__ import annotations
@@ -32,14 +38,15 @@ from typing import Any, Callable
 
 import torch
 
-from structspec.bench.workloads import WorkItem, build_workload
+from structspec.bench.workloads import WorkItem, build_workload, shift_phases
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
 from structspec.engine.postcheck import check_json_text
 from structspec.prompts import encode_prompt
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
 from structspec.speculation.configs import SPECULATION_CONFIGS, ProposerSet, speculation_config
 
-ENGINE_CONFIGS = tuple(SPECULATION_CONFIGS)  # off, ff, ff+ngram, ff+ngram+history, all
+ENGINE_CONFIGS = tuple(SPECULATION_CONFIGS)  # off, ff, ff+ngram, ff+ngram+history, all, policy
+SHIFT_MINUTES_PER_REQUEST = 15.0
 BASELINES = ("hf_outlines", "hf_generate", "hf_assisted")
 
 
@@ -60,6 +67,10 @@ class Record:
     cached_prompt_tokens: int = 0
     text: str = ""  # the output (kept in the report with --save-outputs)
     token_ids: list[int] = field(default_factory=list)
+    schema: str = ""
+    phase: str = ""
+    reason: str = ""  # the drafting decision's reason (``structspec.stats.counters.Reason``)
+    reasons: dict[str, str] = field(default_factory=dict)  # proposer -> its own reason
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -67,6 +78,43 @@ def _pct(values: list[float], q: float) -> float:
         return 0.0
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def group_summary(records: list[Record]) -> dict[str, Any]:
+    """A subset of one run's requests (one schema, one phase): throughput from their own latencies."""
+    tokens = sum(r.output_tokens for r in records)
+    busy = sum(r.latency_s for r in records)
+    drafted: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    per_proposer: dict[str, dict[str, int]] = {}
+    for r in records:
+        for k, v in r.drafted.items():
+            drafted[k] = drafted.get(k, 0) + v
+        for k, v in r.accepted.items():
+            accepted[k] = accepted.get(k, 0) + v
+        reasons[r.reason or "-"] = reasons.get(r.reason or "-", 0) + 1
+        for proposer, why in r.reasons.items():
+            per_proposer.setdefault(proposer, {})
+            per_proposer[proposer][why] = per_proposer[proposer].get(why, 0) + 1
+    return {
+        "requests": len(records),
+        "output_tokens": tokens,
+        "tokens_per_s": tokens / busy if busy else 0.0,  # output tokens per second of their own latency
+        "latency_ms_p50": 1000 * _pct([r.latency_s for r in records], 0.5),
+        "forward_passes_per_token": sum(r.forward_passes for r in records) / max(1, tokens),
+        "acceptance": {k: accepted.get(k, 0) / v for k, v in drafted.items() if v},
+        "field_accuracy": sum(r.fields_right for r in records) / max(1, sum(r.fields_total for r in records)),
+        "decisions": reasons,
+        "proposer_decisions": per_proposer,
+    }
+
+
+def _grouped(records: list[Record], key: Callable[[Record], str]) -> dict[str, Any]:
+    groups: dict[str, list[Record]] = {}
+    for r in records:
+        groups.setdefault(key(r), []).append(r)
+    return {name: group_summary(rs) for name, rs in groups.items()}
 
 
 def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) -> dict[str, Any]:
@@ -101,6 +149,8 @@ def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) 
         "mean_accepted_length": {k: (accepted.get(k, 0) + n) / n for k, n in steps.items() if n},
         "drafted": drafted,
         "accepted": accepted,
+        "by_schema": _grouped(records, lambda r: r.schema),
+        **({"by_phase": _grouped(records, lambda r: r.phase)} if any(r.phase for r in records) else {}),
         # every request's output, in workload order, so two runs compare token for token (``compare_outputs``)
         **({"outputs": [{"text": r.text, "token_ids": r.token_ids} for r in records]} if save_outputs else {}),
     }
@@ -123,13 +173,15 @@ Progress = Callable[[int, int, int], None]  # (requests done, requests in all, o
 
 
 async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_tokens: int, fast_forward: bool,
-                      speculate: bool, temperature: float = 0.0, progress: Progress | None = None
-                      ) -> tuple[list[Record], float]:
+                      speculate: bool, temperature: float = 0.0, progress: Progress | None = None,
+                      before_request: Callable[[], None] | None = None) -> tuple[list[Record], float]:
     sem = asyncio.Semaphore(concurrency)
     done = [0, 0]  # requests, output tokens
 
     async def one(i: int, item: WorkItem) -> Record:
         async with sem:
+            if before_request is not None:
+                before_request()
             t0 = time.perf_counter()
             req = _request(item, max_tokens, fast_forward, speculate, f"bench-{i}", temperature, seed=i)
             if item.kind == "toolcall":
@@ -147,7 +199,9 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
             return Record(time.perf_counter() - t0, u.output_tokens, u.target_forward_passes,
                           res.finish_reason is FinishReason.STOP, res.outcome is Outcome.VALID, right, total,
                           u.forced_tokens, dict(u.drafted), dict(u.accepted), dict(u.draft_steps), u.prompt_tokens,
-                          u.cached_prompt_tokens, res.text, list(res.token_ids))
+                          u.cached_prompt_tokens, res.text, list(res.token_ids), item.schema_name, item.phase,
+                          res.speculation.reason if res.speculation is not None else "",
+                          dict(res.speculation.reasons) if res.speculation is not None else {})
 
     t0 = time.perf_counter()
     records = await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
@@ -259,6 +313,8 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     shots = few_shot if few_shot is not None else get_profile(profile).few_shot
     pool = build_workload(workload, requests + 24, few_shot=shots)
     items, spare = pool[:requests], pool[requests:]
+    if workload == "shift":
+        items = shift_phases(items)
     # Warm-up: one request per schema in the workload, so every configuration (and the outlines baseline)
     # has compiled its grammars before the clock starts.
     names = {i.schema_name for i in items}
@@ -319,19 +375,32 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
             progress(0, len(items), 0)  # the measured run starts
         records, wall = run_in_worker(_run_hf, models, items, max_tokens, name, progress)
         return summarize(records, wall, save_outputs)
+    from structspec.assembly import engine_model_key
+    from structspec.engine.config import PolicyConfig
+    from structspec.stats.book import StatsBook
+
     spec = speculation_config(name)
     proposers = spec.proposers
     if proposers is not None and proposers.draft and models.draft is None:
         proposers = ProposerSet(proposers.ngram, proposers.history, draft=False)
+    recorder, tick = None, None
+    if spec.adaptive:  # the policy reads what this run records (from nothing: it starts cold, like a new server)
+        clock = [time.time()]
+        simulated = any(i.phase for i in items)
+        book = StatsBook(clock=(lambda: clock[0]) if simulated else time.time)
+        recorder = book.recorder(engine_model_key(models))
+        if simulated:
+            tick = lambda: clock.__setitem__(0, clock[0] + 60 * SHIFT_MINUTES_PER_REQUEST)  # noqa: E731
     engine = run_in_worker(assemble_engine, models, limits=SchedulerLimits(max_batch=max(16, concurrency)),
-                           proposers=proposers, compiler=compiler)
+                           proposers=proposers, compiler=compiler, stats=recorder,
+                           policy=PolicyConfig() if spec.adaptive else None, seed=0)
     engine.start()
     try:
         asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, proposers is not None, temperature))
         if progress is not None:
             progress(0, len(items), 0)  # the measured run starts
         records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, spec.fast_forward,
-                                                proposers is not None, temperature, progress))
+                                                proposers is not None, temperature, progress, tick))
     finally:
         engine.stop()
     return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations
@@ -404,8 +473,44 @@ def format_table(report: dict[str, Any]) -> str:
                   f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}",
                   f"{r['same_as_off']:.2f}" if "same_as_off" in r else "-", acc)
     buf = StringIO()
-    Console(file=buf, width=220).print(t)
+    console = Console(file=buf, width=220)
+    console.print(t)
+    for key, title in (("by_schema", "schema"), ("by_phase", "phase")):
+        table = _group_table(report, key, title)
+        if table is not None:
+            console.print(table)
     return buf.getvalue()
+
+
+def _group_table(report: dict[str, Any], key: str, title: str):
+    """Per schema (or phase) and configuration: throughput against ``off`` on the same requests, and why it drafted."""
+    from rich.table import Table
+
+    rows = [r for r in report["runs"] if key in r]
+    if not rows:
+        return None
+    t = Table(title=f"per {title} (tok/s: output tokens per second of the requests' own latency)")
+    for col in (title, "config", "conc", "requests", "tok/s", "x off", "p50 ms", "passes/tok", "fields", "acceptance",
+                "decisions"):
+        t.add_column(col)
+    groups = list(dict.fromkeys(g for r in rows for g in r[key]))  # in the order the requests came
+    for g in groups:
+        for r in rows:
+            stats = r[key].get(g)
+            if stats is None:
+                continue
+            off = next((o[key].get(g) for o in rows if o["config"] == "off" and o["concurrency"] == r["concurrency"]),
+                       None)
+            ratio = f"{stats['tokens_per_s'] / off['tokens_per_s']:.2f}" if off and off["tokens_per_s"] else "-"
+            acc = ", ".join(f"{k} {v:.2f}" for k, v in stats["acceptance"].items()) or "-"
+            why = ", ".join(f"{k} {v}" for k, v in sorted(stats["decisions"].items())) or "-"
+            if r["config"] == "policy":
+                why += "".join(f"; {p}: " + ", ".join(f"{k} {v}" for k, v in sorted(d.items()))
+                               for p, d in sorted(stats.get("proposer_decisions", {}).items()))
+            t.add_row(g or "-", r["config"], str(r["concurrency"]), str(stats["requests"]),
+                      f"{stats['tokens_per_s']:.1f}", ratio, f"{stats['latency_ms_p50']:.0f}",
+                      f"{stats['forward_passes_per_token']:.2f}", f"{stats['field_accuracy']:.2f}", acc, why)
+    return t
 
 
 def to_json(report: dict[str, Any]) -> str:

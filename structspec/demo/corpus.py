@@ -420,6 +420,15 @@ def make_toolcall(r: random.Random, tools: list[ToolSpec]) -> Example:
                    source=msg, tool_names=tuple(t.name for t in shown))
 
 
+def triage_from_ticket(ticket: Example, r: random.Random) -> Example:
+    """A ``ticket_triage`` example (a short output: the queue and a confidence) from a support-ticket one.
+
+    Not part of the training corpus: the triage schema came after the demo pair was trained, and
+    the corpus must stay what trained it. The confidence is no ground truth (it is not scored)."""
+    value = {"label": ticket.value["category"], "confidence": round(r.uniform(0.7, 0.99), 2)}
+    return Example("extract", "ticket_triage", "", compact_json(value), value, ("confidence",), source=ticket.source)
+
+
 def generate(seed: int, n: int, toolcall_share: float = 0.2) -> list[Example]:
     """``n`` examples from one seed; the same seed gives the same list."""
     r = random.Random(seed)

@@ -10,9 +10,10 @@ The examples come from the synthetic corpus with a fixed seed different from the
 from __future__ import annotations
 
 import json
+import random
 import sys
 
-from structspec.demo.corpus import generate
+from structspec.demo.corpus import generate, triage_from_ticket
 from structspec.schemas import BUILTIN_EXAMPLES_FILE, load_builtin_schemas, load_builtin_tools
 
 EXAMPLES_SEED = 7331  # not BENCH_SEED
@@ -23,7 +24,11 @@ def build() -> dict:
     schemas = load_builtin_schemas()
     per_schema: dict[str, list[dict[str, str]]] = {name: [] for name in schemas}
     per_tool: dict[str, list[dict[str, str]]] = {t["function"]["name"]: [] for t in load_builtin_tools()}
+    r = random.Random(EXAMPLES_SEED)
     for ex in generate(EXAMPLES_SEED, 400, toolcall_share=0.5):
+        if ex.schema_name == "support_ticket" and len(per_schema.get("ticket_triage", [None] * PER_SCHEMA)) < PER_SCHEMA:
+            triage = triage_from_ticket(ex, r)
+            per_schema["ticket_triage"].append({"text": triage.source, "output": triage.output})
         bucket = per_tool.get(ex.value["name"]) if ex.task == "toolcall" else per_schema.get(ex.schema_name)
         if bucket is not None and len(bucket) < PER_SCHEMA:
             bucket.append({"text": ex.source, "output": ex.output})
