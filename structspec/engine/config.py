@@ -26,13 +26,16 @@ class SchedulerLimits:
 class PolicyConfig:
     """The drafting policy's thresholds (``structspec.speculation.policy``)."""
 
-    acceptance_threshold: float = 0.55  # a proposer under this acceptance (at the batch bucket) is off
+    acceptance_threshold: float = 0.55  # a proposer under this acceptance (at the batch bucket) is off ...
+    acceptance_guard: str = "unmeasured"  # ... always, or unless measured step costs show its drafts paying
     min_evidence_tokens: int = 500  # drafted tokens of evidence before the guard or the cost model switch anything off
     evidence_window_tokens: int = 1000  # acceptance is measured over the schema's most recent drafted tokens
+    evidence_max_age_hours: float = 6.0  # older drafting evidence is not read (a long-off proposer turns cold again)
     half_life_hours: float = 3.0  # output lengths and step costs an hour old weigh 2^(-1/3)
     min_predicted_length: int = 20  # predicted output tokens under this: fast-forward only
     min_length_evidence: int = 8  # finished requests before their p50 replaces the schema's own estimate
     draft_model_max_batch: int = 32  # no draft-model drafting with more sequences running
+    min_arm_requests: int = 8  # complete requests with and without the draft model before the faster one is kept
     probe_rate: float = 0.02  # share of requests that still draft with switched-off proposers
     gain_margin: float = 0.05  # a draft length must beat plain decoding's time per token by this share
     max_draft: int = 8  # the longest draft (the scheduler's KV headroom)
@@ -41,13 +44,16 @@ class PolicyConfig:
         """What is wrong with the values, each naming its field (empty when valid)."""
         checks = [
             (0.0 <= self.acceptance_threshold <= 1.0, "acceptance_threshold", "must be in [0, 1]"),
+            (self.acceptance_guard in ("always", "unmeasured"), "acceptance_guard", "must be always or unmeasured"),
             (self.min_evidence_tokens >= 1, "min_evidence_tokens", "must be >= 1"),
             (self.evidence_window_tokens >= self.min_evidence_tokens, "evidence_window_tokens",
              "must be >= min_evidence_tokens"),
             (self.half_life_hours > 0 and math.isfinite(self.half_life_hours), "half_life_hours", "must be > 0"),
+            (self.evidence_max_age_hours >= 1, "evidence_max_age_hours", "must be >= 1"),
             (self.min_predicted_length >= 0, "min_predicted_length", "must be >= 0"),
             (self.min_length_evidence >= 1, "min_length_evidence", "must be >= 1"),
             (self.draft_model_max_batch >= 0, "draft_model_max_batch", "must be >= 0"),
+            (self.min_arm_requests >= 1, "min_arm_requests", "must be >= 1"),
             (0.0 <= self.probe_rate <= 1.0, "probe_rate", "must be in [0, 1]"),
             (0.0 <= self.gain_margin < 1.0, "gain_margin", "must be in [0, 1)"),
             (self.max_draft >= 1, "max_draft", "must be >= 1"),

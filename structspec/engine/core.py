@@ -361,8 +361,11 @@ class EngineCore:
         if self.speculator is not None:
             self.speculator.on_finish(seq)
         if self.stats is not None:
+            decision = seq.decision
             self.stats.record_request(seq.schema_key, len(seq.output), seq.usage.target_forward_passes,
-                                      seq.usage.forced_tokens, reason.value, seq.timings.total_ms)
+                                      seq.usage.forced_tokens, reason.value, seq.timings.total_ms,
+                                      decision.arm if decision is not None else "", seq.timings.decode_ms,
+                                      seq.decision_bucket)
         seq.on_event("done", None)
 
 

@@ -50,7 +50,9 @@ class Engine:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start (or restart, after ``stop``) the engine thread; the engine's state is kept across."""
         if self._thread is None:
+            self._stopping = False
             self._thread = threading.Thread(target=self._loop, name="structspec-engine", daemon=True)
             self._thread.start()
 

@@ -48,6 +48,7 @@ class SpeculationReport:
     probe: bool = False  # a recovery probe: drafted with proposers the policy had switched off
     max_draft: dict[str, int] = field(default_factory=dict)  # proposer -> draft-length cap (the ones allowed)
     reasons: dict[str, str] = field(default_factory=dict)  # proposer -> its own reason
+    arm: str = ""  # with or without the draft model, where the policy compares the two ("": no comparison)
 
 
 class EngineError(Exception):

@@ -13,14 +13,25 @@ decision with its reason. In order:
 3. per proposer: the draft model is off past ``draft_model_max_batch`` running sequences;
    with under ``min_evidence_tokens`` drafted tokens of evidence it drafts (cold: measuring);
    under ``acceptance_threshold`` over the schema's most recent ``evidence_window_tokens``
-   drafted tokens at this batch bucket it is off whatever the costs say (the guard); otherwise the
+   drafted tokens at this batch bucket it is off (the guard): with ``acceptance_guard``
+   ``always`` whatever the costs say, with ``unmeasured`` (the default) unless the step costs
+   at this bucket are measured and the cost model finds a draft length that pays (on a CPU
+   where a verification costs barely more than a decode step, copy lookup at acceptance
+   0.4 still pays, and the benchmark confirms it); otherwise the
    cost model picks the draft length k minimising the time per committed token,
        (T(b, k) + D(k)) / (1 + E[accepted | k]),   E[accepted | k] = sum_{i<=k} prod_{j<=i} c_j
    (T: the measured target step with a k-token draft at batch bucket b; D: the proposer's
    own drafting time; c_j: the schema's acceptance at draft position j given position j was
    examined), and switches the proposer off when no k beats plain decoding, T(b, 0), by
    ``gain_margin``;
-4. recovery probes: a request whose proposers are switched off for acceptance or cost still
+4. the draft model, end to end: a draft model that beats plain decoding may still lose to the
+   cheap proposers that would draft in its place (its own forward is not free), and no
+   per-step model sees that. So the policy keeps, per schema, the measured decode time per
+   output token of requests decoded with it and without it (the two arms): while either
+   has under ``min_arm_requests`` it alternates them (cold), then keeps the faster, leaving
+   the draft model out of a ``probe_rate`` share of requests when it is on (explore) so the
+   other arm stays measured. A re-decision inside a request keeps the request's arm;
+5. recovery probes: a request whose proposers are switched off for acceptance or cost still
    drafts with them with probability ``probe_rate``, and always when the schema has had no
    probe this hour, so acceptance is re-measured and speculation comes back when the
    traffic changes.
@@ -34,7 +45,7 @@ from typing import Any, Mapping
 
 from structspec.engine.config import PolicyConfig
 from structspec.engine.types import SchemaSpeculation, SpeculationReport
-from structspec.stats.counters import Reason
+from structspec.stats.counters import Arm, Reason
 from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence
 
 DRAFT_MODEL = "draft"  # DraftModelProposer.name
@@ -49,6 +60,7 @@ class PolicyRequest:
     drafting_asked: bool  # False: the request said OFF
     schema_override: SchemaSpeculation = SchemaSpeculation.AUTO
     probed_this_hour: frozenset[str] = field(default_factory=frozenset)  # proposers probed for the schema this hour
+    arm: str = ""  # a re-decision: the arm the request was decoded in so far (kept)
 
 
 def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest, batch_size: int,
@@ -77,7 +89,11 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
         if ev is None or ev.drafted < config.min_evidence_tokens:
             caps[p], reasons[p] = config.max_draft, Reason.COLD
         elif ev.acceptance < config.acceptance_threshold:
-            reasons[p] = Reason.LOW_ACCEPTANCE
+            k = guarded_draft_length(ev, costs, p, batch_size, config)
+            if k == 0:
+                reasons[p] = Reason.LOW_ACCEPTANCE
+            else:
+                caps[p], reasons[p] = k, Reason.DRAFTED
         else:
             k = best_draft_length(ev, costs, p, batch_size, config)
             if k == 0:
@@ -85,23 +101,52 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
 
+    compared = DRAFT_MODEL in caps
+    if compared:
+        arm, why = choose_arm(evidence, request, batch_size, rng, config)
+        if arm == Arm.NO_DRAFT:
+            del caps[DRAFT_MODEL]
+            reasons[DRAFT_MODEL] = why
     switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN)]
-    if switched_off and (rng.random() < config.probe_rate
-                         or any(p not in request.probed_this_hour for p in switched_off)):
+    if switched_off and not request.arm and (rng.random() < config.probe_rate
+                                             or any(p not in request.probed_this_hour for p in switched_off)):
         for p in switched_off:
             caps[p], reasons[p] = config.max_draft, Reason.PROBE
-        return SpeculationReport(True, Reason.PROBE, True, caps, reasons)
+        return SpeculationReport(True, Reason.PROBE, True, caps, reasons, _arm(caps, compared or DRAFT_MODEL in caps))
+    arm = _arm(caps, compared)
     if caps:
         cold = all(reasons[p] == Reason.COLD for p in caps)
-        return SpeculationReport(True, Reason.COLD if cold else Reason.DRAFTED, False, caps, reasons)
-    return SpeculationReport(False, _dominant(reasons), False, {}, reasons)
+        return SpeculationReport(True, Reason.COLD if cold else Reason.DRAFTED, False, caps, reasons, arm)
+    return SpeculationReport(False, _dominant(reasons), False, {}, reasons, arm)
+
+
+def _arm(caps: Mapping[str, int], compared: bool) -> str:
+    if not compared:
+        return ""
+    return Arm.DRAFT if DRAFT_MODEL in caps else Arm.NO_DRAFT
+
+
+def choose_arm(evidence: SchemaEvidence, request: PolicyRequest, batch_size: int, rng: random.Random,
+               config: PolicyConfig) -> tuple[str, str]:
+    """With or without the draft model (which the guard and the cost model allow), and the draft model's reason."""
+    if request.arm:
+        return request.arm, Reason.DRAFTED if request.arm == Arm.DRAFT else Reason.EXPLORE
+    with_draft = evidence.arm_at(Arm.DRAFT, batch_size, config.min_arm_requests)
+    without = evidence.arm_at(Arm.NO_DRAFT, batch_size, config.min_arm_requests)
+    if min(with_draft.requests, without.requests) < config.min_arm_requests:  # measuring both, in turn
+        return (Arm.NO_DRAFT if without.requests < with_draft.requests else Arm.DRAFT), Reason.COLD
+    if with_draft.ms_per_token < without.ms_per_token:
+        if rng.random() < config.probe_rate:
+            return Arm.NO_DRAFT, Reason.EXPLORE
+        return Arm.DRAFT, Reason.DRAFTED
+    return Arm.NO_DRAFT, Reason.NO_GAIN
 
 
 def _none(proposers: tuple[str, ...], reason: str) -> SpeculationReport:
     return SpeculationReport(False, reason, False, {}, {p: reason for p in proposers})
 
 
-_PRIORITY = (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.BATCH_SIZE)
+_PRIORITY = (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.BATCH_SIZE, Reason.EXPLORE, Reason.COLD)
 
 
 def _dominant(reasons: Mapping[str, str]) -> str:
@@ -115,6 +160,15 @@ def predicted_length(evidence: SchemaEvidence, schema: Mapping[str, Any] | None,
     if evidence.finished >= config.min_length_evidence and evidence.output_p50 is not None:
         return evidence.output_p50
     return estimate_output_tokens(schema)
+
+
+def guarded_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
+                         config: PolicyConfig) -> int:
+    """The draft length of a proposer under the acceptance threshold: 0 (off) with the guard ``always``; with
+    ``unmeasured``, the cost model's choice where the step costs at this batch bucket are measured (off where not)."""
+    if config.acceptance_guard == "always" or costs.step_seconds(batch_size, 0) is None:
+        return 0
+    return best_draft_length(ev, costs, proposer, batch_size, config)
 
 
 def best_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,

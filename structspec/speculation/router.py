@@ -75,7 +75,8 @@ class Router:
         hour = hour_of(now)
         probed = self._probed.get(seq.schema_key, {})
         request = PolicyRequest(seq.schema_key, seq.schema, seq.speculate, seq.schema_speculation,
-                                frozenset(p for p, h in probed.items() if h == hour))
+                                frozenset(p for p, h in probed.items() if h == hour),
+                                seq.decision.arm if seq.decision is not None else "")
         evidence, costs = self._read(seq.schema_key, now)
         report = decide(evidence, costs, request, batch_size, self.rng, self.policy, self.names)
         if report.probe:
@@ -91,7 +92,7 @@ class Router:
         cached = self._evidence.get(schema_key)
         if cached is None or now - cached[0] > EVIDENCE_TTL_SECONDS or now < cached[0]:
             cached = (now, schema_evidence(book.rows_for(model, schema_key, since), hour_of(now), half_life,
-                                           self.policy.evidence_window_tokens))
+                                           self.policy.evidence_window_tokens, self.policy.evidence_max_age_hours))
             self._evidence[schema_key] = cached
             if len(self._evidence) > 4096:  # a bound, not an LRU: the next reads rebuild what they need
                 self._evidence.clear()

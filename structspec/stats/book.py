@@ -130,8 +130,9 @@ class Recorder:
         return CounterKey(self.model, schema_key, hour_of(self.book.clock()), series, proposer, bucket, label)
 
     def record_request(self, schema_key: str, output_tokens: int, target_passes: int, forced_tokens: int, finish: str,
-                       latency_ms: float) -> None:
-        """One request ended (``finish``: stop | length | cancelled | error)."""
+                       latency_ms: float, arm: str = "", decode_ms: float = 0.0, batch_size: int = 1) -> None:
+        """One request ended (``finish``: stop | length | cancelled | error). ``arm`` (``Arm``), when the policy chose
+        one, with the decode time and the batch size at the decision: the end-to-end comparison of the arms."""
         k = self._key
         rows = [
             (k(schema_key, Series.REQUESTS), 1.0),
@@ -142,8 +143,13 @@ class Recorder:
             (k(schema_key, Series.LATENCY_MS, label=histogram_label(latency_ms, LATENCY_BOUNDS_MS)), 1.0),
             (k(schema_key, Series.LATENCY_MS_SUM), float(latency_ms)),
         ]
-        if finish == "stop":  # a truncated or cancelled length says nothing about the schema's outputs
+        if finish in ("stop", "length"):  # a truncated output is a long one; a cancelled one says nothing
             rows.append((k(schema_key, Series.OUTPUT_LENGTH, label=histogram_label(output_tokens, LENGTH_BOUNDS)), 1.0))
+            if arm and output_tokens > 0:
+                b = batch_bucket(batch_size)
+                rows += [(k(schema_key, Series.ARM_REQUESTS, "", b, arm), 1.0),
+                         (k(schema_key, Series.ARM_DECODE_MS, "", b, arm), float(decode_ms)),
+                         (k(schema_key, Series.ARM_TOKENS, "", b, arm), float(output_tokens))]
         self.book.add(rows)
 
     def record_decision(self, schema_key: str, reason: str, reasons: Mapping[str, str]) -> None:

@@ -58,6 +58,10 @@ class Series:
     LATENCY_MS = "latency_ms"  # label: histogram upper bound (LATENCY_BOUNDS_MS)
     LATENCY_MS_SUM = "latency_ms_sum"
     DECISION = "decision"  # label: a Reason; proposer "" for the request, else that proposer's own reason
+    # per batch bucket (at the decision), label: the arm (with or without the draft model), complete requests only
+    ARM_REQUESTS = "arm_requests"
+    ARM_DECODE_MS = "arm_decode_ms"
+    ARM_TOKENS = "arm_tokens"
     # per (proposer, batch bucket), recorded after each verification that carried a draft
     VERIFICATIONS = "verifications"
     DRAFTED = "drafted"
@@ -71,6 +75,13 @@ class Series:
     # the model's (schema_key ""), per batch bucket: target step times by the longest draft in the step (label)
     STEPS = "steps"
     STEP_SECONDS = "step_seconds"
+
+
+class Arm:
+    """The end-to-end comparison the policy keeps per schema: requests decoded with the draft model or without."""
+
+    DRAFT = "draft"
+    NO_DRAFT = "no_draft"
 
 
 class Reason:
@@ -87,6 +98,7 @@ class Reason:
     NO_GAIN = "no_gain"  # the cost model finds no draft length beating plain decoding
     BATCH_SIZE = "batch_size"  # the running batch is past the proposer's limit
     PROBE = "probe"  # a recovery probe: drafting with proposers the policy had switched off
+    EXPLORE = "explore"  # the draft model left out of a request to keep measuring the schema without it
     POLICY_ERROR = "policy_error"  # the policy raised (a bug, logged): no drafting for the request
 
 

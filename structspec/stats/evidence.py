@@ -1,8 +1,8 @@
 """What the drafting policy reads: a schema's recent acceptance and the model's step costs.
 
 Acceptance is measured over the most recent ``window_tokens`` drafted tokens (whole hours,
-newest first, the oldest one scaled to fit): a change of traffic shows as soon as that much
-new evidence exists, however much old evidence there is. Output lengths and step costs of
+newest first, the oldest one scaled to fit) of the last ``max_age_hours``: a change of
+traffic shows as soon as that much new evidence exists, however much old evidence there is. Output lengths and step costs of
 an hour ``age`` hours old weigh ``2^(-age / half_life)``. Cost: one pass over the counters
 of one (model, schema) and of the model's own series.
 """
@@ -47,11 +47,33 @@ class ProposerEvidence:
 
 
 @dataclass(frozen=True)
+class ArmEvidence:
+    """Weighted complete requests decoded in one arm (with or without the draft model)."""
+
+    requests: float = 0.0
+    decode_ms: float = 0.0
+    tokens: float = 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.decode_ms / self.tokens if self.tokens else 0.0
+
+
+@dataclass(frozen=True)
 class SchemaEvidence:
     by_bucket: dict[tuple[str, int], ProposerEvidence] = field(default_factory=dict)  # (proposer, bucket)
     pooled: dict[str, ProposerEvidence] = field(default_factory=dict)  # proposer, every bucket
     output_p50: float | None = None  # complete outputs, in tokens
     finished: float = 0.0  # weighted complete outputs behind output_p50
+    arms: dict[tuple[str, int], ArmEvidence] = field(default_factory=dict)  # (arm, bucket)
+    arms_pooled: dict[str, ArmEvidence] = field(default_factory=dict)
+
+    def arm_at(self, arm: str, batch_size: int, min_requests: float) -> ArmEvidence:
+        """The arm at ``batch_size``'s bucket; pooled over buckets where that bucket has too few requests."""
+        own = self.arms.get((arm, batch_bucket(batch_size)))
+        if own is not None and own.requests >= min_requests:
+            return own
+        return self.arms_pooled.get(arm, own or ArmEvidence())
 
     def at_bucket(self, proposer: str, batch_size: int, min_drafted: float) -> ProposerEvidence | None:
         """The proposer's evidence at the batch bucket of ``batch_size``; where that bucket has under
@@ -99,17 +121,24 @@ def _weight(hour: int, now_hour: int, half_life_hours: float) -> float:
 
 
 def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
-                    window_tokens: float = 1000.0) -> SchemaEvidence:
-    """From one (model, schema)'s counters."""
+                    window_tokens: float = 1000.0, max_age_hours: float = 6.0) -> SchemaEvidence:
+    """From one (model, schema)'s counters. Drafting evidence older than ``max_age_hours`` is not read: a proposer
+    switched off long ago with too few probes since is cold again (it drafts, and is measured afresh)."""
+    oldest = now_hour - max_age_hours * HOUR
     hourly: dict[tuple[str, int], dict[int, list]] = {}  # (proposer, bucket) -> hour -> counts
     lengths: dict[str, float] = {}
+    arms: dict[tuple[str, int], list[float]] = {}
     for key, value in counters.items():
         s = key.series
         if s == Series.OUTPUT_LENGTH:
             w = _weight(key.hour, now_hour, half_life_hours) * value
             lengths[key.label] = lengths.get(key.label, 0.0) + w
             continue
-        if s not in (Series.DRAFTED, Series.ACCEPTED, Series.REACHED, Series.ACCEPTED_AT):
+        if s in _ARM_SERIES:
+            row = arms.setdefault((key.label, key.batch_bucket), [0.0, 0.0, 0.0])
+            row[_ARM_SERIES[s]] += _weight(key.hour, now_hour, half_life_hours) * value
+            continue
+        if s not in (Series.DRAFTED, Series.ACCEPTED, Series.REACHED, Series.ACCEPTED_AT) or key.hour < oldest:
             continue
         row = hourly.setdefault((key.proposer, key.batch_bucket), {}).setdefault(key.hour, [0.0, 0.0, {}, {}])
         _add(row, s, key.label, value)
@@ -122,9 +151,18 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
             for src, dst in ((reached, row[2]), (acc_at, row[3])):
                 for pos, v in src.items():
                     dst[pos] = dst.get(pos, 0.0) + v
+    arms_pooled: dict[str, list[float]] = {}
+    for (arm, _), row in arms.items():
+        total = arms_pooled.setdefault(arm, [0.0, 0.0, 0.0])
+        for i in range(3):
+            total[i] += row[i]
     return SchemaEvidence({k: _recent(h, window_tokens) for k, h in hourly.items()},
                           {p: _recent(h, window_tokens) for p, h in pooled.items()},
-                          histogram_quantile(lengths, 0.5, LENGTH_BOUNDS), sum(lengths.values()))
+                          histogram_quantile(lengths, 0.5, LENGTH_BOUNDS), sum(lengths.values()),
+                          {k: ArmEvidence(*v) for k, v in arms.items()}, {a: ArmEvidence(*v) for a, v in arms_pooled.items()})
+
+
+_ARM_SERIES = {Series.ARM_REQUESTS: 0, Series.ARM_DECODE_MS: 1, Series.ARM_TOKENS: 2}
 
 
 def _add(row: list, series: str, label: str, value: float) -> None:

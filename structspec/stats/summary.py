@@ -46,7 +46,7 @@ class SchemaSummary:
     forced_tokens: int = 0
     latency_ms_sum: float = 0.0
     finish: dict[str, int] = field(default_factory=dict)  # stop | length | cancelled | error -> requests
-    output_length: dict[str, int] = field(default_factory=dict)  # histogram: upper bound label -> requests (stop)
+    output_length: dict[str, int] = field(default_factory=dict)  # histogram: upper bound label -> requests (stop or length)
     latency_ms: dict[str, int] = field(default_factory=dict)  # histogram: upper bound label -> requests
     decisions: dict[tuple[str, str], int] = field(default_factory=dict)  # (proposer or "", reason) -> requests
     proposers: tuple[ProposerSummary, ...] = ()

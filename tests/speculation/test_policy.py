@@ -98,13 +98,25 @@ def test_cold_proposers_draft_at_full_length_until_there_is_evidence():
     assert run(evidence(draft=thin), CPU).reasons["draft"] == Reason.COLD
 
 
-def test_the_guard_switches_a_low_acceptance_proposer_off_whatever_the_costs():
-    low = positional(0.5)  # acceptance (drafted tokens accepted) far under 0.55
+ALWAYS = PolicyConfig(acceptance_guard="always")
+
+
+def test_the_strict_guard_switches_a_low_acceptance_proposer_off_whatever_the_costs():
+    low = positional(0.5)  # under 0.55 per examined token
     assert low.acceptance < CFG.acceptance_threshold
-    report = run(evidence(draft=low, ngram=positional(0.95)), GPU)  # on a GPU drafting would still "pay"
+    report = run(evidence(draft=low, ngram=positional(0.95)), GPU, cfg=ALWAYS)  # on a GPU it would still "pay"
     assert report.reasons["draft"] == Reason.LOW_ACCEPTANCE and "draft" not in report.max_draft
     assert report.reasons["ngram"] == Reason.DRAFTED and report.max_draft["ngram"] == 8
     assert report.drafted and report.reason == Reason.DRAFTED
+
+
+def test_the_default_guard_yields_only_to_measured_costs_that_show_a_gain():
+    low = positional(0.4)
+    assert run(evidence(ngram=low), CostEvidence(), proposers=("ngram",)).reasons["ngram"] == Reason.LOW_ACCEPTANCE
+    cheap = run(evidence(ngram=low), GPU, proposers=("ngram",))  # verification nearly free: 0.4 still pays
+    assert cheap.reasons["ngram"] == Reason.DRAFTED and cheap.max_draft["ngram"] >= 1
+    costly = run(evidence(ngram=low), COSTLY, proposers=("ngram",))
+    assert costly.reasons["ngram"] == Reason.LOW_ACCEPTANCE
 
 
 def test_the_cost_model_adapts_the_draft_length_to_the_hardware():
@@ -145,16 +157,16 @@ def test_ngram_draft_length_shrinks_as_the_batch_grows_where_the_costs_say_so():
 
 def test_a_switched_off_proposer_is_probed_once_an_hour_at_least():
     ev = evidence(draft=positional(0.3))
-    first = run(ev, CPU, request(), proposers=("draft",))  # nothing probed this hour yet
+    first = run(ev, CPU, request(), proposers=("draft",), cfg=ALWAYS)  # nothing probed this hour yet
     assert first.probe and first.reason == Reason.PROBE and first.max_draft == {"draft": 8}
-    later = run(ev, CPU, request(probed_this_hour=frozenset({"draft"})), proposers=("draft",))
+    later = run(ev, CPU, request(probed_this_hour=frozenset({"draft"})), proposers=("draft",), cfg=ALWAYS)
     assert not later.probe and later.reason == Reason.LOW_ACCEPTANCE
 
 
 def probe_share(cfg: PolicyConfig, n: int = 4000) -> float:
     rng = random.Random(7)
     ev, req = evidence(draft=positional(0.3)), request(probed_this_hour=frozenset({"draft"}))
-    return sum(decide(ev, CPU, req, 1, rng, cfg, ("draft",)).probe for _ in range(n)) / n
+    return sum(decide(ev, COSTLY, req, 1, rng, cfg, ("draft",)).probe for _ in range(n)) / n
 
 
 def test_the_probe_rate_is_the_configured_share():
@@ -176,8 +188,10 @@ def test_probes_are_not_made_for_short_outputs_or_batch_limits():
 
 def test_config_problems_name_the_field():
     assert PolicyConfig().problems() == []
-    problems = PolicyConfig(acceptance_threshold=1.5, probe_rate=-0.1, evidence_window_tokens=10).problems()
-    assert [p.split(":")[0] for p in problems] == ["acceptance_threshold", "evidence_window_tokens", "probe_rate"]
+    problems = PolicyConfig(acceptance_threshold=1.5, probe_rate=-0.1, evidence_window_tokens=10,
+                            acceptance_guard="never").problems()
+    assert [p.split(":")[0] for p in problems] == ["acceptance_threshold", "acceptance_guard", "evidence_window_tokens",
+                                                   "probe_rate"]
 
 
 # -- evidence from counters ------------------------------------------------------------------
@@ -225,3 +239,52 @@ def test_step_costs_are_means_per_bucket_and_draft_length():
     assert costs.step_seconds(1, 0) == pytest.approx(0.02) and costs.step_seconds(4, 4) == pytest.approx(0.06)
     assert costs.step_seconds(1, 8) is None and costs.step_seconds(4, 2) is None  # not extrapolated
     assert costs.propose_seconds("draft", 2) == pytest.approx(0.002)
+
+
+# -- the draft model end to end: with it or without it -----------------------------------------
+
+
+def arms(with_draft: tuple[float, float], without: tuple[float, float]) -> SchemaEvidence:
+    """Evidence where the draft model passes the guard and the cost model, and the two arms measured
+    (requests, ms per token)."""
+    from structspec.stats.evidence import ArmEvidence
+
+    made = {a: ArmEvidence(n, ms * 100 * n, 100 * n) for a, (n, ms) in (("draft", with_draft), ("no_draft", without))}
+    return SchemaEvidence({}, {"draft": positional(0.9)}, 120.0, 50.0, {}, made)
+
+
+def test_the_arms_are_measured_in_turn_while_cold():
+    report = run(arms((0, 0), (0, 0)), proposers=("draft", "ngram"))
+    assert report.arm == "draft" and "draft" in report.max_draft
+    report = run(arms((3, 5.0), (1, 5.0)), proposers=("draft", "ngram"))
+    assert report.arm == "no_draft" and report.reasons["draft"] == Reason.COLD and "draft" not in report.max_draft
+    assert report.drafted and report.max_draft["ngram"] == 8  # the cheap proposers draft in its place
+
+
+def test_the_faster_arm_is_kept_and_the_other_explored_at_the_probe_rate():
+    faster_with = arms((20, 2.0), (20, 3.0))
+    kept = run(faster_with, proposers=("draft", "ngram"))
+    assert kept.arm == "draft" and kept.reasons["draft"] == Reason.DRAFTED
+    explored = run(faster_with, proposers=("draft", "ngram"), cfg=PolicyConfig(probe_rate=1.0))
+    assert explored.arm == "no_draft" and explored.reasons["draft"] == Reason.EXPLORE
+    slower_with = arms((20, 3.0), (20, 2.0))
+    off = run(slower_with, proposers=("draft", "ngram"))  # probed this hour already: off
+    assert off.arm == "no_draft" and off.reasons["draft"] == Reason.NO_GAIN and off.max_draft == {"ngram": 8}
+    probe = run(slower_with, proposers=("draft", "ngram"), probed=())
+    assert probe.probe and probe.arm == "draft" and probe.max_draft["draft"] == 8
+
+
+def test_a_re_decision_keeps_the_requests_arm():
+    slower_with = arms((20, 3.0), (20, 2.0))
+    kept = run(slower_with, req=request(probed_this_hour=frozenset(PROPOSERS), arm="draft"), proposers=("draft",))
+    assert kept.arm == "draft" and "draft" in kept.max_draft
+
+
+def test_stale_evidence_expires_so_a_long_switched_off_proposer_is_measured_afresh():
+    clock = [500 * HOUR]
+    book = StatsBook(clock=lambda: clock[0])
+    record(book, "m", "s", 200, 8, 0)  # a bad hour: off while it is recent
+    for hours_later, reason in ((1, Reason.LOW_ACCEPTANCE), (5, Reason.LOW_ACCEPTANCE), (7, Reason.COLD)):
+        now = 500 * HOUR + hours_later * HOUR
+        ev = schema_evidence(book.rows_for("m", "s"), now, 3.0, 1000, CFG.evidence_max_age_hours)
+        assert run(ev, proposers=("draft",), cfg=PolicyConfig(min_arm_requests=1)).reasons["draft"] == reason

@@ -22,6 +22,7 @@ class Seq:
     schema: dict | None = None
     speculate: bool = True
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO
+    decision: object = None
 
 
 class DraftStub:
@@ -95,3 +96,34 @@ def test_the_cost_model_switches_off_where_verification_is_too_costly_for_the_ac
     assert hours[-1].get(Reason.NO_GAIN, 0) >= 35
     cheap = {k: 0.04 * (1 + 0.01 * k) for k in range(9)}
     assert drafting(simulate([(6, 0.6)], PolicyConfig(), step_costs=cheap)[-1]) == 40
+
+
+def simulate_arms(ms_with: float, ms_without: float, requests: int = 400, seed: int = 3) -> list[str]:
+    """Each request decodes 100 tokens at the arm's speed; the arms the policy chose, in order."""
+    clock = [2000 * HOUR]
+    book = StatsBook(clock=lambda: clock[0])
+    rec = book.recorder("demo")
+    router = Router(None, ProposerSet(ngram=True, history=False, draft=True), 16, draft=DraftStub(), stats=rec,
+                    policy=PolicyConfig(), rng=random.Random(seed))
+    router.ngram = type("Ngram", (), {"name": "ngram"})()
+    router.names = ("draft", "ngram")
+    chosen = []
+    for _ in range(requests):
+        clock[0] += 30.0
+        report = router.decide(Seq(schema=LONG), 1)
+        chosen.append(report.arm)
+        ms = ms_with if report.arm == "draft" else ms_without
+        rec.record_request("invoice@1", 100, 40, 10, "stop", 100 * ms, report.arm, 100 * ms, 1)
+    return chosen
+
+
+def test_the_draft_model_is_kept_only_where_it_is_faster_end_to_end():
+    slower = simulate_arms(ms_with=3.0, ms_without=2.5)
+    assert slower[:16].count("draft") == 8  # cold: both arms measured, in turn
+    late = slower[100:]
+    assert late.count("no_draft") / len(late) > 0.9  # then without it, but for the probes
+    assert 0 < late.count("draft") <= 0.02 * len(late) + 300 * 30 / HOUR + 3  # 2% and one an hour, with slack
+    faster = simulate_arms(ms_with=2.0, ms_without=2.5)
+    late = faster[100:]
+    assert late.count("draft") / len(late) > 0.9
+    assert 0 < late.count("no_draft") < 0.06 * len(late)  # explored at the probe rate (2%), with slack

@@ -36,13 +36,14 @@ def test_requests_and_decisions_reach_the_summary():
     book = StatsBook(clock=lambda: 10 * HOUR)
     rec = book.recorder("m")
     rec.record_request("s", 40, 20, 5, "stop", 900.0)
-    rec.record_request("s", 64, 64, 0, "length", 3000.0)  # truncated: not an output length of the schema
+    rec.record_request("s", 64, 64, 0, "length", 3000.0)  # truncated: a long output all the same
+    rec.record_request("s", 3, 3, 0, "cancelled", 20.0)  # cancelled: says nothing about the schema's outputs
     rec.record_decision("s", "short_output", {"draft": "short_output"})
     (s,) = summarize(book.rows(), 3600)
-    assert (s.requests, s.output_tokens, s.target_passes, s.forced_tokens) == (2, 104, 84, 5)
-    assert s.finish == {"stop": 1, "length": 1} and sum(s.output_length.values()) == 1
+    assert (s.requests, s.output_tokens, s.target_passes, s.forced_tokens) == (3, 107, 87, 5)
+    assert s.finish == {"stop": 1, "length": 1, "cancelled": 1} and s.output_length == {"48": 1, "64": 1}
     assert s.decisions == {("", "short_output"): 1, ("draft", "short_output"): 1}
-    assert s.output_quantile(0.5) is not None and 32 < s.output_quantile(0.5) <= 48
+    assert s.output_quantile(0.5) == 48.0
 
 
 def test_flush_bookkeeping_loses_nothing_and_counts_nothing_twice():
