@@ -480,7 +480,7 @@ def schemas_stats(
     schema_id: Annotated[Optional[str], typer.Argument(help="schema id (default: every schema with statistics)")] = None,
     version: Annotated[Optional[int], typer.Option("--version", help="default: latest")] = None,
     key: Annotated[Optional[str], typer.Option("--key", help="a schema key such as invoice@2 or inline:...")] = None,
-    window: Annotated[list[int], typer.Option("--window", help="window in seconds (repeatable; default 300, 3600, 86400)")] = [],  # noqa: B006
+    window: Annotated[list[int], typer.Option("--window", help="window in seconds (repeatable; default 3600, 86400, 604800: 1 h, 24 h, 7 d)")] = [],  # noqa: B006
     model: Annotated[Optional[str], typer.Option("--model", help="statistics of this model (default: one schema: the "
                                                                  "server's model; every schema: every model)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,

@@ -53,18 +53,19 @@ _SCHEMA_SPECULATION = {pb.SCHEMA_SPECULATION_AUTO: "auto", pb.SCHEMA_SPECULATION
 
 @dataclass(frozen=True)
 class SpeculationReport:
-    """Whether a request drafted and why (reasons: drafted, cold, probe, request_off, schema_off, schema_on,
-    server_off, short_output, low_acceptance, no_gain, batch_size)."""
+    """Whether a request drafted and why (reasons: drafted, cold, probe, explore, request_off, schema_off,
+    schema_on, server_off, short_output, low_acceptance, no_gain, batch_size, policy_error)."""
 
     drafted: bool  # the policy let at least one proposer draft
     reason: str  # the request's reason
     probe: bool = False  # a recovery probe: drafted with proposers the policy had switched off
     max_draft: dict[str, int] = field(default_factory=dict)  # proposer -> longest draft it may make
     reasons: dict[str, str] = field(default_factory=dict)  # proposer -> its own reason
+    arm: str = ""  # "draft" / "no_draft" where the policy compares the two for the schema
 
     @classmethod
     def from_pb(cls, r: pb.SpeculationReport) -> "SpeculationReport":
-        return cls(r.drafted, r.reason, r.probe, dict(r.max_draft), dict(r.proposer_reasons))
+        return cls(r.drafted, r.reason, r.probe, dict(r.max_draft), dict(r.proposer_reasons), r.arm)
 
     @classmethod
     def of(cls, parent: pb.ExtractResult | pb.CallToolResponse) -> "SpeculationReport | None":

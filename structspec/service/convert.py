@@ -290,7 +290,7 @@ def struct_of(value: dict[str, Any]) -> struct_pb2.Struct:
 
 def speculation_report(r: SpeculationReport) -> pb.SpeculationReport:
     return pb.SpeculationReport(drafted=r.drafted, reason=r.reason, probe=r.probe, max_draft=dict(r.max_draft),
-                                proposer_reasons=dict(r.reasons))
+                                proposer_reasons=dict(r.reasons), arm=r.arm)
 
 
 def extract_result(result: GenerationResult, key: str, model: str = "") -> pb.ExtractResult:
@@ -365,7 +365,7 @@ def schema_version(rec: SchemaRecord, omit_content: bool = False) -> pb.SchemaVe
     )
 
 
-DEFAULT_WINDOWS = (300, 3600, 86400)
+DEFAULT_WINDOWS = (3600, 86400, 7 * 86400)  # 1 h, 24 h, 7 d: the counters are hourly
 MAX_WINDOWS = 8
 MAX_WINDOW_SECONDS = 90 * 86400
 

@@ -59,8 +59,9 @@ _LIMITS = SchedulerLimits()
 _POLICY = PolicyConfig()
 # settings field -> PolicyConfig field, where the names differ
 _POLICY_NAMES = {"acceptance_half_life_hours": "half_life_hours"}
-_POLICY_FIELDS = ("acceptance_threshold", "min_evidence_tokens", "evidence_window_tokens", "acceptance_half_life_hours",
-                  "min_predicted_length", "draft_model_max_batch", "probe_rate", "gain_margin")
+_POLICY_FIELDS = ("acceptance_threshold", "acceptance_guard", "min_evidence_tokens", "evidence_window_tokens", "evidence_max_age_hours",
+                  "acceptance_half_life_hours", "min_predicted_length", "min_length_evidence", "draft_model_max_batch",
+                  "min_arm_requests", "probe_rate", "gain_margin")
 
 
 @dataclass(frozen=True)
@@ -108,17 +109,27 @@ class ServiceSettings:
     acceptance_threshold: float = _opt(_POLICY.acceptance_threshold, "a proposer whose measured acceptance at the "
                                        "running batch size is under this stops drafting for the schema (probes "
                                        "re-measure it)")
+    acceptance_guard: str = _opt(_POLICY.acceptance_guard, "under acceptance_threshold a proposer is off: always "
+                                 "(whatever the cost model says), or unmeasured (unless the step costs measured at "
+                                 "the batch size show its drafts paying)", ("always", "unmeasured"))
     min_evidence_tokens: int = _opt(_POLICY.min_evidence_tokens, "drafted tokens of a schema's evidence (per proposer "
                                     "and batch size) before the policy switches anything off; until then it drafts "
                                     "to measure")
     evidence_window_tokens: int = _opt(_POLICY.evidence_window_tokens, "a proposer's acceptance for a schema is "
                                        "measured over the schema's most recent this many drafted tokens (a change of "
                                        "traffic shows as soon as that much new evidence exists)")
+    evidence_max_age_hours: float = _opt(_POLICY.evidence_max_age_hours, "drafting evidence older than this is not "
+                                         "read: a proposer switched off for that long with too few probes since "
+                                         "drafts again and is measured afresh")
     acceptance_half_life_hours: float = _opt(_POLICY.half_life_hours, "age at which a measured output length or step "
                                              "time weighs half in the policy's predictions")
     min_predicted_length: int = _opt(_POLICY.min_predicted_length, "a request whose predicted output (the median of "
                                      "the schema's recent outputs) is shorter than this many tokens does not draft "
                                      "(grammar fast-forward only)")
+    min_length_evidence: int = _opt(_POLICY.min_length_evidence, "complete outputs of a schema before their median "
+                                    "replaces the estimate made from the schema itself")
+    min_arm_requests: int = _opt(_POLICY.min_arm_requests, "complete requests of a schema decoded with and without "
+                                 "the draft model before the policy keeps the faster (until then it alternates)")
     draft_model_max_batch: int = _opt(_POLICY.draft_model_max_batch, "the draft model does not draft while more "
                                       "sequences than this are running (its own forward stops paying); the cheaper "
                                       "proposers may")

@@ -166,10 +166,11 @@ def test_schema_stats(served: ServerThread, client: Client) -> None:
     assert (rows[("ngram", 1)].events, rows[("ngram", 1)].probe_verifications) == (1, 1)
     assert (short.requests, short.output_tokens, short.target_passes, short.forced_tokens) == (2, 48, 33, 10)
     assert short.finish_reasons == {"stop": 1, "length": 1} and short.passes_per_token == pytest.approx(33 / 48)
-    assert 0 < short.output_tokens_p50 <= short.output_tokens_p95 <= 48  # the one "stop" request: 40 tokens, in (32, 48]
+    assert 0 < short.output_tokens_p50 <= short.output_tokens_p95 <= 48
     assert short.latency_ms_mean == pytest.approx(75) and 0 < short.latency_ms_p50 <= short.latency_ms_p99
     assert [b.upper_bound for b in short.output_length] == list(LENGTH_BOUNDS)  # every bucket, the last infinite
-    assert [(b.upper_bound, b.count) for b in short.output_length if b.count] == [(48, 1)]  # the "length" one is not a length
+    # the "stop" one (40 tokens) and the truncated one (8: a long output all the same, here cut at its max_tokens)
+    assert [(b.upper_bound, b.count) for b in short.output_length if b.count] == [(8, 1), (48, 1)]
     assert sum(b.count for b in short.latency_ms) == 2
     assert [(d.proposer, d.reason, d.requests) for d in short.decisions] == [
         ("", "drafted", 1), ("", "short_output", 1), ("draft_model", "drafted", 1), ("draft_model", "short_output", 1),
@@ -189,7 +190,7 @@ def test_schema_stats(served: ServerThread, client: Client) -> None:
         ("other", "contact@1"), ("other", "invoice@1")]
     assert client.list_schema_stats(model="nobody") == []
     empty = client.get_schema_stats("event")
-    assert empty.model == "fake" and list(empty.windows) == [300, 3600, 86400]
+    assert empty.model == "fake" and list(empty.windows) == [3600, 86400, 604800]
     assert all(not w.proposers and not w.requests and not w.output_length for w in empty.windows.values())
 
 

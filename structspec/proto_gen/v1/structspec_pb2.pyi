@@ -160,7 +160,7 @@ class Timings(_message.Message):
     def __init__(self, queued_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class SpeculationReport(_message.Message):
-    __slots__ = ("drafted", "reason", "probe", "max_draft", "proposer_reasons")
+    __slots__ = ("drafted", "reason", "probe", "max_draft", "proposer_reasons", "arm")
     class MaxDraftEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -180,12 +180,14 @@ class SpeculationReport(_message.Message):
     PROBE_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_REASONS_FIELD_NUMBER: _ClassVar[int]
+    ARM_FIELD_NUMBER: _ClassVar[int]
     drafted: bool
     reason: str
     probe: bool
     max_draft: _containers.ScalarMap[str, int]
     proposer_reasons: _containers.ScalarMap[str, str]
-    def __init__(self, drafted: _Optional[bool] = ..., reason: _Optional[str] = ..., probe: _Optional[bool] = ..., max_draft: _Optional[_Mapping[str, int]] = ..., proposer_reasons: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    arm: str
+    def __init__(self, drafted: _Optional[bool] = ..., reason: _Optional[str] = ..., probe: _Optional[bool] = ..., max_draft: _Optional[_Mapping[str, int]] = ..., proposer_reasons: _Optional[_Mapping[str, str]] = ..., arm: _Optional[str] = ...) -> None: ...
 
 class ExtractRequest(_message.Message):
     __slots__ = ("schema_ref", "json_schema", "text", "messages", "instruction", "sampling", "speculation", "disable_fast_forward", "request_id", "examples")
