@@ -113,6 +113,12 @@ def bench_decode(
                                                   "(compare two reports with `structspec bench compare`)"),
     temperature: float = typer.Option(0.0, help="0: greedy; above: the engine configurations sample (request i has "
                                                 "seed i; HF baselines stay greedy)"),
+    warmup_requests: int = typer.Option(0, help="unmeasured requests (other items of the workload) each engine "
+                                               "configuration serves first: the policy then starts from statistics"),
+    acceptance_threshold: float = typer.Option(0.55, help="the policy configuration's acceptance guard"),
+    interleave: bool = typer.Option(False, help="run the engine configurations side by side, request by request "
+                                               "(concurrency 1): per-schema comparisons the machine's drift does "
+                                               "not bias"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
@@ -121,7 +127,9 @@ def bench_decode(
     names = tuple(c.strip() for c in configs.split(",") if c.strip())
     with _request_progress() as progress:
         report = run_decode_bench(profile, workload, levels, requests, max_tokens, names, few_shot, device,
-                                  dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress)
+                                  dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress,
+                                  warmup_requests=warmup_requests, interleave=interleave,
+                                  policy={"acceptance_threshold": acceptance_threshold})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))

@@ -47,6 +47,7 @@ from structspec.speculation.configs import SPECULATION_CONFIGS, ProposerSet, spe
 
 ENGINE_CONFIGS = tuple(SPECULATION_CONFIGS)  # off, ff, ff+ngram, ff+ngram+history, all, policy
 SHIFT_MINUTES_PER_REQUEST = 15.0
+INTERLEAVE_BLOCK = 10  # requests each configuration serves before the next one takes its turn
 BASELINES = ("hf_outlines", "hf_generate", "hf_assisted")
 
 
@@ -292,7 +293,8 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                      max_tokens: int = 256, configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES,
                      few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
                      dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0,
-                     progress: Callable[[str, int, int, int, int], None] | None = None) -> dict[str, Any]:
+                     progress: Callable[[str, int, int, int, int], None] | None = None, warmup_requests: int = 0,
+                     policy: Any = None, interleave: bool = False) -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
@@ -301,17 +303,27 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     ``save_outputs``: each row also carries ``outputs`` (every request's text and token ids, in order).
     ``temperature`` > 0: engine configurations sample (request i has seed i; HF baselines stay greedy).
     ``progress(config, concurrency, done, total, output_tokens)`` is called as each measured request finishes.
+    ``warmup_requests``: every engine configuration first serves this many more requests (other items of the same
+    workload, unmeasured), so the policy starts from statistics and the schema history is as warm in every row.
+    ``policy``: the ``policy`` configuration's ``PolicyConfig``, or a dict of its fields that differ from the
+    server's defaults.
+    ``interleave``: the engine configurations run side by side, request by request (``run_interleaved``; at
+    concurrency 1 only), for per-schema comparisons that the machine's drift does not bias.
     """
     from structspec.models.loading import load_profile
     from structspec.models.profiles import get_profile
     from structspec.models.worker_thread import run_in_worker
 
+    from structspec.engine.config import PolicyConfig
+
     levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
+    if isinstance(policy, dict):
+        policy = PolicyConfig(**policy)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
     models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True)
     shots = few_shot if few_shot is not None else get_profile(profile).few_shot
-    pool = build_workload(workload, requests + 24, few_shot=shots)
+    pool = build_workload(workload, requests + 24 + warmup_requests, few_shot=shots)
     items, spare = pool[:requests], pool[requests:]
     if workload == "shift":
         items = shift_phases(items)
@@ -320,15 +332,26 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     names = {i.schema_name for i in items}
     warm = [next((s for s in spare if s.schema_name == n), None) or next(i for i in items if i.schema_name == n)
             for n in sorted(names)][: max(warmup, len(names))]
+    extra_warm = spare[len(spare) - warmup_requests:] if warmup_requests else []
     report: dict[str, Any] = {
         "profile": profile, "workload": workload, "concurrency": list(levels), "requests": requests,
         "max_tokens": max_tokens, "few_shot": shots, "save_outputs": save_outputs, "temperature": temperature,
+        "warmup_requests": warmup_requests, "policy": asdict(policy) if policy is not None else None,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
                     "dtype": dtype},
         "runs": [],
     }
     compiler = None
+    if interleave:
+        if levels != (1,) or any(c in BASELINES for c in configs):
+            raise ValueError("interleave runs engine configurations at concurrency 1 only")
+        results = run_interleaved(list(configs), models, items, warm, extra_warm, max_tokens, save_outputs,
+                                  temperature, policy, progress)
+        report["interleaved"] = True
+        report["runs"] = [{"profile": profile, "workload": workload, "config": name, "concurrency": 1, **result}
+                          for name, result in results.items()]
+        levels = ()
     for level in levels:
         for name in configs:
             if name in BASELINES and level != 1:
@@ -337,7 +360,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
             try:
                 step = None if progress is None else (lambda d, n, t, c=name, lv=level: progress(c, lv, d, n, t))
                 result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs, temperature,
-                                     step)
+                                     step, extra_warm, policy)
                 compiler = result.pop("_compiler", compiler)
                 row.update(result)
             except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
@@ -364,9 +387,8 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
 
 
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False,
-                temperature=0.0, progress: Progress | None = None) -> dict[str, Any]:
-    from structspec.assembly import assemble_engine
-    from structspec.engine.config import SchedulerLimits
+                temperature=0.0, progress: Progress | None = None, extra_warm: list[WorkItem] = (),
+                policy: Any = None) -> dict[str, Any]:
     from structspec.models.worker_thread import run_in_worker
 
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
@@ -375,8 +397,24 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
             progress(0, len(items), 0)  # the measured run starts
         records, wall = run_in_worker(_run_hf, models, items, max_tokens, name, progress)
         return summarize(records, wall, save_outputs)
-    from structspec.assembly import engine_model_key
-    from structspec.engine.config import PolicyConfig
+    prepared = _start_engine(name, models, items, concurrency, compiler, policy)
+    engine, spec, speculate, tick = prepared
+    try:
+        _warm(prepared, warm, extra_warm, concurrency, max_tokens, temperature)
+        if progress is not None:
+            progress(0, len(items), 0)  # the measured run starts
+        records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, spec.fast_forward,
+                                                speculate, temperature, progress, tick))
+    finally:
+        engine.stop()
+    return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations
+
+
+def _start_engine(name, models, items, concurrency, compiler, policy):
+    """A started engine for configuration ``name``: (engine, its SpeculationConfig, drafting on, the clock's tick)."""
+    from structspec.assembly import assemble_engine, engine_model_key
+    from structspec.engine.config import PolicyConfig, SchedulerLimits
+    from structspec.models.worker_thread import run_in_worker
     from structspec.stats.book import StatsBook
 
     spec = speculation_config(name)
@@ -393,17 +431,53 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
             tick = lambda: clock.__setitem__(0, clock[0] + 60 * SHIFT_MINUTES_PER_REQUEST)  # noqa: E731
     engine = run_in_worker(assemble_engine, models, limits=SchedulerLimits(max_batch=max(16, concurrency)),
                            proposers=proposers, compiler=compiler, stats=recorder,
-                           policy=PolicyConfig() if spec.adaptive else None, seed=0)
+                           policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0)
     engine.start()
+    return engine, spec, proposers is not None, tick
+
+
+def _warm(prepared, warm, extra_warm, concurrency, max_tokens, temperature) -> None:
+    engine, spec, speculate, tick = prepared
+    asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, speculate, temperature))
+    if extra_warm:
+        asyncio.run(_run_engine(engine, list(extra_warm), concurrency, max_tokens, spec.fast_forward,
+                                speculate, temperature, None, tick))
+
+
+def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_outputs=False, temperature=0.0,
+                    policy: Any = None, progress: Callable[[str, int, int, int, int], None] | None = None,
+                    block: int = INTERLEAVE_BLOCK) -> dict[str, dict[str, Any]]:
+    """Every engine configuration in blocks of ``block`` requests, at concurrency 1: each block goes to every
+    configuration in turn (the order rotating with the block) before the next block, so a slow minute of the
+    machine falls on all of them alike. One engine thread is alive at a time (stopped and restarted between
+    blocks, its state kept): a second live thread owning an OpenMP pool would slow every step.
+    Each configuration's wall time is the sum of its requests' latencies."""
+    compiler = None
+    engines = {}
     try:
-        asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, proposers is not None, temperature))
-        if progress is not None:
-            progress(0, len(items), 0)  # the measured run starts
-        records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, spec.fast_forward,
-                                                proposers is not None, temperature, progress, tick))
+        for name in names:
+            engines[name] = prepared = _start_engine(name, models, items, 1, compiler, policy)
+            compiler = prepared[0].compiler
+            _warm(prepared, warm, extra_warm, 1, max_tokens, temperature)
+            prepared[0].stop()
+        records: dict[str, list[Record]] = {name: [] for name in names}
+        for b, start in enumerate(range(0, len(items), block)):
+            chunk = items[start: start + block]
+            for name in names[b % len(names):] + names[: b % len(names)]:
+                engine, spec, speculate, tick = engines[name]
+                engine.start()
+                try:
+                    done, _ = asyncio.run(_run_engine(engine, chunk, 1, max_tokens, spec.fast_forward, speculate,
+                                                      temperature, None, tick))
+                finally:
+                    engine.stop()
+                records[name] += done
+                if progress is not None:
+                    progress(name, 1, len(records[name]), len(items), sum(r.output_tokens for r in records[name]))
     finally:
-        engine.stop()
-    return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations
+        for engine, *_ in engines.values():
+            engine.stop()
+    return {name: summarize(rs, sum(r.latency_s for r in rs), save_outputs) for name, rs in records.items()}
 
 
 def _add_identity(runs: list[dict[str, Any]]) -> None:

@@ -55,3 +55,19 @@ def test_progress_is_reported_per_configuration_from_its_start():
         mine = [(d, n) for c, level, d, n, _ in seen if c == config and level == 1]
         assert mine == [(0, 2), (1, 2), (2, 2)], seen
     assert all(tokens >= 0 for *_, tokens in seen) and seen[-1][-1] > 0
+
+
+def test_interleaved_policy_rows_per_schema_and_phase():
+    report = run_decode_bench("demo", "shift", requests=6, max_tokens=64, configs=("off", "policy"), interleave=True,
+                              save_outputs=True)
+    assert report["interleaved"]
+    off, policy = report["runs"]
+    assert (off["config"], policy["config"]) == ("off", "policy") and off["requests"] == policy["requests"] == 6
+    assert list(policy["by_phase"]) == ["before", "shifted", "after"]
+    assert all(p["requests"] == 2 for p in policy["by_phase"].values())
+    assert set(policy["by_schema"]) == {"contact"}
+    assert off["by_schema"]["contact"]["decisions"] == {"server_off": 6}
+    assert sum(policy["by_schema"]["contact"]["decisions"].values()) == 6  # every request says why it drafted or not
+    assert off["outputs"] == policy["outputs"]  # greedy: the policy changes the speed, never the text
+    table = format_table(report)
+    assert "per phase" in table and "per schema" in table

@@ -30,3 +30,19 @@ def test_toolcall_examples_cover_every_tool_the_same_for_every_request():
 def test_unknown_workload_is_refused():
     with pytest.raises(ValueError, match="unknown workload"):
         build_workload("poetry", 3)
+
+
+def test_mixed_has_a_short_output_schema_and_shift_has_three_phases():
+    from structspec.bench.workloads import SHIFT_SCHEMA, shift_phases
+    from structspec.speculation.policy import estimate_output_tokens
+
+    mixed = build_workload("mixed", 60)
+    triage = [i for i in mixed if i.schema_name == "ticket_triage"]
+    assert triage and estimate_output_tokens(triage[0].schema) < 20
+    assert all(set(i.truth) == {"label", "confidence"} and i.freetext_fields == ("confidence",) for i in triage)
+    items = shift_phases(build_workload("shift", 9))
+    assert [i.phase for i in items] == ["before"] * 3 + ["shifted"] * 3 + ["after"] * 3
+    assert all(i.schema_name == SHIFT_SCHEMA for i in items)
+    shifted = [i for i in items if i.phase == "shifted"]
+    assert all(i.truth == {} for i in shifted)  # other documents: nothing to score
+    assert not {i.source for i in shifted} & {i.source for i in items if i.phase != "shifted"}
