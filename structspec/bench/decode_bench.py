@@ -280,7 +280,8 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress:
             right, total = item.score(checked.value)
             stop = n_out < max_tokens
             records.append(Record(latency, n_out, counter.calls - before, stop, checked.outcome is Outcome.VALID,
-                                  right, total, prompt_tokens=ids.shape[1], text=text, token_ids=list(token_ids)))
+                                  right, total, prompt_tokens=ids.shape[1], text=text, token_ids=list(token_ids),
+                                  schema=item.schema_name, phase=item.phase))
             if progress is not None:
                 progress(len(records), len(items), sum(r.output_tokens for r in records))
     finally:
