@@ -61,6 +61,7 @@ class PolicyRequest:
     schema_override: SchemaSpeculation = SchemaSpeculation.AUTO
     probed_this_hour: frozenset[str] = field(default_factory=frozenset)  # proposers probed for the schema this hour
     arm: str = ""  # a re-decision: the arm the request was decoded in so far (kept)
+    arm_reason: str = ""  # and the draft model's reason then (kept with it)
 
 
 def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest, batch_size: int,
@@ -107,6 +108,8 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
         if arm == Arm.NO_DRAFT:
             del caps[DRAFT_MODEL]
             reasons[DRAFT_MODEL] = why
+        elif request.arm:  # a re-decision keeps the draft model's reason (a probe stays a probe)
+            reasons[DRAFT_MODEL] = why
     switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN)]
     if switched_off and not request.arm and (rng.random() < config.probe_rate
                                              or any(p not in request.probed_this_hour for p in switched_off)):
@@ -130,7 +133,8 @@ def choose_arm(evidence: SchemaEvidence, request: PolicyRequest, batch_size: int
                config: PolicyConfig) -> tuple[str, str]:
     """With or without the draft model (which the guard and the cost model allow), and the draft model's reason."""
     if request.arm:
-        return request.arm, Reason.DRAFTED if request.arm == Arm.DRAFT else Reason.EXPLORE
+        default = Reason.DRAFTED if request.arm == Arm.DRAFT else Reason.NO_GAIN
+        return request.arm, request.arm_reason or default
     with_draft = evidence.arm_at(Arm.DRAFT, batch_size, config.min_arm_requests)
     without = evidence.arm_at(Arm.NO_DRAFT, batch_size, config.min_arm_requests)
     if min(with_draft.requests, without.requests) < config.min_arm_requests:  # measuring both, in turn

@@ -27,7 +27,7 @@ from structspec.speculation.draft_model import DraftModelProposer
 from structspec.speculation.history import HistoryProposer, SchemaHistory
 from structspec.speculation.json_position import is_free_text
 from structspec.speculation.ngram import NgramProposer
-from structspec.speculation.policy import PolicyRequest, decide
+from structspec.speculation.policy import DRAFT_MODEL, PolicyRequest, decide
 from structspec.stats.book import Recorder
 from structspec.stats.counters import Reason, hour_of
 from structspec.stats.evidence import CostEvidence, SchemaEvidence, cost_evidence, schema_evidence
@@ -76,7 +76,8 @@ class Router:
         probed = self._probed.get(seq.schema_key, {})
         request = PolicyRequest(seq.schema_key, seq.schema, seq.speculate, seq.schema_speculation,
                                 frozenset(p for p, h in probed.items() if h == hour),
-                                seq.decision.arm if seq.decision is not None else "")
+                                seq.decision.arm if seq.decision is not None else "",
+                                seq.decision.reasons.get(DRAFT_MODEL, "") if seq.decision is not None else "")
         evidence, costs = self._read(seq.schema_key, now)
         report = decide(evidence, costs, request, batch_size, self.rng, self.policy, self.names)
         if report.probe:

@@ -276,8 +276,12 @@ def test_the_faster_arm_is_kept_and_the_other_explored_at_the_probe_rate():
 
 def test_a_re_decision_keeps_the_requests_arm():
     slower_with = arms((20, 3.0), (20, 2.0))
-    kept = run(slower_with, req=request(probed_this_hour=frozenset(PROPOSERS), arm="draft"), proposers=("draft",))
-    assert kept.arm == "draft" and "draft" in kept.max_draft
+    kept = run(slower_with, req=request(probed_this_hour=frozenset(PROPOSERS), arm="draft", arm_reason="probe"),
+               proposers=("draft",))
+    assert kept.arm == "draft" and "draft" in kept.max_draft and kept.reasons["draft"] == "probe"
+    faster_with = arms((20, 2.0), (20, 3.0))
+    explored = run(faster_with, req=request(arm="no_draft", arm_reason="explore"), proposers=("draft", "ngram"))
+    assert explored.arm == "no_draft" and explored.reasons["draft"] == "explore" and not explored.probe
 
 
 def test_stale_evidence_expires_so_a_long_switched_off_proposer_is_measured_afresh():
