@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
 from structspec.engine.api import EngineAPI
 from structspec.engine.types import GenerationResult
@@ -18,6 +18,8 @@ class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # the process's memory (process_resident_memory_bytes), CPU time and open files, as on any Prometheus target
+        ProcessCollector(registry=r)
         self.requests = Counter(
             "structspec_requests", "RPCs finished, by method, status code and finish reason", ["rpc", "code", "finish_reason"], registry=r
         )

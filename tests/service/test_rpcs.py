@@ -281,6 +281,8 @@ def test_health_reflection_and_metrics(tmp_path: Path) -> None:
                      "structspec_running_batch_size", "structspec_target_forward_passes_per_token_bucket", "structspec_drafted_tokens_total"):
             assert name in body, name
         assert "structspec_serving 1.0" in body
+        rss = next(line for line in body.splitlines() if line.startswith("process_resident_memory_bytes "))
+        assert float(rss.split()[1]) > 10 * 2**20  # the memory in use, as any Prometheus target exports it
 
 
 def test_not_serving_while_engine_loads(tmp_path: Path) -> None:
