@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any
 
@@ -53,8 +54,6 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
         draft = None
         if proposers.draft and models.draft is not None:
             draft = DraftModelProposer(TransformersExecutor(models.draft, max_context=executor.max_context), eos)
-        import random
-
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=history, draft=draft,
                             stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft)
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)

@@ -81,19 +81,26 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
+def _draft_totals(records: list[Record]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Drafted tokens, accepted tokens and verifications that carried a draft, per proposer, summed."""
+    drafted: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    steps: dict[str, int] = {}
+    for r in records:
+        for total, part in ((drafted, r.drafted), (accepted, r.accepted), (steps, r.draft_steps)):
+            for k, v in part.items():
+                total[k] = total.get(k, 0) + v
+    return drafted, accepted, steps
+
+
 def group_summary(records: list[Record]) -> dict[str, Any]:
     """A subset of one run's requests (one schema, one phase): throughput from their own latencies."""
     tokens = sum(r.output_tokens for r in records)
     busy = sum(r.latency_s for r in records)
-    drafted: dict[str, int] = {}
-    accepted: dict[str, int] = {}
+    drafted, accepted, _ = _draft_totals(records)
     reasons: dict[str, int] = {}
     per_proposer: dict[str, dict[str, int]] = {}
     for r in records:
-        for k, v in r.drafted.items():
-            drafted[k] = drafted.get(k, 0) + v
-        for k, v in r.accepted.items():
-            accepted[k] = accepted.get(k, 0) + v
         reasons[r.reason or "-"] = reasons.get(r.reason or "-", 0) + 1
         for proposer, why in r.reasons.items():
             per_proposer.setdefault(proposer, {})
@@ -121,13 +128,7 @@ def _grouped(records: list[Record], key: Callable[[Record], str]) -> dict[str, A
 def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) -> dict[str, Any]:
     out_tokens = sum(r.output_tokens for r in records)
     lat = [r.latency_s for r in records]
-    drafted: dict[str, int] = {}
-    accepted: dict[str, int] = {}
-    steps: dict[str, int] = {}
-    for r in records:
-        for total, part in ((drafted, r.drafted), (accepted, r.accepted), (steps, r.draft_steps)):
-            for k, v in part.items():
-                total[k] = total.get(k, 0) + v
+    drafted, accepted, steps = _draft_totals(records)
     fields_total = sum(r.fields_total for r in records)
     prompt_tokens = sum(r.prompt_tokens for r in records)
     return {

@@ -126,36 +126,43 @@ class Recorder:
     def clock(self) -> Callable[[], float]:
         return self.book.clock
 
-    def _key(self, schema_key: str, series: str, proposer: str = "", bucket: int = 0, label: str = "") -> CounterKey:
-        return CounterKey(self.model, schema_key, hour_of(self.book.clock()), series, proposer, bucket, label)
+    def _keys(self, schema_key: str) -> Callable[..., CounterKey]:
+        """Keys of one record: the clock is read once, so every row of a record lands in the same hour."""
+        hour = hour_of(self.book.clock())
+
+        def key(series: str, proposer: str = "", bucket: int = 0, label: str = "") -> CounterKey:
+            return CounterKey(self.model, schema_key, hour, series, proposer, bucket, label)
+
+        return key
 
     def record_request(self, schema_key: str, output_tokens: int, target_passes: int, forced_tokens: int, finish: str,
                        latency_ms: float, arm: str = "", decode_ms: float = 0.0, batch_size: int = 1) -> None:
         """One request ended (``finish``: stop | length | cancelled | error). ``arm`` (``Arm``), when the policy chose
         one, with the decode time and the batch size at the decision: the end-to-end comparison of the arms."""
-        k = self._key
+        k = self._keys(schema_key)
         rows = [
-            (k(schema_key, Series.REQUESTS), 1.0),
-            (k(schema_key, Series.OUTPUT_TOKENS), float(output_tokens)),
-            (k(schema_key, Series.TARGET_PASSES), float(target_passes)),
-            (k(schema_key, Series.FORCED_TOKENS), float(forced_tokens)),
-            (k(schema_key, Series.FINISH, label=finish), 1.0),
-            (k(schema_key, Series.LATENCY_MS, label=histogram_label(latency_ms, LATENCY_BOUNDS_MS)), 1.0),
-            (k(schema_key, Series.LATENCY_MS_SUM), float(latency_ms)),
+            (k(Series.REQUESTS), 1.0),
+            (k(Series.OUTPUT_TOKENS), float(output_tokens)),
+            (k(Series.TARGET_PASSES), float(target_passes)),
+            (k(Series.FORCED_TOKENS), float(forced_tokens)),
+            (k(Series.FINISH, label=finish), 1.0),
+            (k(Series.LATENCY_MS, label=histogram_label(latency_ms, LATENCY_BOUNDS_MS)), 1.0),
+            (k(Series.LATENCY_MS_SUM), float(latency_ms)),
         ]
         if finish in ("stop", "length"):  # a truncated output is a long one; a cancelled one says nothing
-            rows.append((k(schema_key, Series.OUTPUT_LENGTH, label=histogram_label(output_tokens, LENGTH_BOUNDS)), 1.0))
+            rows.append((k(Series.OUTPUT_LENGTH, label=histogram_label(output_tokens, LENGTH_BOUNDS)), 1.0))
             if arm and output_tokens > 0:
                 b = batch_bucket(batch_size)
-                rows += [(k(schema_key, Series.ARM_REQUESTS, "", b, arm), 1.0),
-                         (k(schema_key, Series.ARM_DECODE_MS, "", b, arm), float(decode_ms)),
-                         (k(schema_key, Series.ARM_TOKENS, "", b, arm), float(output_tokens))]
+                rows += [(k(Series.ARM_REQUESTS, "", b, arm), 1.0),
+                         (k(Series.ARM_DECODE_MS, "", b, arm), float(decode_ms)),
+                         (k(Series.ARM_TOKENS, "", b, arm), float(output_tokens))]
         self.book.add(rows)
 
     def record_decision(self, schema_key: str, reason: str, reasons: Mapping[str, str]) -> None:
         """The policy decided for one request: its own ``reason`` and each proposer's (``reasons``)."""
-        rows = [(self._key(schema_key, Series.DECISION, label=reason), 1.0)]
-        rows += [(self._key(schema_key, Series.DECISION, p, label=r), 1.0) for p, r in reasons.items()]
+        k = self._keys(schema_key)
+        rows = [(k(Series.DECISION, label=reason), 1.0)]
+        rows += [(k(Series.DECISION, p, label=r), 1.0) for p, r in reasons.items()]
         self.book.add(rows)
 
     def record_verification(self, schema_key: str, proposer: str, batch_size: int, drafted: int, accepted: int,
@@ -166,26 +173,27 @@ class Recorder:
         ``reached`` when i <= min(drafted, accepted + 1) and accepted there when i <= accepted.
         """
         b = batch_bucket(batch_size)
-        k = self._key
+        k = self._keys(schema_key)
         rows = [
-            (k(schema_key, Series.VERIFICATIONS, proposer, b), 1.0),
-            (k(schema_key, Series.DRAFTED, proposer, b), float(drafted)),
-            (k(schema_key, Series.ACCEPTED, proposer, b), float(accepted)),
+            (k(Series.VERIFICATIONS, proposer, b), 1.0),
+            (k(Series.DRAFTED, proposer, b), float(drafted)),
+            (k(Series.ACCEPTED, proposer, b), float(accepted)),
         ]
         if probe:
-            rows.append((k(schema_key, Series.PROBE_VERIFICATIONS, proposer, b), 1.0))
+            rows.append((k(Series.PROBE_VERIFICATIONS, proposer, b), 1.0))
         for i in range(1, min(drafted, accepted + 1) + 1):
-            rows.append((k(schema_key, Series.REACHED, proposer, b, str(i)), 1.0))
+            rows.append((k(Series.REACHED, proposer, b, str(i)), 1.0))
             if i <= accepted:
-                rows.append((k(schema_key, Series.ACCEPTED_AT, proposer, b, str(i)), 1.0))
+                rows.append((k(Series.ACCEPTED_AT, proposer, b, str(i)), 1.0))
         self.book.add(rows)
 
     def record_proposal(self, proposer: str, asked: int, seconds: float) -> None:
-        self.book.add([(self._key("", Series.PROPOSALS, proposer, 0, str(asked)), 1.0),
-                       (self._key("", Series.PROPOSE_SECONDS, proposer, 0, str(asked)), float(seconds))])
+        k = self._keys("")
+        self.book.add([(k(Series.PROPOSALS, proposer, 0, str(asked)), 1.0),
+                       (k(Series.PROPOSE_SECONDS, proposer, 0, str(asked)), float(seconds))])
 
     def record_step(self, batch_size: int, longest_draft: int, seconds: float) -> None:
         """One target forward over ``batch_size`` sequences, the longest carrying ``longest_draft`` drafted tokens."""
-        b = batch_bucket(batch_size)
-        self.book.add([(self._key("", Series.STEPS, "", b, str(longest_draft)), 1.0),
-                       (self._key("", Series.STEP_SECONDS, "", b, str(longest_draft)), float(seconds))])
+        b, k = batch_bucket(batch_size), self._keys("")
+        self.book.add([(k(Series.STEPS, "", b, str(longest_draft)), 1.0),
+                       (k(Series.STEP_SECONDS, "", b, str(longest_draft)), float(seconds))])
