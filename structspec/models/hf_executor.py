@@ -7,7 +7,11 @@ rolling back one of them after a rejected draft.
 
 Layout: per layer, one buffer K (and V) of shape [slots, kv_heads, capacity, head_dim];
 each sequence owns a slot, and a token's cache index is its absolute position.
-Every layer keeps the full history, sliding-window layers included (the window
+The buffers grow (doubling slots or capacity) when a sequence needs it, and shrink
+back when the live sequences use under a quarter of them (``_fit``, on ``free``), so
+memory follows the live set (running requests and retained prompts), not the largest
+burst the process ever served: at most ~4 x bytes_per_token x live slots x the longest
+live sequence. Every layer keeps the full history, sliding-window layers included (the window
 is enforced by the attention mask), so rollback is just a shorter length.
 
 A step packs every sequence's new tokens into one row, with no padding:
@@ -37,6 +41,11 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from structspec.models.executor import ContextOverflow, StepInput
 from structspec.models.profiles import cache_dir
 from structspec.models.small_gemm import FormChoices, OutputHead, fast_linears_enabled, small_row_linears
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,7 @@ class TransformersExecutor:
         self._layers = cfg.num_hidden_layers
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
+        self._initial = (initial_slots, initial_capacity)
         self._alloc(initial_slots, initial_capacity)
         self._free_slots = list(range(initial_slots))
         self._slot: dict[int, int] = {}
@@ -190,6 +200,33 @@ class TransformersExecutor:
     def cached_tokens(self) -> int:
         """Tokens held across all live sequences (what admission control budgets)."""
         return sum(self._len.values())
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the K/V buffers (every slot at full capacity: the dense layout's real footprint)."""
+        return sum(b.numel() * b.element_size() for b in (*self._k, *self._v))
+
+    @torch.inference_mode()
+    def _fit(self) -> None:
+        """Shrink the buffers to the live sequences (moved to the lowest slots) when they use under a quarter.
+
+        Cost: one copy of the live sequences' cached tokens; the quarter (not half) keeps a size that
+        the next request would grow right back from."""
+        live = sorted(self._slot.items(), key=lambda kv: kv[1])
+        slots = max(self._initial[0], _pow2(len(live)))
+        capacity = max(self._initial[1], _pow2(max(self._len.values(), default=0)))
+        if 4 * slots * capacity > self.slots * self.capacity:
+            return
+        shape = (slots, self._kv_heads, capacity, self._head_dim)
+        old = (self._k, self._v)
+        self._k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self._layers)]
+        self._v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self._layers)]
+        for new, before in zip((self._k, self._v), old):
+            for layer, buf in enumerate(before):
+                for slot, (seq_id, was) in enumerate(live):
+                    n = self._len[seq_id]
+                    new[layer][slot, :, :n] = buf[was, :, :n]
+        self._slot = {seq_id: slot for slot, (seq_id, _) in enumerate(live)}
+        self._free_slots = list(range(len(live), slots))  # ascending: already a heap
 
     # -- ForwardStep -------------------------------------------------------------------------------
     def new_sequence(self) -> int:
@@ -227,6 +264,7 @@ class TransformersExecutor:
     def free(self, seq_id: int) -> None:
         heapq.heappush(self._free_slots, self._slot.pop(seq_id))
         del self._len[seq_id]
+        self._fit()
 
     @torch.inference_mode()
     def step(self, inputs: Sequence[StepInput]) -> list[torch.Tensor]:

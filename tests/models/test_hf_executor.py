@@ -211,3 +211,37 @@ def test_large_vocabularies_restrict_by_default():
     cfg = LlamaConfig(vocab_size=40000, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=2, intermediate_size=32, max_position_embeddings=64)
     assert TransformersExecutor(LlamaForCausalLM(cfg).eval()).restricted_logits_max > 0
+
+
+def test_buffers_shrink_back_to_the_live_sequences_and_survivors_keep_their_cache(model):
+    """A burst of long sequences grows the buffers; once they are freed the footprint follows the one left
+    (moved to slot 0), whose next logits still equal a plain forward over its whole history."""
+    ex = TransformersExecutor(model, initial_slots=2, initial_capacity=16)
+    base = ex.allocated_bytes()
+    rng = random.Random(6)
+    keep = ex.new_sequence()
+    kept = [rng.randrange(VOCAB) for _ in range(10)]
+    ex.step([StepInput(keep, kept)])
+    burst = [ex.new_sequence() for _ in range(7)]
+    ex.step([StepInput(s, [rng.randrange(VOCAB) for _ in range(100)]) for s in burst])
+    assert ex.slots >= 8 and ex.capacity >= 100 and ex.allocated_bytes() >= 16 * base
+    for s in burst:
+        ex.free(s)
+    assert ex.allocated_bytes() == base  # 2 slots x 16 positions again
+    tok = rng.randrange(VOCAB)
+    (got,) = ex.step([StepInput(keep, [tok])])
+    assert (got[0] - reference_logits(model, kept + [tok])[-1]).abs().max() <= TOL
+    again = ex.new_sequence()  # the freed slots are usable: no id clash with the moved one
+    toks = [rng.randrange(VOCAB) for _ in range(5)]
+    (fresh,) = ex.step([StepInput(again, toks, logits_at=range(5))])
+    assert (fresh - reference_logits(model, toks)).abs().max() <= TOL
+
+
+def test_buffers_in_moderate_use_are_not_reallocated(model):
+    """Over a quarter in use: freeing one sequence keeps the buffers (no copy on every request's end)."""
+    ex = TransformersExecutor(model, initial_slots=2, initial_capacity=16)
+    seqs = [ex.new_sequence() for _ in range(4)]
+    ex.step([StepInput(s, [1, 2, 3]) for s in seqs])
+    before = ex._k[0]
+    ex.free(seqs[0])
+    assert ex._k[0] is before
