@@ -454,7 +454,8 @@ def stats_tables(entry: Any) -> list[Any]:
     """The rich tables of one (model, schema) entry: requests, drafting per proposer, decisions; one row per window."""
     from rich.table import Table
 
-    title = f"{entry.schema_key} on {entry.model or '?'}"
+    names = sorted({n for w in entry.windows.values() for n in w.names})  # an inline schema's readable names
+    title = f"{entry.schema_key}{' (' + ', '.join(names) + ')' if names else ''} on {entry.model or '?'}"
     requests = Table("window", "requests", "output tokens p50 / p95", "passes / token", "latency ms p50 / p99",
                      "finish", title=f"{title}: requests")
     drafting = Table("window", "proposer", "batch", "drafted", "accepted", "acceptance", "verifications (probes)",

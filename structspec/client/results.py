@@ -225,6 +225,7 @@ class StatsWindow:
     decisions: list[DecisionCount] = field(default_factory=list)
     output_length: list[HistogramBucket] = field(default_factory=list)
     latency_ms: list[HistogramBucket] = field(default_factory=list)
+    names: dict[str, int] = field(default_factory=dict)  # readable names callers gave an inline schema -> requests
 
     @classmethod
     def from_pb(cls, w: pb.StatsWindow) -> "StatsWindow":
@@ -234,7 +235,7 @@ class StatsWindow:
             w.latency_ms_p50, w.latency_ms_p99, w.latency_ms_mean, w.passes_per_token,
             [DecisionCount(d.proposer, d.reason, d.requests) for d in w.decisions],
             [HistogramBucket(b.upper_bound, b.count) for b in w.output_length],
-            [HistogramBucket(b.upper_bound, b.count) for b in w.latency_ms],
+            [HistogramBucket(b.upper_bound, b.count) for b in w.latency_ms], dict(w.names),
         )
 
 

@@ -424,6 +424,7 @@ def stats_window(window_seconds: int, s: SchemaSummary | None) -> pb.StatsWindow
         decisions=[pb.DecisionCount(proposer=p, reason=r, requests=n) for (p, r), n in sorted(s.decisions.items())],
         output_length=histogram(s.output_length, LENGTH_BOUNDS),
         latency_ms=histogram(s.latency_ms, LATENCY_BOUNDS_MS),
+        names=dict(s.names),
     )
 
 

@@ -165,6 +165,10 @@ class Recorder:
         rows += [(k(Series.DECISION, p, label=r), 1.0) for p, r in reasons.items()]
         self.book.add(rows)
 
+    def record_name(self, schema_key: str, name: str) -> None:
+        """One request named the (inline) schema ``name``: a readable label for the schema's content key."""
+        self.book.add([(self._keys(schema_key)(Series.NAME, label=name), 1.0)])
+
     def record_verification(self, schema_key: str, proposer: str, batch_size: int, drafted: int, accepted: int,
                             probe: bool) -> None:
         """One verification of a ``drafted``-token draft kept ``accepted`` tokens.

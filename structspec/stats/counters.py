@@ -58,6 +58,7 @@ class Series:
     LATENCY_MS = "latency_ms"  # label: histogram upper bound (LATENCY_BOUNDS_MS)
     LATENCY_MS_SUM = "latency_ms_sum"
     DECISION = "decision"  # label: a Reason; proposer "" for the request, else that proposer's own reason
+    NAME = "name"  # label: the readable name a caller gave an inline schema (the OpenAI API's json_schema.name)
     # per batch bucket (at the decision), label: the arm (with or without the draft model), complete requests only
     ARM_REQUESTS = "arm_requests"
     ARM_DECODE_MS = "arm_decode_ms"

@@ -49,6 +49,7 @@ class SchemaSummary:
     output_length: dict[str, int] = field(default_factory=dict)  # histogram: upper bound label -> requests (stop or length)
     latency_ms: dict[str, int] = field(default_factory=dict)  # histogram: upper bound label -> requests
     decisions: dict[tuple[str, str], int] = field(default_factory=dict)  # (proposer or "", reason) -> requests
+    names: dict[str, int] = field(default_factory=dict)  # readable names callers gave the (inline) schema -> requests
     proposers: tuple[ProposerSummary, ...] = ()
 
     @property
@@ -87,7 +88,7 @@ def summarize(counters: Counters, window_seconds: int) -> list[SchemaSummary]:
             scalars[who][_REQUEST_SERIES[s]] += value
         elif s == Series.LATENCY_MS_SUM:
             scalars[who]["latency_ms_sum"] += value
-        elif s in (Series.FINISH, Series.OUTPUT_LENGTH, Series.LATENCY_MS):
+        elif s in (Series.FINISH, Series.OUTPUT_LENGTH, Series.LATENCY_MS, Series.NAME):
             maps[who][s][key.label] += int(value)
         elif s == Series.DECISION:
             maps[who][s][(key.proposer, key.label)] += int(value)
@@ -115,5 +116,6 @@ def summarize(counters: Counters, window_seconds: int) -> list[SchemaSummary]:
             latency_ms_sum=float(sc.get("latency_ms_sum", 0.0)),
             finish=dict(mp.get(Series.FINISH, {})), output_length=dict(mp.get(Series.OUTPUT_LENGTH, {})),
             latency_ms=dict(mp.get(Series.LATENCY_MS, {})), decisions=dict(mp.get(Series.DECISION, {})),
+            names=dict(mp.get(Series.NAME, {})),
             proposers=tuple(proposers)))
     return out

@@ -488,8 +488,15 @@ class HistogramBucket(_message.Message):
     def __init__(self, upper_bound: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class StatsWindow(_message.Message):
-    __slots__ = ("window_seconds", "proposers", "requests", "output_tokens", "target_passes", "forced_tokens", "finish_reasons", "output_tokens_p50", "output_tokens_p95", "latency_ms_p50", "latency_ms_p99", "latency_ms_mean", "passes_per_token", "decisions", "output_length", "latency_ms")
+    __slots__ = ("window_seconds", "proposers", "requests", "output_tokens", "target_passes", "forced_tokens", "finish_reasons", "output_tokens_p50", "output_tokens_p95", "latency_ms_p50", "latency_ms_p99", "latency_ms_mean", "passes_per_token", "decisions", "output_length", "latency_ms", "names")
     class FinishReasonsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class NamesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -512,6 +519,7 @@ class StatsWindow(_message.Message):
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
     window_seconds: int
     proposers: _containers.RepeatedCompositeFieldContainer[ProposerStats]
     requests: int
@@ -528,7 +536,8 @@ class StatsWindow(_message.Message):
     decisions: _containers.RepeatedCompositeFieldContainer[DecisionCount]
     output_length: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
     latency_ms: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
-    def __init__(self, window_seconds: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStats, _Mapping]]] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., finish_reasons: _Optional[_Mapping[str, int]] = ..., output_tokens_p50: _Optional[float] = ..., output_tokens_p95: _Optional[float] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., latency_ms_mean: _Optional[float] = ..., passes_per_token: _Optional[float] = ..., decisions: _Optional[_Iterable[_Union[DecisionCount, _Mapping]]] = ..., output_length: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., latency_ms: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ...) -> None: ...
+    names: _containers.ScalarMap[str, int]
+    def __init__(self, window_seconds: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStats, _Mapping]]] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., finish_reasons: _Optional[_Mapping[str, int]] = ..., output_tokens_p50: _Optional[float] = ..., output_tokens_p95: _Optional[float] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., latency_ms_mean: _Optional[float] = ..., passes_per_token: _Optional[float] = ..., decisions: _Optional[_Iterable[_Union[DecisionCount, _Mapping]]] = ..., output_length: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., latency_ms: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., names: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class SchemaStats(_message.Message):
     __slots__ = ("schema_key", "windows", "model")
