@@ -106,6 +106,8 @@ def bench_decode(
                                           "hf_outlines", "hf_generate", "hf_assisted")),
                                 help="comma-separated configurations to run, on the same prompts"),
     few_shot: Optional[int] = typer.Option(None, help="worked examples per prompt (default: 0 demo, 1 gemma)"),
+    examples: str = typer.Option("shipped", help="shipped (the server's examples of the built-in schemas) | "
+                                                 "synthesized (what a schema or tool list of one's own gets)"),
     device: str = typer.Option("cpu", help="cpu | cuda"),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 (all configurations and baselines alike)"),
     out: Path = typer.Option(Path("reports/decode.json"), help="where to write the JSON report"),
@@ -128,7 +130,7 @@ def bench_decode(
     with _request_progress() as progress:
         report = run_decode_bench(profile, workload, levels, requests, max_tokens, names, few_shot, device,
                                   dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress,
-                                  warmup_requests=warmup_requests, interleave=interleave,
+                                  warmup_requests=warmup_requests, interleave=interleave, examples=examples,
                                   policy={"acceptance_threshold": acceptance_threshold})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")

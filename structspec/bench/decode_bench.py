@@ -72,6 +72,8 @@ class Record:
     phase: str = ""
     reason: str = ""  # the drafting decision's reason (``structspec.stats.counters.Reason``)
     reasons: dict[str, str] = field(default_factory=dict)  # proposer -> its own reason
+    copied: int = 0  # output values a worked example holds but the input does not (``WorkItem.copied``)
+    copy_counted: int = 0
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -91,6 +93,11 @@ def _draft_totals(records: list[Record]) -> tuple[dict[str, int], dict[str, int]
             for k, v in part.items():
                 total[k] = total.get(k, 0) + v
     return drafted, accepted, steps
+
+
+def _copy_rate(records: list[Record]) -> float:
+    """The share of counted output values taken from a worked example rather than the input."""
+    return sum(r.copied for r in records) / max(1, sum(r.copy_counted for r in records))
 
 
 def group_summary(records: list[Record]) -> dict[str, Any]:
@@ -113,6 +120,7 @@ def group_summary(records: list[Record]) -> dict[str, Any]:
         "forward_passes_per_token": sum(r.forward_passes for r in records) / max(1, tokens),
         "acceptance": {k: accepted.get(k, 0) / v for k, v in drafted.items() if v},
         "field_accuracy": sum(r.fields_right for r in records) / max(1, sum(r.fields_total for r in records)),
+        "copy_rate": _copy_rate(records),
         "decisions": reasons,
         "proposer_decisions": per_proposer,
     }
@@ -144,6 +152,7 @@ def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) 
         "valid_rate": sum(r.valid for r in records) / len(records),
         "stop_rate": sum(r.stop for r in records) / len(records),
         "field_accuracy": sum(r.fields_right for r in records) / max(1, fields_total),
+        "copy_rate": _copy_rate(records),
         "cached_prompt_share": sum(r.cached_prompt_tokens for r in records) / max(1, prompt_tokens),
         # accepted / drafted per proposer, and tokens committed per verification step that carried its draft
         # (accepted + the recovered or bonus token)
@@ -194,6 +203,7 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
                 res = await engine.extract(req)
                 value = res.value
             right, total = item.score(value)
+            copied, counted = item.copied(value)
             u = res.usage
             done[0], done[1] = done[0] + 1, done[1] + u.output_tokens
             if progress is not None:
@@ -203,7 +213,7 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
                           u.forced_tokens, dict(u.drafted), dict(u.accepted), dict(u.draft_steps), u.prompt_tokens,
                           u.cached_prompt_tokens, res.text, list(res.token_ids), item.schema_name, item.phase,
                           res.speculation.reason if res.speculation is not None else "",
-                          dict(res.speculation.reasons) if res.speculation is not None else {})
+                          dict(res.speculation.reasons) if res.speculation is not None else {}, copied, counted)
 
     t0 = time.perf_counter()
     records = await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
@@ -279,10 +289,11 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress:
             latency = time.perf_counter() - t0
             checked = check_json_text(text, schema)
             right, total = item.score(checked.value)
+            copied, counted = item.copied(checked.value)
             stop = n_out < max_tokens
             records.append(Record(latency, n_out, counter.calls - before, stop, checked.outcome is Outcome.VALID,
                                   right, total, prompt_tokens=ids.shape[1], text=text, token_ids=list(token_ids),
-                                  schema=item.schema_name, phase=item.phase))
+                                  schema=item.schema_name, phase=item.phase, copied=copied, copy_counted=counted))
             if progress is not None:
                 progress(len(records), len(items), sum(r.output_tokens for r in records))
     finally:
@@ -296,12 +307,13 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                      few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
                      dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0,
                      progress: Callable[[str, int, int, int, int], None] | None = None, warmup_requests: int = 0,
-                     policy: Any = None, interleave: bool = False) -> dict[str, Any]:
+                     policy: Any = None, interleave: bool = False, examples: str = "shipped") -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
     within this run: ``speedup_vs_off`` / ``speedup_vs_hf_outlines`` against those rows at the same
     concurrency (HF at 1), ``speedup_vs_c1`` against the same configuration at concurrency 1.
+    ``examples``: the worked examples' source (``build_workload``: shipped or synthesized).
     ``save_outputs``: each row also carries ``outputs`` (every request's text and token ids, in order).
     ``temperature`` > 0: engine configurations sample (request i has seed i; HF baselines stay greedy).
     ``progress(config, concurrency, done, total, output_tokens)`` is called as each measured request finishes.
@@ -325,7 +337,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
     models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True)
     shots = few_shot if few_shot is not None else get_profile(profile).few_shot
-    pool = build_workload(workload, requests + 24 + warmup_requests, few_shot=shots)
+    pool = build_workload(workload, requests + 24 + warmup_requests, few_shot=shots, examples=examples)
     items, spare = pool[:requests], pool[requests:]
     if workload == "shift":
         items = shift_phases(items)
@@ -337,7 +349,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     extra_warm = spare[len(spare) - warmup_requests:] if warmup_requests else []
     report: dict[str, Any] = {
         "profile": profile, "workload": workload, "concurrency": list(levels), "requests": requests,
-        "max_tokens": max_tokens, "few_shot": shots, "save_outputs": save_outputs, "temperature": temperature,
+        "max_tokens": max_tokens, "few_shot": shots, "examples": examples, "save_outputs": save_outputs, "temperature": temperature,
         "warmup_requests": warmup_requests, "policy": asdict(policy) if policy is not None else None,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
@@ -531,9 +543,9 @@ def format_table(report: dict[str, Any]) -> str:
     temperature = report.get("temperature") or 0.0
     mode = f"temperature {temperature:g}" if temperature else "greedy"
     t = Table(title=f"decode: {report['profile']} / {report['workload']} / {report['requests']} requests, {mode}, "
-                    f"max_tokens {report['max_tokens']} / {m['processor']} x{m['cpus']}, {m['device']}, {m.get('dtype', 'float32')}")
+                    f"max_tokens {report['max_tokens']}, {report.get('few_shot', 0)}-shot ({report.get('examples', 'shipped')}) / {m['processor']} x{m['cpus']}, {m['device']}, {m.get('dtype', 'float32')}")
     for col in ("config", "conc", "tok/s", "x off", "x hf+outl", "x c1", "p50 ms", "p99 ms", "ms/tok",
-                "passes/tok", "forced", "valid", "stop", "fields", "= off", "acceptance (mean accepted length)"):
+                "passes/tok", "forced", "valid", "stop", "fields", "copied", "= off", "acceptance (mean accepted length)"):
         t.add_column(col)
     for r in report["runs"]:
         if "error" in r:
@@ -546,7 +558,7 @@ def format_table(report: dict[str, Any]) -> str:
                   ratio("speedup_vs_hf_outlines"), ratio("speedup_vs_c1"), f"{r['latency_ms_p50']:.0f}",
                   f"{r['latency_ms_p99']:.0f}", f"{r['ms_per_output_token']:.1f}",
                   f"{r['forward_passes_per_token']:.2f}", f"{r['forced_share']:.2f}", f"{r['valid_rate']:.2f}",
-                  f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}",
+                  f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}", f"{r.get('copy_rate', 0.0):.3f}",
                   f"{r['same_as_off']:.2f}" if "same_as_off" in r else "-", acc)
     buf = StringIO()
     console = Console(file=buf, width=220)
@@ -566,7 +578,8 @@ def _group_table(report: dict[str, Any], key: str, title: str):
     if not rows:
         return None
     t = Table(title=f"per {title} (tok/s: output tokens per second of the requests' own latency)")
-    for col in (title, "config", "conc", "requests", "tok/s", "x off", "p50 ms", "passes/tok", "fields", "acceptance",
+    for col in (title, "config", "conc", "requests", "tok/s", "x off", "p50 ms", "passes/tok", "fields", "copied",
+                "acceptance",
                 "decisions"):
         t.add_column(col)
     groups = list(dict.fromkeys(g for r in rows for g in r[key]))  # in the order the requests came
@@ -585,7 +598,8 @@ def _group_table(report: dict[str, Any], key: str, title: str):
                                for p, d in sorted(stats.get("proposer_decisions", {}).items()))
             t.add_row(g or "-", r["config"], str(r["concurrency"]), str(stats["requests"]),
                       f"{stats['tokens_per_s']:.1f}", ratio, f"{stats['latency_ms_p50']:.0f}",
-                      f"{stats['forward_passes_per_token']:.2f}", f"{stats['field_accuracy']:.2f}", acc, why)
+                      f"{stats['forward_passes_per_token']:.2f}", f"{stats['field_accuracy']:.2f}",
+                      f"{stats.get('copy_rate', 0.0):.3f}", acc, why)
     return t
 
 

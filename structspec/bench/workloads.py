@@ -2,8 +2,8 @@
 
 The same items go to every configuration in one run. Seeds differ from the
 demo training corpus (train 1, eval 2-3), so the demo models never saw them.
-Base models (Gemma 3 270M) get few-shot prompts: worked document -> JSON
-examples of the same schema first, so they finish with ``stop`` rather than
+Base models (Gemma 3 270M) get few-shot prompts, the server's own worked
+examples (``build_example_book``), so they finish with ``stop`` rather than
 looping until the token cap.
 
 ``mixed`` interleaves every task, including ``ticket_triage``: a short output (a queue
@@ -17,11 +17,14 @@ disagree, so copying and the draft model stop being accepted; nothing to score) 
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from structspec.demo.corpus import Example, flatten, generate, triage_from_ticket
+from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.prompts import FewShotExample
 from structspec.schemas import load_builtin_schemas, load_builtin_tools
 
@@ -50,6 +53,89 @@ class WorkItem:
         keys = [k for k in truth if not any(k == f or k.startswith(f + ".") for f in self.freetext_fields)]
         return sum(int(k in got and got[k] == truth[k]) for k in keys), len(keys)
 
+    def copied(self, value: Any) -> tuple[int, int]:
+        """(copied, counted): the output's values that a worked example holds but the input does not.
+
+        Counted: string leaves of 3+ characters and numbers, except values the schema enumerates (a
+        ``USD`` inferred from "US dollars" is no copy) and a tool call's tool name. Copied: the value is a
+        leaf of an example's output or a phrase (numbers: a number) of an example's text, and is not in
+        the input; a string of 4+ words also when most of its 4-word runs are an example's and not the
+        input's (an example's summary with the product name swapped). What the base model fills in from
+        the worked example instead of the document."""
+        if not self.examples or not isinstance(value, (dict, list)):
+            return 0, 0
+        enumerated = _enumerated(self.schema if self.schema is not None else list(self.tools))
+        leaves = flatten(value)
+        if self.kind == "toolcall":
+            leaves.pop("name", None)
+        shown_text = _norm(" ".join(ex.text for ex in self.examples))
+        shown_runs = _runs(" ".join(ex.text + " " + ex.output for ex in self.examples))
+        shown_values: set[Any] = set()
+        for ex in self.examples:
+            try:
+                shown_values |= {_hashable(v) for v in flatten(json.loads(ex.output)).values()}
+            except ValueError:
+                pass
+        source, source_numbers, source_runs = _norm(self.source), _numbers(self.source), _runs(self.source)
+        shown_numbers = _numbers(" ".join(ex.text for ex in self.examples))
+        copied = counted = 0
+        for v in leaves.values():
+            if isinstance(v, bool) or v is None or _hashable(v) in enumerated:
+                continue
+            if isinstance(v, (int, float)):
+                counted += 1
+                copied += int(float(v) not in source_numbers and
+                              (float(v) in shown_numbers or _hashable(v) in shown_values))
+            elif isinstance(v, str) and len(v.strip()) >= 3:
+                counted += 1
+                runs = _runs(v)
+                borrowed = len(runs & shown_runs - source_runs) / len(runs) if runs else 0.0
+                copied += int(_norm(v) not in source and (v in shown_values or _norm(v) in shown_text or
+                                                          borrowed >= 0.5))
+        return copied, counted
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _runs(text: str, n: int = 4) -> set[tuple[str, ...]]:
+    """The text's runs of ``n`` consecutive words (case-folded)."""
+    words = _WORD.findall(text.casefold())
+    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _numbers(text: str) -> set[float]:
+    return {float(m.replace(",", "")) for m in _NUMBER.findall(text)}
+
+
+def _hashable(v: Any) -> Any:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v if isinstance(v, str) else None
+
+
+def _enumerated(schema: Any) -> set[Any]:
+    """Every ``enum`` member and ``const`` in a schema (or tool list), as comparable values."""
+    found: set[Any] = set()
+    if isinstance(schema, dict):
+        for key, sub in schema.items():
+            if key == "enum" and isinstance(sub, list):
+                found |= {_hashable(v) for v in sub}
+            elif key == "const":
+                found.add(_hashable(sub))
+            else:
+                found |= _enumerated(sub)
+    elif isinstance(schema, list):
+        for sub in schema:
+            found |= _enumerated(sub)
+    found.discard(None)
+    return found
+
 
 def _wanted(ex: Example, workload: str) -> bool:
     if workload == "extraction":
@@ -77,8 +163,16 @@ def shift_phases(items: list[WorkItem], seed: int = BENCH_SEED) -> list[WorkItem
     return out
 
 
-def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_SEED) -> list[WorkItem]:
-    """``n`` held-out items; ``few_shot`` worked examples per schema (for tool calls: per tool)."""
+EXAMPLE_SOURCES = ("shipped", "synthesized")
+
+
+def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_SEED,
+                   examples: str = "shipped") -> list[WorkItem]:
+    """``n`` held-out items; ``few_shot`` worked examples per schema (for tool calls: per tool).
+
+    ``examples``: ``shipped`` (the server's examples for the built-in schemas) or ``synthesized`` (the
+    placeholder example the server makes for a schema or tool list of the caller's own, one per schema
+    or tool whatever ``few_shot`` is above 0): how such a caller's requests fare."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
     share = {"toolcall": 0.9, "extraction": 0.0, "freetext": 0.0, "mixed": 0.25, "shift": 0.0}[workload]
@@ -87,29 +181,24 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
         r = random.Random(seed)
         pool += [triage_from_ticket(e, r) for e in pool if e.schema_name == "support_ticket"]
         r.shuffle(pool)
-    items, shots = pool[:n], pool[n:]
+    items = pool[:n]
     if len(items) < n:
         raise ValueError(f"workload {workload}: only {len(items)} items generated for {n} requests")
     schemas = load_builtin_schemas()
-    tools = {t["function"]["name"]: t for t in load_builtin_tools()}
+    tools = tuple(load_builtin_tools())
+    # The worked examples are the server's own (``build_example_book``: what a base-model profile adds to
+    # requests for the built-in schemas and tools), so the benchmark measures the prompts users get.
+    if examples not in EXAMPLE_SOURCES:
+        raise ValueError(f"unknown examples source {examples!r}; one of {', '.join(EXAMPLE_SOURCES)}")
+    book = build_example_book(few_shot) if examples == "shipped" else ExampleBook(synthesize=few_shot > 0)
     out = []
-    # Tool calls: ``few_shot`` worked calls *per tool*, the same for every request (as in an agent's system
-    # prompt). Fewer than one per tool and a base model calls the tools it was shown, with their values.
-    tool_shots, seen = [], {}
-    for s in shots:
-        if s.task == "toolcall" and seen.get(s.value["name"], 0) < few_shot:
-            seen[s.value["name"]] = seen.get(s.value["name"], 0) + 1
-            tool_shots.append(FewShotExample(s.source, s.output))
     for ex in items:
-        # Extraction: the first worked example(s) of the same schema, fixed per schema.
-        examples = tuple(FewShotExample(s.source, s.output) for s in
-                         [s for s in shots if s.schema_name == ex.schema_name][:few_shot])
         if ex.task == "toolcall":
-            examples = tuple(tool_shots)
             # The agent's whole tool list, as a deployed agent sends it: one grammar for the workload.
             out.append(WorkItem("toolcall", "agent_tools", ex.source, ex.value, ex.freetext_fields,
-                                tools=tuple(tools.values()), examples=examples))
+                                tools=tools, examples=book.for_tools(tools)))
         else:
+            schema = schemas[ex.schema_name]
             out.append(WorkItem("extract", ex.schema_name, ex.source, ex.value, ex.freetext_fields,
-                                schema=schemas[ex.schema_name], examples=examples))
+                                schema=schema, examples=book.for_schema(schema)))
     return out

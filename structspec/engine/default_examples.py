@@ -5,8 +5,8 @@ loops inside the JSON (an amount repeated until ``max_tokens``); one worked docu
 JSON example of the same schema first and it finishes with ``stop`` (the benchmark's
 workloads rely on the same thing). Profiles say how many they need (``few_shot``: 0
 for the demo pair, trained on the bare format; 1 for Gemma). A request that brings its
-own ``examples`` keeps them; a schema that is not built in gets none (we have no
-worked document for it).
+own ``examples`` keeps them; any other schema or tool list gets one synthesised from
+the schema itself (``synthetic_examples``: placeholders, never data).
 
 The examples ship as data (``schemas/examples/builtin.json``, written once from the
 synthetic corpus by ``structspec.demo.worked_examples``), so the same server always sends
@@ -16,25 +16,55 @@ the same prompts (and prefix caching shares them across requests).
 from __future__ import annotations
 
 import json
-from typing import Any
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
 
+from structspec.engine.synthetic_examples import synthesize_extraction_example, synthesize_tool_examples
 from structspec.grammar.cache import schema_digest
 from structspec.prompts import FewShotExample
 
+MAX_SYNTHESIZED = 1024  # schemas and tool lists whose synthesised example is kept (each a few hundred bytes)
+
 
 class ExampleBook:
-    """Worked examples keyed by the exact schema (or tool list) they belong to (``schema_digest``)."""
+    """Worked examples keyed by the exact schema (or tool list) they belong to (``schema_digest``).
+
+    ``synthesize``: a schema or tool list with no shipped example gets one made from the schema
+    (``synthetic_examples``), built once per digest and kept in a bounded LRU. Never raises for a
+    schema it cannot fill: that request gets no example."""
 
     def __init__(self, by_schema: dict[str, tuple[FewShotExample, ...]] | None = None,
-                 by_tools: dict[str, tuple[FewShotExample, ...]] | None = None):
+                 by_tools: dict[str, tuple[FewShotExample, ...]] | None = None, synthesize: bool = False):
         self._by_schema = by_schema or {}
         self._by_tools = by_tools or {}
+        self.synthesize = synthesize
+        self._made: OrderedDict[str, tuple[FewShotExample, ...]] = OrderedDict()
+        self._lock = threading.Lock()  # requests are prepared on worker threads
 
     def for_schema(self, schema: dict[str, Any]) -> tuple[FewShotExample, ...]:
-        return self._by_schema.get(schema_digest(schema), ())
+        key = schema_digest(schema)
+        if key in self._by_schema or not self.synthesize:
+            return self._by_schema.get(key, ())
+        return self._synthesized("s:" + key, lambda: tuple(filter(None, [synthesize_extraction_example(schema)])))
 
     def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tuple[FewShotExample, ...]:
-        return self._by_tools.get(schema_digest(list(tools)), ())
+        key = schema_digest(list(tools))
+        if key in self._by_tools or not self.synthesize:
+            return self._by_tools.get(key, ())
+        return self._synthesized("t:" + key, lambda: synthesize_tool_examples(list(tools)))
+
+    def _synthesized(self, key: str, make: Callable[[], tuple[FewShotExample, ...]]) -> tuple[FewShotExample, ...]:
+        with self._lock:
+            if key in self._made:
+                self._made.move_to_end(key)
+                return self._made[key]
+        made = make()
+        with self._lock:
+            self._made[key] = made
+            while len(self._made) > MAX_SYNTHESIZED:
+                self._made.popitem(last=False)
+        return made
 
 
 def build_example_book(shots: int) -> ExampleBook:
@@ -47,6 +77,7 @@ def build_example_book(shots: int) -> ExampleBook:
     pick = lambda items: tuple(FewShotExample(e["text"], e["output"]) for e in items[:shots])  # noqa: E731
     schemas = load_builtin_schemas()
     return ExampleBook(
+        synthesize=True,
         by_schema={schema_digest(schemas[name]): pick(items) for name, items in shipped["schemas"].items()
                    if name in schemas and items},
         by_tools={schema_digest(load_builtin_tools()): tuple(e for items in shipped["tools"].values()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from structspec.bench.workloads import build_workload
@@ -46,3 +48,48 @@ def test_mixed_has_a_short_output_schema_and_shift_has_three_phases():
     shifted = [i for i in items if i.phase == "shifted"]
     assert all(i.truth == {} for i in shifted)  # other documents: nothing to score
     assert not {i.source for i in shifted} & {i.source for i in items if i.phase != "shifted"}
+
+
+def test_copy_rate_counts_values_taken_from_the_worked_example_and_not_the_input():
+    from dataclasses import replace
+
+    from structspec.prompts import FewShotExample
+
+    item = next(i for i in build_workload("extraction", 40, few_shot=1) if i.schema_name == "invoice")
+    shown = json.loads(item.examples[0].output)
+    assert item.copied(item.truth) == (0, item.copied(item.truth)[1]) and item.copied(item.truth)[1] >= 6
+    # The example's line items and total in place of the document's: each is counted as copied.
+    borrowed = {**item.truth, "line_items": shown["line_items"], "total": shown["total"]}
+    copied, counted = item.copied(borrowed)
+    expected = sum(1 for li in shown["line_items"] for k in ("description", "unit_price")
+                   if str(li[k]) not in item.source) + (str(shown["total"]) not in item.source)
+    assert copied >= expected >= 3 and counted >= 6
+    # Enumerated values (a currency inferred from "US dollars") are never counted; nor without examples.
+    assert item.copied({"currency": shown["currency"]}) == (0, 0)
+    assert replace(item, examples=()).copied(borrowed) == (0, 0)
+    # A summary paraphrasing the example's, with one name swapped, is a copy; the input's own words are not.
+    prose = FewShotExample("Ticket TCK-00001 from Ana: my parcel is late", json.dumps(
+        {"summary": "The customer is frustrated and got the wrong item in the box with the Kiro X1."}))
+    ticket = replace(item, kind="extract", source="Ticket TCK-12206 from Tomas: I wonder whether students get a "
+                     "discount on the Lumio lamp", examples=(prose,), schema={})
+    assert ticket.copied({"summary": "The customer is frustrated and got the wrong item in the box with the "
+                                     "Lumio lamp."}) == (1, 1)
+    assert ticket.copied({"summary": "Tomas wonders whether students get a discount on the Lumio lamp."}) == (0, 1)
+
+
+def test_toolcall_copy_rate_ignores_the_tool_name_and_counts_arguments():
+    item = build_workload("toolcall", 20, few_shot=1)[0]
+    shown = [json.loads(e.output) for e in item.examples]
+    other = next(s for s in shown if s["name"] != item.truth["name"] and s["arguments"])
+    copied, counted = item.copied(other)
+    assert counted == sum(1 for v in other["arguments"].values() if not isinstance(v, bool)) - sum(
+        1 for v in other["arguments"].values() if v in ("celsius", "fahrenheit", "USD", "EUR", "GBP", "JPY", "CHF"))
+    assert copied >= 1
+    assert item.copied(item.truth)[0] == 0
+
+
+def test_synthesized_examples_are_placeholders_per_schema():
+    items = build_workload("extraction", 10, few_shot=1, examples="synthesized")
+    assert all(len(i.examples) == 1 and "sample" in i.examples[0].text for i in items)
+    with pytest.raises(ValueError, match="unknown examples source"):
+        build_workload("extraction", 3, few_shot=1, examples="nope")

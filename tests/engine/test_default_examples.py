@@ -27,10 +27,13 @@ def test_one_valid_example_per_builtin_schema_and_per_tool():
         load_builtin_schemas()["invoice"])  # fixed seed: the same prompts on every start
 
 
-def test_no_examples_for_unknown_schemas_or_when_none_are_wanted():
+def test_unknown_schemas_get_a_synthesised_example_and_none_when_none_are_wanted():
     book = build_example_book(1)
-    assert book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}}) == ()
-    assert book.for_tools(load_builtin_tools()[:1]) == ()  # a different tool list
+    (made,) = book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}})
+    assert made.output == '{"x":"sample x"}'  # not a shipped one: made from the schema (test_synthetic_examples)
+    (call,) = book.for_tools(load_builtin_tools()[:1])  # a different tool list
+    assert "sample" in call.output
+    assert build_example_book(0).for_schema({"type": "object"}) == ()
     assert build_example_book(0).for_schema(load_builtin_schemas()["invoice"]) == ()
     assert get_profile("gemma-3-270m").few_shot == 1 and get_profile("demo").few_shot == 0
 
