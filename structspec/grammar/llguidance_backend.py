@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,6 +120,8 @@ class LLGuidanceBackend:
 
 
 TRIAL_STEPS = 16
+# consume calls a matcher can undo exactly (``rollback``): a draft walk makes at most max_draft + 1 of them
+ROLLBACK_SNAPSHOTS = 64
 
 
 def _trial_walk(matcher: llguidance.LLMatcher, scratch: torch.Tensor, schema: dict[str, Any]) -> None:
@@ -168,6 +171,8 @@ class LLGuidanceMatcher:
         self._eos = frozenset(view.eos_token_ids)
         self._ended = False  # EOS consumed
         self._error: str | None = None
+        # (llguidance's state before one consume call, its tokens), most recent last: see ``rollback``
+        self._before: deque[tuple[llguidance.LLMatcher, list[int]]] = deque(maxlen=ROLLBACK_SNAPSHOTS)
 
     @property
     def error(self) -> str | None:
@@ -198,7 +203,7 @@ class LLGuidanceMatcher:
             self._error = "token after EOS"
             return False
         cut = next((i for i, t in enumerate(tokens) if t in self._eos), len(tokens))
-        if cut and not self._m.consume_tokens(tokens[:cut]):
+        if cut and not self._consume_llg(tokens[:cut]):
             return False  # llguidance is now in its (sticky) error state
         if cut == len(tokens):
             return True
@@ -211,12 +216,39 @@ class LLGuidanceMatcher:
             return False
         return True
 
+    def _consume_llg(self, tokens: list[int]) -> bool:
+        before = self._m.deep_copy()  # about a microsecond: the parser state, not the token trie
+        if not self._m.consume_tokens(tokens):
+            _ = self.error  # kept: sticky, whatever is rolled back later
+            return False
+        self._before.append((before, tokens))
+        return True
+
     def rollback(self, n: int) -> None:
+        """Undo the last ``n`` tokens by going back to llguidance's state from before them.
+
+        llguidance's own ``rollback`` can leave a wrong mask behind: after a mask computed inside one
+        string value (a draft walked into another tool's arguments), rolling back and consuming into a
+        string value with other followers, the mask there still refuses what only the first forbade
+        (``"}}`` closing the call), so decoding is steered off the target's choice and can end with a
+        token the grammar then rejects. Restoring the copy taken before the consume call has no such
+        state; a rollback deeper than the copies kept falls back to llguidance's.
+        """
         if n <= 0:
             return
         if self._ended:
             self._ended = False
             n -= 1
+        while n > 0 and self._before:
+            before, tokens = self._before.pop()
+            self._m = before
+            if len(tokens) > n:  # part of that call stays: consume it again from the copy
+                keep = tokens[: len(tokens) - n]
+                if not self._consume_llg(keep):
+                    raise RuntimeError("re-consuming tokens the grammar accepted before failed")
+                n = 0
+            else:
+                n -= len(tokens)
         if n:
             self._m.rollback(n)
 

@@ -54,6 +54,46 @@ def test_rollback_after_a_rejected_draft(compiler, view):
     assert matcher.consume(tokens[4:]) and matcher.is_accepting()
 
 
+TWO_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "lookup_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"],
+        "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_rollback_leaves_no_mask_of_the_walked_draft_behind(demo_compiler, partial):
+    """A draft walked (a mask after every token, as the step and the draft model walk one) into one tool's string
+    value and rolled back must leave the masks of another tool's string value as a fresh matcher has them. With
+    llguidance's own rollback, the mask in the order id kept refusing ``"}}`` (closing the call), which only the
+    city's followers forbid: decoding went off the target's choice and ended on a token the grammar rejected."""
+    view = demo_compiler.view
+    grammar = demo_compiler.compile_tools(TWO_TOOLS, "required")
+    prefix, taken = view.encode('{"name":"'), view.encode('lookup_order","arguments":{"order_id":"ORD-538485')
+    walked = grammar.matcher()
+    assert walked.consume(prefix)
+    draft = view.encode('get_weather","arguments":{"city":"')
+    for token in draft:
+        assert token in allowed(walked, view) and walked.consume([token])
+    allowed(walked, view)  # the mask at the start of the city's value
+    if partial:  # and undo part of one multi-token consume call
+        tail = view.encode('Dublin","unit":"')
+        assert walked.consume(tail)
+        allowed(walked, view)
+        walked.rollback(len(draft) + len(tail))
+    else:
+        walked.rollback(len(draft))
+    fresh = grammar.matcher()
+    assert fresh.consume(prefix)
+    assert walked.consume(taken) and fresh.consume(taken)  # in one call, as forced tokens are
+    assert allowed(walked, view) == allowed(fresh, view)
+    assert walked.consume(view.encode('"}}')) and walked.is_accepting()
+
+
 def test_forced_tokens_are_the_canonical_split_llguidance(compilers, view):
     grammar = compilers["llguidance"].compile_schema({"const": "summary_of_invoice"})
     text = '"summary_of_invoice"'
