@@ -60,9 +60,16 @@ def authorize(method: str, metadata: Sequence[Any] | None, config: AuthConfig) -
     """None when the call may proceed, else the error to answer with."""
     if not config.enabled or method.startswith(EXEMPT_PREFIXES):
         return None
-    token = bearer_token(metadata)
+    return authorize_token(bearer_token(metadata), config, admin=method in ADMIN_METHODS)
+
+
+def authorize_token(token: str | None, config: AuthConfig, admin: bool = False) -> ServiceError | None:
+    """The rules above for one bearer token (``None``: none sent) on a call that needs an admin token or not;
+    the HTTP API calls it with its ``Authorization`` header's token."""
+    if not config.enabled:
+        return None
     is_admin = token is not None and _matches(token, config.admin_tokens)
-    if method in ADMIN_METHODS:
+    if admin:
         if is_admin:
             return None
         if token is None or not (_matches(token, config.tokens)):

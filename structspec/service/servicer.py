@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Iterable, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -72,25 +72,64 @@ class _Call:
     delivered: bool = False  # a stream handed its final message to gRPC: closing it now is the normal end
 
 
-def history_scope_of(context: grpc.aio.ServicerContext) -> str:
-    """A stable name of the caller's bearer token (never the token itself): ``t:<16 hex of its SHA-256>``."""
-    token = bearer_token(context.invocation_metadata())
+def history_scope_of_token(token: str | None) -> str:
+    """A stable name of a bearer token (never the token itself): ``t:<16 hex of its SHA-256>``; "" for none."""
     return f"t:{hashlib.sha256(token.encode()).hexdigest()[:16]}" if token else ""
 
 
-def request_id_of(context: grpc.aio.ServicerContext, requested: str = "") -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == REQUEST_ID_KEY and isinstance(value, str) and _REQUEST_ID_RE.match(value):
+def history_scope_of(context: grpc.aio.ServicerContext) -> str:
+    """The history scope of the caller's bearer token (``history_scope_of_token``)."""
+    return history_scope_of_token(bearer_token(context.invocation_metadata()))
+
+
+def request_id_from(offered: Iterable[str | None]) -> str:
+    """The first well-formed request id offered (metadata or header first, then the request's own), else a new one."""
+    for value in offered:
+        if isinstance(value, str) and _REQUEST_ID_RE.match(value):
             return value
-    if requested and _REQUEST_ID_RE.match(requested):
-        return requested
     return uuid.uuid4().hex[:16]
+
+
+def request_id_of(context: grpc.aio.ServicerContext, requested: str = "") -> str:
+    sent = [value for key, value in context.invocation_metadata() or () if key == REQUEST_ID_KEY]
+    return request_id_from([*sent, requested])
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     """The client's gRPC deadline as a ``time.monotonic()`` value (the engine's clock)."""
     remaining = context.time_remaining()
     return None if remaining is None else time.monotonic() + max(0.0, remaining)
+
+
+def cancelled_code(deadline: float | None) -> grpc.StatusCode:
+    """Why a call ended while it waited: its deadline passed, or it was cancelled (the client left)."""
+    late = deadline is not None and time.monotonic() >= deadline - 0.005
+    return grpc.StatusCode.DEADLINE_EXCEEDED if late else grpc.StatusCode.CANCELLED
+
+
+def service_error(exc: Exception, rpc: str, request_id: str, schema_field: str = "json_schema") -> ServiceError:
+    """The error to answer ``exc`` with (``errors.from_exception``; INTERNAL for anything unexpected), logged."""
+    err = errors.from_exception(exc, schema_field)
+    if err is None:
+        log.exception("rpc=%s request_id=%s internal error", rpc, request_id)
+        err = ServiceError(grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})", "INTERNAL")
+    elif err.code is grpc.StatusCode.INTERNAL:
+        log.error("rpc=%s request_id=%s %s: %s", rpc, request_id, err.reason, err.message)
+    else:
+        log.info("rpc=%s request_id=%s %s: %s", rpc, request_id, err.code.name, err.message)
+    return err
+
+
+async def guarded(deadline: float | None, awaitable: Awaitable[T]) -> T:
+    """Await an engine call, cancelling it just after ``deadline`` (a ``time.monotonic()`` value)."""
+    if deadline is None:
+        return await awaitable
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout_at(loop.time() + (deadline - time.monotonic()) + DEADLINE_SLACK_S):
+            return await awaitable
+    except TimeoutError:
+        raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED") from None
 
 
 class StructSpecServicer(pb_grpc.StructSpecServicer):
@@ -135,22 +174,14 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                 raise
             # the client cancelled or its deadline passed: the awaiting task (and so the
             # engine's decoding) is cancelled with us
-            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if late else grpc.StatusCode.CANCELLED
+            code = cancelled_code(call.deadline)
             log.info("rpc=%s request_id=%s %s", rpc, call.request_id, code.name.lower())
             raise
         except grpc.aio.AbortError:
             code = grpc.StatusCode.UNKNOWN
             raise
         except Exception as exc:
-            err = errors.from_exception(exc, call.schema_field)
-            if err is None:
-                log.exception("rpc=%s request_id=%s internal error", rpc, call.request_id)
-                err = ServiceError(grpc.StatusCode.INTERNAL, f"internal error (request id {call.request_id})", "INTERNAL")
-            elif err.code is grpc.StatusCode.INTERNAL:
-                log.error("rpc=%s request_id=%s %s: %s", rpc, call.request_id, err.reason, err.message)
-            else:
-                log.info("rpc=%s request_id=%s %s: %s", rpc, call.request_id, err.code.name, err.message)
+            err = service_error(exc, rpc, call.request_id, call.schema_field)
             code = err.code
             await context.abort(err.code, err.message, trailing_metadata=errors.details_metadata(err, call.request_id))
         finally:
@@ -159,15 +190,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             log.debug("rpc=%s request_id=%s code=%s ms=%.1f", rpc, call.request_id, code.name, seconds * 1000)
 
     async def _guarded(self, call: _Call, awaitable: Awaitable[T]) -> T:
-        """Await an engine call, cancelling it just after the client's deadline."""
-        if call.deadline is None:
-            return await awaitable
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout_at(loop.time() + (call.deadline - time.monotonic()) + DEADLINE_SLACK_S):
-                return await awaitable
-        except TimeoutError:
-            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED") from None
+        return await guarded(call.deadline, awaitable)
 
     async def _schema(self, request: pb.ExtractRequest, call: _Call) -> ResolvedSchema:
         which = request.WhichOneof("schema")
