@@ -1,5 +1,6 @@
-"""The asyncio gRPC server: wiring (store, registry, servicer, health, reflection, auth, TLS,
-metrics) and the lifecycle (load the engine while NOT_SERVING, drain on SIGTERM).
+"""The asyncio gRPC server and, beside it in the same loop, the OpenAI-compatible HTTP API: wiring (store,
+registry, servicer, health, reflection, auth, TLS, metrics) and the lifecycle (load the engine while
+NOT_SERVING, drain both on SIGTERM).
 
     server = StructSpecServer(settings, engine=my_engine)   # dependency injection (tests)
     await server.start(); ...; await server.stop(grace=5)
@@ -31,6 +32,8 @@ from structspec.service.auth import AuthConfig, AuthInterceptor
 from structspec.service.convert import Limits
 from structspec.service.decoding import DecodeGuardInterceptor
 from structspec.service.errors import ServiceError
+from structspec.service.http.app import OpenAIApp
+from structspec.service.http.server import HttpServer
 from structspec.service.metrics import ServiceMetrics
 from structspec.service.registry import SchemaRegistry, register_builtins
 from structspec.service.servicer import EngineSlot, StructSpecServicer
@@ -145,8 +148,10 @@ class StructSpecServer:
         self._flusher: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
+        self._http: HttpServer | None = None
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None  # the OpenAI-compatible HTTP API's, when it listens
 
     @property
     def engine(self) -> EngineAPI | None:
@@ -200,12 +205,25 @@ class StructSpecServer:
             self.port = server.add_insecure_port(address)
         await server.start()
         self._server = server
-        if s.metrics_port >= 0:
-            self.metrics_port = self.metrics.start_http(s.host, s.metrics_port)
+        try:
+            if s.http_port >= 0:
+                app = OpenAIApp(self._slot, self.registry, self.store, self.metrics, limits, auth, s.profile,
+                                max_in_flight=s.max_concurrent_rpcs).build()
+                self._http = HttpServer(app, s.host, s.http_port, cert_file=s.tls_cert_file, key_file=s.tls_key_file,
+                                        client_ca_file=s.tls_client_ca_file)
+                self.http_port = await self._http.start()
+            if s.metrics_port >= 0:
+                self.metrics_port = self.metrics.start_http(s.host, s.metrics_port)
+        except BaseException:  # a port already taken: nothing stays listening
+            await server.stop(0)
+            if self._http is not None:
+                await self._http.stop(0)
+            raise
         self._flusher = asyncio.create_task(self._flush_loop(), name="structspec-stats-flush")
         log.info(
-            "structspec listening on %s (tls=%s, mtls=%s, auth=%s, metrics port=%s)",
-            _bind_address(s.host, self.port), s.tls_enabled, s.tls_client_ca_file is not None, auth.enabled, self.metrics_port,
+            "structspec listening on %s (tls=%s, mtls=%s, auth=%s, OpenAI HTTP port=%s, metrics port=%s)",
+            _bind_address(s.host, self.port), s.tls_enabled, s.tls_client_ca_file is not None, auth.enabled,
+            self.http_port, self.metrics_port,
         )
         if self._initial_engine is not None:
             await self.set_engine(self._initial_engine)
@@ -285,9 +303,11 @@ class StructSpecServer:
         if self._stopping and self._server is not None:
             log.info("second signal: cancelling the in-flight requests now")
             asyncio.get_running_loop().create_task(self._server.stop(0))
+            if self._http is not None:
+                self._http.cut_short()
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain: NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace``
+        """Drain: NOT_SERVING, refuse new RPCs and HTTP requests, let in-flight ones finish within ``grace``
         seconds (default: settings), cancel the rest, then close the engine and flush the store."""
         if self._stopping:
             await self._stopped.wait()
@@ -299,8 +319,9 @@ class StructSpecServer:
         self.metrics.serving.set(0)
         log.info("draining: up to %.1f s for in-flight requests", grace)
         try:
-            if self._server is not None:
-                await self._server.stop(grace)
+            # both protocols drain at once, within the same grace
+            await asyncio.gather(*([self._server.stop(grace)] if self._server is not None else []),
+                                 *([self._http.stop(grace)] if self._http is not None else []))
             if self._flusher is not None:
                 self._flusher.cancel()
                 await asyncio.gather(self._flusher, return_exceptions=True)

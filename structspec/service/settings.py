@@ -77,6 +77,8 @@ class ServiceSettings:
     host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 or :: for every interface)")
     port: int = _opt(50051, "gRPC port (0 picks a free one)")
     metrics_port: int = _opt(9464, "Prometheus /metrics HTTP port on the same host; 0 picks a free one, -1 disables")
+    http_port: int = _opt(8000, "OpenAI-compatible HTTP API port on the same host (POST /v1/chat/completions, GET "
+                          "/v1/models, GET /health; same engine, tokens and TLS as gRPC); 0 picks a free one, -1 disables")
     # -- storage -------------------------------------------------------------------------------
     data_dir: Path = _opt(help="directory for the embedded store and other state", factory=_default_data_dir)
     store_url: str = _opt("", "store URL: sqlite:///path.db (empty: <data-dir>/structspec.db); postgresql:// later")
@@ -179,8 +181,9 @@ class ServiceSettings:
                 problems.append(f"{f.name}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}")
         if not 0 <= self.port <= 65535:
             problems.append("port: must be in [0, 65535]")
-        if not -1 <= self.metrics_port <= 65535:
-            problems.append("metrics_port: must be -1 (off) or in [0, 65535]")
+        for name in ("metrics_port", "http_port"):
+            if not -1 <= getattr(self, name) <= 65535:
+                problems.append(f"{name}: must be -1 (off) or in [0, 65535]")
         for name in ("max_queue", "max_batch", "max_tokens_cap", "max_message_bytes", "max_batch_for_speculation",
                      "kv_budget_tokens"):
             if getattr(self, name) < 1:

@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 def settings_for(data_dir: Path, **overrides: Any) -> ServiceSettings:
     base = ServiceSettings(
-        host="127.0.0.1", port=0, metrics_port=-1, data_dir=data_dir, drain_grace_seconds=1.0, stats_flush_interval_seconds=0.2
+        host="127.0.0.1", port=0, metrics_port=-1, http_port=-1, data_dir=data_dir, drain_grace_seconds=1.0, stats_flush_interval_seconds=0.2
     )
     return replace(base, **overrides).validate()
 

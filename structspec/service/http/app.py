@@ -1,0 +1,391 @@
+"""The OpenAI-compatible routes, as a FastAPI application over the gRPC service's engine slot, registry,
+store, metrics, limits and tokens: parse -> engine/registry -> render, errors mapped in one place.
+
+- ``POST /v1/chat/completions``: ``translate.plan`` decides (extraction or tool calls) and refuses
+  what structspec cannot do; the engine runs it (``stream: true``: server-sent events, extraction
+  deltas token by token, a tool-call message as one delta; ending with ``data: [DONE]``).
+- ``GET /v1/models``: the served profile. ``GET /health``: 200 ``{"status": "SERVING"}`` once the
+  engine is loaded, 503 ``NOT_SERVING`` while it loads or drains (no token needed).
+
+Each request to the first two is one exchange (``_run``): bearer token (``Authorization: Bearer``,
+the gRPC tokens), request id (``x-request-id``, echoed), metrics under ``rpc`` = the route
+(``POST /v1/chat/completions``, ``GET /v1/models``; ``code`` = the gRPC status code name), logging,
+and every failure turned into the gRPC service's ``ServiceError`` (``servicer.service_error``), then into
+OpenAI's error shape (``status.render``). A request whose client disconnects, or whose deadline
+(``structspec.timeout_seconds``) passes, is cancelled in the engine, as on gRPC.
+
+Errors before a stream's first event get their HTTP status; a failure after it (a deadline passing
+mid-stream) arrives as one ``data: {"error": {...}}`` event before ``[DONE]``, which the openai SDK raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from structspec.engine.api import EngineAPI, ExtractionRequest
+from structspec.engine.types import GenerationResult, TextDelta
+from structspec.service import errors
+from structspec.service.auth import AuthConfig, authorize_token, bearer_token
+from structspec.service.convert import Limits
+from structspec.service.errors import FieldViolation, ServiceError
+from structspec.service.http import body as http_body
+from structspec.service.http import render, status, translate
+from structspec.service.http.status import ParamNames
+from structspec.service.metrics import ServiceMetrics
+from structspec.service.registry import ResolvedSchema, SchemaRegistry
+from structspec.service.servicer import (
+    REQUEST_ID_KEY,
+    EngineSlot,
+    cancelled_code,
+    guarded,
+    history_scope_of_token,
+    request_id_from,
+    service_error,
+)
+from structspec.store.base import Store
+
+log = logging.getLogger("structspec.service.http")
+T = TypeVar("T")
+
+CHAT_ROUTE = "POST /v1/chat/completions"
+MODELS_ROUTE = "GET /v1/models"
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response: its request was cancelled in the engine."""
+
+
+@dataclass
+class _Exchange:
+    rpc: str
+    request_id: str
+    arrived: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.perf_counter)
+    deadline: float | None = None
+    result: GenerationResult | None = None
+    schema_field: str = "json_schema"  # the gRPC field a schema error names (json_schema, schema_id, tools)
+    names: ParamNames = field(default_factory=ParamNames)
+    streaming: bool = False  # the response is a stream: the exchange ends with it
+    counted: bool = False  # holds one of the in-flight slots
+    done: bool = False
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body is read by then, so ``receive`` only reports that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _aclose(stream: object) -> None:
+    """Close an engine stream now (a no-op once it finished), even from a task being cancelled."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is None:
+        return
+    with contextlib.suppress(BaseException):
+        await asyncio.shield(asyncio.ensure_future(aclose()))
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events whose exchange is finished however the response ends, even when the client left
+    before the first event was sent (the events' generator then never runs)."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], request_id: str):
+        super().__init__(events, media_type="text/event-stream", headers={**_SSE_HEADERS, REQUEST_ID_KEY: request_id})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+class OpenAIApp:
+    def __init__(self, slot: EngineSlot, registry: SchemaRegistry, store: Store, metrics: ServiceMetrics,
+                 limits: Limits, auth: AuthConfig, profile: str, max_in_flight: int = 0,
+                 clock: Callable[[], float] = time.time):
+        self._slot = slot
+        self._registry = registry
+        self._store = store
+        self._metrics = metrics
+        self._limits = limits
+        self._auth = auth
+        self._profile = profile
+        self._max_in_flight = max_in_flight  # 0: unlimited (the gRPC server's max_concurrent_rpcs)
+        self._in_flight = 0
+        self._clock = clock
+        self._started = int(clock())
+
+    def build(self) -> FastAPI:
+        app = FastAPI(title="structspec", docs_url=None, redoc_url=None, openapi_url=None)
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_exception_handler(StarletteHTTPException, self._http_exception)  # type: ignore[arg-type]
+        return app
+
+    # -- routes -----------------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._run(CHAT_ROUTE, request, lambda ex: self._chat(ex, request))
+
+    async def models(self, request: Request) -> Response:
+        async def answer(ex: _Exchange) -> Response:
+            engine = self._slot.engine
+            data = [{"id": self._profile, "object": "model", "created": self._started, "owned_by": "structspec",
+                     render.EXTENSION: {"model_key": engine.model_key if engine is not None else None,
+                                        "serving": engine is not None and not self._slot.draining}}]
+            return JSONResponse({"object": "list", "data": data})
+
+        return await self._run(MODELS_ROUTE, request, answer)
+
+    async def health(self, request: Request) -> Response:
+        serving = self._slot.engine is not None and not self._slot.draining
+        return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, 200 if serving else 503)
+
+    async def _http_exception(self, request: Request, exc: StarletteHTTPException) -> Response:
+        """Unknown routes and methods, in OpenAI's error shape too."""
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse({"error": {"message": message, "type": kind, "param": None,
+                                       "code": str(exc.detail).lower().replace(" ", "_")}},
+                            exc.status_code, headers=getattr(exc, "headers", None))
+
+    # -- the exchange: auth, metrics, errors --------------------------------------------------------
+
+    async def _run(self, rpc: str, request: Request, handler: Callable[[_Exchange], Awaitable[Response]]) -> Response:
+        ex = _Exchange(rpc, request_id_from([request.headers.get(REQUEST_ID_KEY)]))
+        try:
+            err = authorize_token(bearer_token(request.headers.items()), self._auth)
+            if err is not None:
+                raise err
+            response = await handler(ex)
+        except (asyncio.CancelledError, ClientGone) as exc:
+            code = cancelled_code(ex.deadline)
+            log.info("rpc=%s request_id=%s %s", rpc, ex.request_id, code.name.lower())
+            self._finish(ex, code)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        except Exception as exc:
+            return self._error_response(ex, exc)
+        if not ex.streaming:
+            self._finish(ex, grpc.StatusCode.OK)
+        response.headers[REQUEST_ID_KEY] = ex.request_id
+        return response
+
+    def _service_error(self, ex: _Exchange, exc: Exception) -> ServiceError:
+        return service_error(exc, ex.rpc, ex.request_id, ex.schema_field)
+
+    def _error_response(self, ex: _Exchange, exc: Exception) -> Response:
+        err = self._service_error(ex, exc)
+        self._finish(ex, err.code)
+        rendered = status.render(err, ex.request_id, ex.names)
+        return JSONResponse(rendered.body, rendered.status, headers=rendered.headers)
+
+    def _finish(self, ex: _Exchange, code: grpc.StatusCode) -> None:
+        if ex.done:
+            return
+        ex.done = True
+        if ex.counted:
+            self._in_flight -= 1
+        seconds = time.perf_counter() - ex.started
+        self._metrics.observe(ex.rpc, code.name, seconds, ex.result)
+        log.debug("rpc=%s request_id=%s code=%s ms=%.1f", ex.rpc, ex.request_id, code.name, seconds * 1000)
+
+    async def _unless_gone(self, request: Request, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable``, cancelling it if the client disconnects first (then ``ClientGone``)."""
+        work = asyncio.ensure_future(awaitable)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        raise ClientGone()
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self._limits.max_message_bytes
+
+        def too_large(size: int, exact: bool = True) -> ServiceError:
+            text = f"request is {'' if exact else 'over '}{size} bytes; the limit is {limit}"
+            return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, text, "MESSAGE_TOO_LARGE",
+                                [FieldViolation("request", "message too large")])
+
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large(int(declared))
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit, exact=False)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # -- chat completions ---------------------------------------------------------------------------
+
+    async def _chat(self, ex: _Exchange, request: Request) -> Response:
+        if self._max_in_flight and self._in_flight >= self._max_in_flight:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self._in_flight} requests in flight (the "
+                               "server's max_concurrent_rpcs)", "TOO_MANY_REQUESTS")
+        self._in_flight += 1
+        ex.counted = True
+        raw = await self._read_body(request)
+        parsed = await asyncio.to_thread(http_body.parse, raw)  # JSON and validation of up to max_message_bytes
+        plan = translate.plan(parsed, self._limits)
+        target = plan.target
+        ex.names = ParamNames(plan.max_tokens_param,
+                              target.schema_param if isinstance(target, translate.ExtractionTarget) else "tools")
+        engine = self._slot.require()
+        self._check_model(plan.model, engine)
+        if plan.timeout_seconds is not None:
+            ex.deadline = ex.arrived + plan.timeout_seconds
+        if plan.user:
+            log.debug("rpc=%s request_id=%s user=%s", ex.rpc, ex.request_id, plan.user)
+        token = bearer_token(request.headers.items())
+        scope = history_scope_of_token(token) if self._limits.history_per_token else ""
+        if isinstance(target, translate.ToolTarget):
+            ex.schema_field = "tools"
+            return await self._tools(ex, request, engine, plan, target, scope)
+        return await self._extract(ex, request, engine, plan, target, scope)
+
+    def _check_model(self, model: str, engine: EngineAPI) -> None:
+        if model not in (self._profile, engine.model_key):
+            message = f"model {model!r} is not served here; this server serves {self._profile!r} (GET /v1/models)"
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, message, "MODEL_NOT_FOUND", [FieldViolation("model", message)])
+
+    async def _schema(self, ex: _Exchange, target: translate.ExtractionTarget) -> ResolvedSchema:
+        if target.schema_id is not None:
+            ex.schema_field = "schema_id"
+            return await self._registry.resolve(target.schema_id, target.schema_version)
+        assert target.schema is not None
+        return translate.inline_schema(target.schema)
+
+    def _record_name(self, engine: EngineAPI, schema: ResolvedSchema, name: str | None) -> None:
+        """An inline schema's statistics stay keyed by its content; its json_schema.name is kept as their label."""
+        if name and schema.record is None:
+            self._store.stats.recorder(engine.model_key).record_name(schema.key, name)
+
+    async def _extract(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
+                       target: translate.ExtractionTarget, scope: str) -> Response:
+        schema = await self._schema(ex, target)
+        req = translate.extraction_request(plan, target, schema, ex.request_id, ex.deadline, scope)
+        created = int(self._clock())
+        if plan.stream:
+            return await self._extract_stream(ex, request, engine, plan, target, schema, req, created)
+        ex.result = await self._unless_gone(request, guarded(ex.deadline, engine.extract(req)))
+        self._record_name(engine, schema, target.name)
+        errors.check_result(ex.result, ex.deadline, schema_field=ex.schema_field)
+        message, finish = render.extraction_message(ex.result)
+        return JSONResponse(render.completion(ex.request_id, plan.model, created, engine.model_key, message, finish,
+                                              render.usage(ex.result, schema.key)))
+
+    async def _extract_stream(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
+                              target: translate.ExtractionTarget, schema: ResolvedSchema, req: ExtractionRequest,
+                              created: int) -> Response:
+        stream = engine.extract_stream(req)
+        items = stream.__aiter__()
+
+        async def next_item() -> TextDelta | GenerationResult | None:
+            try:
+                return await guarded(ex.deadline, items.__anext__())
+            except StopAsyncIteration:
+                return None
+
+        async def close(code: grpc.StatusCode) -> None:
+            await _aclose(stream)
+            self._finish(ex, code)
+
+        try:  # the first item before the response: errors up to prefill get their HTTP status
+            first = await self._unless_gone(request, next_item())
+        except BaseException:
+            await _aclose(stream)
+            raise
+        ex.streaming = True
+        chunks = render.Chunks(ex.request_id, plan.model, created, engine.model_key, plan.include_usage)
+
+        async def events() -> AsyncIterator[bytes]:
+            code = grpc.StatusCode.OK
+            try:
+                yield chunks.role()
+                item, first_delta = first, True
+                while not isinstance(item, GenerationResult):
+                    if item is None:
+                        raise ServiceError(grpc.StatusCode.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
+                    if first_delta:
+                        self._metrics.first_delta.observe(time.perf_counter() - ex.started)
+                        first_delta = False
+                    if item.text:
+                        yield chunks.content(item.text)
+                    item = await next_item()
+                ex.result = item
+                self._record_name(engine, schema, target.name)
+                errors.check_result(item, ex.deadline, schema_field=ex.schema_field)
+                _, finish = render.extraction_message(item)
+                yield chunks.finish(finish)
+                usage = chunks.usage(render.usage(item, schema.key))
+                if usage is not None:
+                    yield usage
+                yield render.DONE
+            except (asyncio.CancelledError, GeneratorExit):
+                code = cancelled_code(ex.deadline)
+                log.info("rpc=%s request_id=%s %s", ex.rpc, ex.request_id, code.name.lower())
+                raise
+            except Exception as exc:
+                err = self._service_error(ex, exc)
+                code = err.code
+                yield render.sse(status.render(err, ex.request_id, ex.names).body)
+                yield render.DONE
+            finally:
+                await close(code)
+
+        return _EventStream(events(), lambda: close(cancelled_code(ex.deadline)), ex.request_id)
+
+    async def _tools(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
+                     target: translate.ToolTarget, scope: str) -> Response:
+        req = translate.tool_request(plan, target, ex.request_id, ex.deadline, scope)
+        created = int(self._clock())
+        res = await self._unless_gone(request, guarded(ex.deadline, engine.call_tool(req)))
+        ex.result = res.result
+        errors.check_result(res.result, ex.deadline, schema_field=ex.schema_field)
+        message, finish = render.tool_message(res)
+        usage = render.usage(res.result, None)
+        if not plan.stream:
+            return JSONResponse(render.completion(ex.request_id, plan.model, created, engine.model_key, message,
+                                                  finish, usage))
+        ex.streaming = True
+        chunks = render.Chunks(ex.request_id, plan.model, created, engine.model_key, plan.include_usage)
+        usage_chunk = chunks.usage(usage)
+        events = [chunks.role(), chunks.message(message), chunks.finish(finish),
+                  *([usage_chunk] if usage_chunk is not None else []), render.DONE]
+
+        async def replay() -> AsyncIterator[bytes]:
+            for event in events:
+                yield event
+            self._finish(ex, grpc.StatusCode.OK)
+
+        async def close() -> None:  # the client left before the last event
+            self._finish(ex, grpc.StatusCode.CANCELLED)
+
+        return _EventStream(replay(), close, ex.request_id)

@@ -1,0 +1,145 @@
+"""Engine results -> OpenAI chat-completion objects and stream chunks (pure functions).
+
+- ``finish_reason``: ``stop`` (the grammar completed: a complete, schema-checked output), ``length``
+  (``max_tokens`` reached: the content is a truncated prefix, never a complete object, so clients that
+  check it, like the openai SDK's ``parse``, do not take it for one) or ``tool_calls`` (the message
+  carries complete calls). Cancelled and failed requests are errors, never choices.
+- A tool call has an id (``call_<24 hex>``) and its arguments as JSON text. A truncated tool output has
+  no ``tool_calls``: its partial text is the content, with ``finish_reason: "length"``.
+- ``usage`` has OpenAI's ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
+  ``prompt_tokens_details.cached_tokens`` (prompt tokens reused from the prefix cache), plus
+  structspec's own fields under the extension key ``structspec`` (``usage_extension``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from structspec.engine.api import ToolCallResult
+from structspec.engine.types import GenerationResult
+
+EXTENSION = "structspec"
+
+
+def completion_id(request_id: str) -> str:
+    return f"chatcmpl-{request_id}"
+
+
+def tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def usage_extension(result: GenerationResult, schema_key: str | None) -> dict[str, Any]:
+    """What structspec measured: target passes, forced (fast-forwarded) tokens, drafted and accepted tokens per
+    proposer, the drafting decision and why (``speculation.reason``, each proposer's reason), the post-check's
+    outcome and the engine's timings."""
+    u, s, t = result.usage, result.speculation, result.timings
+    out: dict[str, Any] = {
+        "target_forward_passes": u.target_forward_passes,
+        "forced_tokens": u.forced_tokens,
+        "drafted_tokens": dict(u.drafted),
+        "accepted_tokens": dict(u.accepted),
+        "speculation": None if s is None else {
+            "drafted": s.drafted, "reason": s.reason, "probe": s.probe, "proposer_reasons": dict(s.reasons),
+            "max_draft": dict(s.max_draft), "arm": s.arm,
+        },
+        "outcome": result.outcome.value,
+        "timings_ms": {"queued": t.queued_ms, "prefill": t.prefill_ms, "decode": t.decode_ms, "total": t.total_ms},
+    }
+    if schema_key is not None:
+        out["schema_key"] = schema_key
+    if result.error:
+        out["error"] = result.error
+    return out
+
+
+def usage(result: GenerationResult, schema_key: str | None) -> dict[str, Any]:
+    u = result.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.prompt_tokens + u.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
+        EXTENSION: usage_extension(result, schema_key),
+    }
+
+
+def extraction_message(result: GenerationResult) -> tuple[dict[str, Any], str]:
+    """(assistant message, finish reason) of an extraction: the JSON text as content."""
+    return {"role": "assistant", "content": result.text, "refusal": None}, "length" if result.truncated else "stop"
+
+
+def tool_message(res: ToolCallResult) -> tuple[dict[str, Any], str]:
+    """(assistant message, finish reason) of a tool-call request."""
+    r = res.result
+    if r.truncated:
+        return {"role": "assistant", "content": r.text, "refusal": None}, "length"
+    if res.calls:
+        calls = [{"id": tool_call_id(), "type": "function",
+                  "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments), ensure_ascii=False)}}
+                 for c in res.calls]
+        return {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": res.text if res.text is not None else r.text, "refusal": None}, "stop"
+
+
+def completion(request_id: str, model: str, created: int, fingerprint: str, message: dict[str, Any],
+               finish_reason: str, usage_value: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": completion_id(request_id),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage_value,
+    }
+
+
+class Chunks:
+    """The ``chat.completion.chunk`` objects of one streamed completion, as server-sent events."""
+
+    def __init__(self, request_id: str, model: str, created: int, fingerprint: str, include_usage: bool):
+        self._head = {"id": completion_id(request_id), "object": "chat.completion.chunk", "created": created,
+                      "model": model, "system_fingerprint": fingerprint}
+        self._include_usage = include_usage
+
+    def _event(self, choices: list[dict[str, Any]], usage_value: dict[str, Any] | None = None,
+               with_usage: bool = False) -> bytes:
+        obj = {**self._head, "choices": choices}
+        if self._include_usage:
+            obj["usage"] = usage_value if with_usage else None
+        return sse(obj)
+
+    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        return self._event([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+
+    def role(self) -> bytes:
+        return self.delta({"role": "assistant", "content": ""})
+
+    def content(self, text: str) -> bytes:
+        return self.delta({"content": text})
+
+    def message(self, message: dict[str, Any]) -> bytes:
+        """A whole message as one delta (tool-call requests are not streamed token by token)."""
+        delta: dict[str, Any] = {}
+        if message.get("content") is not None:
+            delta["content"] = message["content"]
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        return self.delta(delta)
+
+    def finish(self, finish_reason: str) -> bytes:
+        return self.delta({}, finish_reason)
+
+    def usage(self, usage_value: dict[str, Any]) -> bytes | None:
+        """The usage chunk (no choices), only when the request asked for it (``stream_options.include_usage``)."""
+        return self._event([], usage_value, with_usage=True) if self._include_usage else None
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"

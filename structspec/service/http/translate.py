@@ -1,0 +1,326 @@
+"""A chat-completions body -> what it asks of the engine (pure: no I/O, no engine, no registry).
+
+``plan`` decides what a request is and refuses what structspec cannot do, each refusal an
+INVALID_ARGUMENT ``ServiceError`` naming the body's own field (``param``):
+
+- **Extraction** (an ``ExtractionRequest``): ``response_format`` ``json_schema`` (its ``schema``) or
+  ``json_object`` (any JSON object), or a registered schema named by ``structspec.schema_id``.
+  System and developer messages, after ``json_schema.description``, become the prompt's
+  instruction; a single remaining user message is the text to extract from, several messages are
+  passed as the conversation.
+- **Tool calls** (a ``ToolCallRequest``): ``tools`` with ``tool_choice`` ``auto`` (a text answer or
+  calls), ``none`` (a text answer), ``required`` (calls) or a named function (a call to it), and
+  ``parallel_tool_calls``: true, one or more calls (a JSON list); false or unset, exactly one call.
+  Unset is OpenAI's "may call several", and one call is a valid answer to it: the models structspec
+  serves write one call per turn (their worked examples show one), and a list they were never shown
+  degrades their calls.
+  Every message goes to the prompt in order; an earlier assistant message's ``tool_calls`` are
+  written the way the model writes calls (``{"name": ..., "arguments": {...}}``).
+- Refused: free text without tools (``response_format`` ``text`` or none: every structspec output
+  is constrained by a schema or a tool list), ``response_format`` other than text together with
+  ``tools``, ``n`` other than 1, ``stop`` (an output ends where its grammar ends; cutting a JSON
+  document at a stop sequence would make it invalid), penalties, log-probabilities, logit biases,
+  non-text content parts, and a ``tool_choice`` or ``parallel_tool_calls`` without tools.
+
+Unset sampling fields take the engine's defaults (greedy, ``max_tokens`` 256 within the server's
+cap), as on gRPC; their ranges are checked by the engine's request types.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
+from structspec.engine.types import SamplingParams, SpeculationMode
+from structspec.grammar import json_text
+from structspec.service.convert import Limits
+from structspec.service.errors import invalid
+from structspec.service.http.body import ChatCompletionRequest, Message
+from structspec.service.registry import ResolvedSchema, canonical_json, inline_stats_key
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}  # response_format json_object
+_MODES = ("auto", "none", "required")
+
+# where an extraction's schema came from, as the body's field
+SCHEMA_PARAM = "response_format.json_schema.schema"
+JSON_OBJECT_PARAM = "response_format"
+SCHEMA_ID_PARAM = "structspec.schema_id"
+
+
+@dataclass(frozen=True)
+class ExtractionTarget:
+    schema: dict[str, Any] | None  # inline (None: the registered ``schema_id``)
+    schema_id: str | None
+    schema_version: int | None
+    name: str | None  # json_schema.name: the readable label of an inline schema's statistics
+    schema_param: str  # the body field the schema came from (errors about the schema name it)
+    text: str
+    messages: tuple[ChatMessage, ...]
+    instruction: str | None
+
+
+@dataclass(frozen=True)
+class ToolTarget:
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[dict[str, Any], ...]  # the engine's (OpenAI-style) tool entries
+    tool_choice: str  # auto | none | required | a tool name
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    model: str
+    target: ExtractionTarget | ToolTarget
+    sampling: SamplingParams
+    max_tokens_param: str  # "max_tokens" or "max_completion_tokens": the one the caller set
+    speculation: SpeculationMode
+    stream: bool
+    include_usage: bool
+    timeout_seconds: float | None
+    user: str | None
+
+
+def plan(body: ChatCompletionRequest, limits: Limits) -> ChatPlan:
+    _refuse_unimplemented(body)
+    ext = body.structspec
+    if ext is not None and ext.schema_version is not None and ext.schema_id is None:
+        raise invalid("structspec.schema_version", "needs structspec.schema_id")
+    target: ExtractionTarget | ToolTarget = _tool_target(body) if body.tools is not None else _extraction_target(body)
+    sampling, max_tokens_param = _sampling(body, limits)
+    return ChatPlan(
+        model=body.model,
+        target=target,
+        sampling=sampling,
+        max_tokens_param=max_tokens_param,
+        speculation=SpeculationMode.OFF if ext is not None and ext.speculation == "off" else SpeculationMode.AUTO,
+        stream=bool(body.stream),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        timeout_seconds=ext.timeout_seconds if ext is not None else None,
+        user=body.user,
+    )
+
+
+def inline_schema(schema: dict[str, Any]) -> ResolvedSchema:
+    """An inline schema, keyed for statistics by its content (as gRPC's inline ``json_schema``)."""
+    return ResolvedSchema(schema, inline_stats_key(canonical_json(schema)))
+
+
+def extraction_request(p: ChatPlan, target: ExtractionTarget, schema: ResolvedSchema, request_id: str,
+                       deadline: float | None, history_scope: str) -> ExtractionRequest:
+    return ExtractionRequest(
+        schema=schema.schema,
+        text=target.text,
+        messages=target.messages,
+        instruction=target.instruction,
+        sampling=p.sampling,
+        speculation=p.speculation,
+        deadline=deadline,
+        request_id=request_id,
+        schema_key=schema.key,
+        history_scope=history_scope,
+        schema_speculation=schema.speculation,
+    )
+
+
+def tool_request(p: ChatPlan, target: ToolTarget, request_id: str, deadline: float | None,
+                 history_scope: str) -> ToolCallRequest:
+    return ToolCallRequest(
+        messages=target.messages,
+        tools=target.tools,
+        tool_choice=target.tool_choice,
+        parallel_calls=target.parallel,
+        sampling=p.sampling,
+        speculation=p.speculation,
+        deadline=deadline,
+        request_id=request_id,
+        history_scope=history_scope,
+    )
+
+
+# -- refusals ----------------------------------------------------------------------------------------
+
+
+def _refuse_unimplemented(body: ChatCompletionRequest) -> None:
+    if body.n not in (None, 1):
+        raise invalid("n", "only n = 1 is supported (one choice per request; send several requests for several)")
+    if body.stop not in (None, "", []):
+        raise invalid("stop", "stop sequences are not supported: an output ends where its schema or tool call ends, "
+                              "and a JSON document cut at a stop sequence would not be valid")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(body, name) not in (None, 0):
+            raise invalid(name, "penalties are not supported (only 0)")
+    if body.logprobs:
+        raise invalid("logprobs", "log-probabilities are not returned (only false)")
+    if body.top_logprobs not in (None, 0):
+        raise invalid("top_logprobs", "log-probabilities are not returned (only 0)")
+    if body.logit_bias:
+        raise invalid("logit_bias", "logit biases are not supported (only {})")
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options", "only with stream: true")
+
+
+# -- what the request asks for -----------------------------------------------------------------------
+
+
+def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
+    if body.tool_choice is not None:
+        raise invalid("tool_choice", "only with tools")
+    if body.parallel_tool_calls is not None:
+        raise invalid("parallel_tool_calls", "only with tools")
+    fmt, ext = body.response_format, body.structspec
+    schema_id = ext.schema_id if ext is not None else None
+    description: str | None = None
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    if schema_id is not None:
+        if fmt is not None:
+            raise invalid("response_format", "set either response_format or structspec.schema_id, not both")
+        param = SCHEMA_ID_PARAM
+    elif fmt is None or fmt.type == "text":
+        raise invalid("response_format", "structspec has no free-text mode: every output is constrained. Set "
+                                         "response_format to json_schema or json_object, pass tools, or name a "
+                                         "registered schema with structspec.schema_id")
+    elif fmt.type == "json_object":
+        if fmt.json_schema is not None:
+            raise invalid("response_format.json_schema", "only with type json_schema")
+        schema, param = dict(ANY_OBJECT), JSON_OBJECT_PARAM
+    else:
+        spec = fmt.json_schema
+        if spec is None:
+            raise invalid("response_format.json_schema", "is required with type json_schema")
+        if spec.schema_ is None:
+            raise invalid(SCHEMA_PARAM, "is required: structspec constrains the output to this schema")
+        schema, param, name, description = spec.schema_, SCHEMA_PARAM, spec.name, spec.description
+    instruction_parts = [description] if description else []
+    rest: list[ChatMessage] = []
+    for msg in _messages(body.messages):
+        if msg.role == "system":
+            instruction_parts.append(msg.content)
+        else:
+            rest.append(msg)
+    if not any(m.role == "user" for m in rest):
+        raise invalid("messages", "needs a user message (the input to extract from)")
+    single = len(rest) == 1
+    return ExtractionTarget(
+        schema=schema, schema_id=schema_id, schema_version=ext.schema_version if ext is not None else None,
+        name=name, schema_param=param,
+        text=rest[0].content if single else "", messages=() if single else tuple(rest),
+        instruction="\n".join(p.strip() for p in instruction_parts if p.strip()) or None,
+    )
+
+
+def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
+    assert body.tools is not None
+    if not body.tools:
+        raise invalid("tools", "must not be empty (leave it out for no tools)")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise invalid("response_format", f"{body.response_format.type} together with tools is not supported: one "
+                                         "output is constrained either to calls (or a text answer) or to one schema")
+    if body.structspec is not None and body.structspec.schema_id is not None:
+        raise invalid("structspec.schema_id", "not with tools")
+    tools = []
+    for t in body.tools:
+        fn: dict[str, Any] = {"name": t.function.name, "description": t.function.description or ""}
+        if t.function.parameters is not None:
+            fn["parameters"] = t.function.parameters
+        tools.append({"type": "function", "function": fn})
+    choice = body.tool_choice
+    if choice is None:
+        tool_choice = "auto"
+    elif isinstance(choice, str):
+        tool_choice = choice
+    else:
+        tool_choice = choice.function.name
+        if tool_choice in _MODES:
+            raise invalid("tool_choice.function.name", f"a tool named {tool_choice!r} cannot be chosen by name "
+                                                       "(the name is also a tool_choice mode)")
+    parallel = bool(body.parallel_tool_calls)  # unset: one call (see the module's docstring)
+    return ToolTarget(_messages(body.messages), tuple(tools), tool_choice, parallel)
+
+
+def _sampling(body: ChatCompletionRequest, limits: Limits) -> tuple[SamplingParams, str]:
+    if body.max_tokens is not None and body.max_completion_tokens is not None \
+            and body.max_tokens != body.max_completion_tokens:
+        raise invalid("max_completion_tokens", "differs from max_tokens; set one of them")
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    defaults = SamplingParams()
+    return SamplingParams(
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        seed=body.seed,
+        max_tokens=min(defaults.max_tokens, limits.max_tokens_cap) if max_tokens is None else max_tokens,
+    ), param
+
+
+# -- messages ----------------------------------------------------------------------------------------
+
+
+def _messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
+    out = []
+    call_ids: set[str] = set()
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        content = _content(m, at)
+        if m.refusal is not None:
+            raise invalid(f"{at}.refusal", "only null (an earlier refusal cannot be replayed)")
+        if m.role != "assistant" and m.tool_calls is not None:
+            raise invalid(f"{at}.tool_calls", "only on assistant messages")
+        if m.role != "tool" and m.tool_call_id is not None:
+            raise invalid(f"{at}.tool_call_id", "only on tool messages")
+        if m.role == "assistant":
+            parts = [content] if content else []
+            if m.tool_calls:
+                parts.append(_calls_text(m, at))
+                call_ids.update(c.id for c in m.tool_calls)
+            if not parts:
+                raise invalid(f"{at}.content", "an assistant message needs content or tool_calls")
+            out.append(ChatMessage("assistant", "\n".join(parts)))
+            continue
+        if content is None:
+            raise invalid(f"{at}.content", f"a {m.role} message needs content")
+        if m.role == "tool":
+            if m.tool_call_id is None:
+                raise invalid(f"{at}.tool_call_id", "a tool message needs the id of the call it answers")
+            if m.tool_call_id not in call_ids:
+                raise invalid(f"{at}.tool_call_id", f"{m.tool_call_id!r} is not the id of an earlier assistant "
+                                                    "message's tool call")
+        out.append(ChatMessage("system" if m.role == "developer" else m.role, content))
+    return tuple(out)
+
+
+def _content(m: Message, at: str) -> str | None:
+    if m.content is None or isinstance(m.content, str):
+        return m.content
+    texts = []
+    for j, part in enumerate(m.content):
+        where = f"{at}.content[{j}]"
+        if part.type != "text":
+            raise invalid(f"{where}.type", f"{part.type!r} content is not supported (text parts only)")
+        for key in part.model_extra or {}:
+            raise invalid(f"{where}.{key}", "unsupported field of a text part")
+        if part.text is None:
+            raise invalid(f"{where}.text", "a text part needs its text")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _calls_text(m: Message, at: str) -> str:
+    """An assistant message's calls as the model writes them: one call object, or a list of several."""
+    assert m.tool_calls is not None
+    calls = []
+    for j, call in enumerate(m.tool_calls):
+        where = f"{at}.tool_calls[{j}].function.arguments"
+        try:
+            args = json_text.loads(call.function.arguments)
+        except json_text.TooDeep as exc:
+            raise invalid(where, str(exc)) from None
+        except json.JSONDecodeError as exc:
+            raise invalid(where, f"not JSON: {exc.msg} at position {exc.pos}") from None
+        if not isinstance(args, dict):
+            raise invalid(where, "must be the JSON text of an object")
+        calls.append({"name": call.function.name, "arguments": args})
+    value: Any = calls[0] if len(calls) == 1 else calls
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
