@@ -30,7 +30,7 @@ class ServiceMetrics:
             "structspec_malformed_requests", "requests whose bytes did not decode (answered INVALID_ARGUMENT)", ["rpc"], registry=r
         )
         self.first_delta = Histogram(
-            "structspec_stream_first_delta_seconds", "time to the first text delta of ExtractStream", buckets=_LATENCY_BUCKETS, registry=r
+            "structspec_stream_first_delta_seconds", "time to the first text delta of a stream (ExtractStream, streamed chat completions)", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.prompt_tokens = Counter("structspec_prompt_tokens", "prompt tokens of finished requests", ["rpc"], registry=r)
         self.output_tokens = Counter("structspec_output_tokens", "output tokens of finished requests", ["rpc"], registry=r)

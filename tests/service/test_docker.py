@@ -69,7 +69,7 @@ def test_dockerfile_commands(path: Path) -> None:
     assert set(env) <= valid, set(env) - valid
     settings = from_env(env)  # values parse as settings
     exposed = {int(p) for word, rest in ins if word == "EXPOSE" for p in rest.split()}
-    assert {settings["port"], settings["metrics_port"]} == exposed
+    assert {settings["port"], settings["metrics_port"], settings["http_port"]} == exposed
     assert settings["host"] == "0.0.0.0"
 
 
@@ -88,6 +88,8 @@ def test_compose_and_prometheus_agree() -> None:
     metrics_port = env_of(DOCKER / "Dockerfile.cpu")["STRUCTSPEC_METRICS_PORT"]
     prom = (DOCKER / "prometheus.yml").read_text()
     assert f'targets: ["structspec:{metrics_port}"]' in prom and "metrics_path: /metrics" in prom
+    http_port = env_of(DOCKER / "Dockerfile.cpu")["STRUCTSPEC_HTTP_PORT"]
+    assert f'- "{http_port}:{http_port}"' in compose  # the HTTP API published beside gRPC
     grace = float(env_of(DOCKER / "Dockerfile.cpu")["STRUCTSPEC_DRAIN_GRACE_SECONDS"])
     stop = int(re.search(r"stop_grace_period: (\d+)s", compose).group(1))  # type: ignore[union-attr]
     assert stop > grace

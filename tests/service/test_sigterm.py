@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -30,13 +31,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tmp_path: Path, *args: str, load_seconds: float = 0.0) -> tuple[subprocess.Popen[str], str, Path]:
+def start(tmp_path: Path, *args: str, load_seconds: float = 0.0,
+          http_port: int = -1) -> tuple[subprocess.Popen[str], str, Path]:
     port = free_port()
     log = tmp_path / "server.log"
     env = {**os.environ, "FAKE_ENGINE_LOAD_SECONDS": str(load_seconds), "PYTHONPATH": str(REPO)}
     env = {k: v for k, v in env.items() if not k.startswith("STRUCTSPEC_")}
     cmd = [sys.executable, "-m", "structspec.cli_serve", "serve", "--port", str(port), "--metrics-port", "-1",
-           "--data-dir", str(tmp_path / "data"), "--drain-grace-seconds", str(GRACE), *args]
+           "--http-port", str(http_port), "--data-dir", str(tmp_path / "data"), "--drain-grace-seconds", str(GRACE), *args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
     return proc, f"127.0.0.1:{port}", log
 
@@ -113,6 +115,61 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         channel.close()
         text = log.read_text()
         assert "draining" in text and "stopped" in text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_drains_the_http_api_too(tmp_path: Path) -> None:
+    """The same drain on the OpenAI-compatible HTTP API: the short request completes, new ones are refused, the
+    long stream is cut at the end of the grace period, and the process exits 0 in time."""
+    http_port = free_port()
+    proc, target, _ = start(tmp_path, "--engine-factory", "tests.service.fakes:make_fake_engine", http_port=http_port)
+    url = f"http://127.0.0.1:{http_port}"
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in ("name", "email", "city")}}
+
+    def body(text: str, stream: bool = False) -> dict[str, object]:
+        return {"model": "gemma-3-270m", "messages": [{"role": "user", "content": text}], "stream": stream,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "contact", "schema": schema}}}
+
+    try:
+        wait_serving(target, proc)
+        assert httpx.get(url + "/health").json() == {"status": "SERVING"}
+        results: dict[str, object] = {}
+
+        def short() -> None:  # 6 chunks at 0.1 s: done within the grace
+            r = httpx.post(url + "/v1/chat/completions", json=body("[slow=0.1]"), timeout=GRACE + 10)
+            results["short"] = (r.status_code, r.json())
+
+        def long() -> None:  # 6 chunks at 1 s: past the grace
+            try:
+                with httpx.stream("POST", url + "/v1/chat/completions", json=body("[slow=1]", True),
+                                  timeout=GRACE + 10) as r:
+                    results["long"] = [line for line in r.iter_lines() if line]
+            except httpx.HTTPError as exc:  # the connection cut mid-stream
+                results["long"] = exc
+
+        threads = [threading.Thread(target=short), threading.Thread(target=long)]
+        for t in threads:
+            t.start()
+        time.sleep(1.3)  # both admitted (the stream's first delta comes after 1 s)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        try:
+            late = httpx.post(url + "/v1/chat/completions", json=body("x"), timeout=3)
+            assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+        except httpx.ConnectError:
+            pass  # or no longer listening
+        for t in threads:
+            t.join(GRACE + 5)
+        status, answer = results["short"]  # type: ignore[misc]
+        assert status == 200 and answer["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
+        cut = results["long"]
+        assert isinstance(cut, httpx.HTTPError) or "data: [DONE]" not in cut or any('"error"' in e for e in cut), cut
+        assert proc.wait(timeout=GRACE + 8) == 0
+        assert time.monotonic() - t0 < GRACE + 4
     finally:
         if proc.poll() is None:
             proc.kill()

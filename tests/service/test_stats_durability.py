@@ -31,7 +31,7 @@ def serve(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRUCTSPEC_")}
     env["PYTHONPATH"] = str(REPO)
     cmd = [sys.executable, "-m", "structspec.cli_serve", "serve", "--profile", "demo", "--port", str(port),
-           "--metrics-port", "-1", "--data-dir", str(tmp_path / "data")]
+           "--metrics-port", "-1", "--http-port", "-1", "--data-dir", str(tmp_path / "data")]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=(tmp_path / "server.log").open("w"),
                             stderr=subprocess.STDOUT, text=True)
     return proc, f"127.0.0.1:{port}"
