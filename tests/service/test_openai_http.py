@@ -389,3 +389,24 @@ def test_http_port_setting(tmp_path: Path) -> None:
     assert ServiceSettings().http_port == 8000  # on by default, on its own port
     with ServerThread(settings_for(tmp_path, http_port=-1), FakeEngine()) as st:
         assert st.server is not None and st.server.http_port is None
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    import contextlib
+    import io
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## OpenAI-compatible HTTP API", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert 'base_url="http://localhost:8000/v1"' in code
+    out = io.StringIO()
+    with ServerThread(settings_for(tmp_path, http_port=0), FakeEngine()) as st, contextlib.redirect_stdout(out):
+        exec(compile(code.replace("http://localhost:8000/v1", base_url(st) + "/v1"), "README.md", "exec"),
+             {"__name__": "readme"})
+    lines = out.getvalue().splitlines()
+    assert len(lines[0].split()) >= 2  # the contact's name and email
+    passes, tokens = map(int, lines[1].split())
+    assert 0 < passes <= tokens
+    assert lines[2].startswith("tool_calls get_weather {")
+    assert "invoice_number" in json.loads(lines[3])  # the registered invoice schema's keys
