@@ -52,6 +52,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def longest(self) -> int:
+        """Tokens of the longest retained prompt (0 when none)."""
+        return max(map(len, self._entries.values()), default=0)
+
     def lookup(self, prompt: Sequence[int], running: Iterable[tuple[int, Sequence[int], int]]) -> PrefixHit | None:
         """Best source for ``prompt``: running ``(seq_id, prompt, cached)`` triples or retained entries.
 

@@ -2,8 +2,12 @@
 
 Admission is FIFO under two limits: ``max_batch`` running sequences and a KV budget
 (``kv_budget_tokens``) from which each admitted request reserves prompt + max_tokens +
-draft headroom up front, so a running request is never starved of cache memory. Retained
-prompts (the prefix cache) are evicted before anyone waits for memory.
+draft headroom up front, so a running request is never starved of cache memory. The same
+budget bounds the cache's real footprint (``ForwardStep.footprint``: a dense cache holds
+every live sequence, retained prompts included, at the longest one's length), so memory
+is bounded by configuration: about ``kv_budget_tokens`` x bytes per token, or one request
+alone if it needs more. Retained prompts (the prefix cache) are evicted before anyone
+waits for memory.
 
 The plan: decoding sequences first (their pending token and the forced tokens after it,
 always in full), then prompt chunks (``prefill_chunk`` each) in admission order within what
@@ -80,9 +84,11 @@ class Scheduler:
             seq = self.waiting[0]
             need = self.kv_need(len(seq.prompt), seq.params.max_tokens)
             while (self.prefix is not None and len(self.prefix)
-                   and self.reserved + need + self.prefix.tokens > self.limits.kv_budget_tokens):
+                   and (self.reserved + need + self.prefix.tokens > self.limits.kv_budget_tokens
+                        or self._footprint(need) > self.limits.kv_budget_tokens)):
                 self.executor.free(self.prefix.evict())  # retained prompts are a cache: they never make anyone wait
-            if self.reserved + need > self.limits.kv_budget_tokens:
+            if self.reserved + need > self.limits.kv_budget_tokens or (
+                    self.running and self._footprint(need) > self.limits.kv_budget_tokens):
                 break  # FIFO: the head waits for memory rather than being overtaken forever
             try:  # allocating a slot may grow the cache (out of memory): that request fails, nothing leaks
                 seq_id = self.executor.new_sequence()
@@ -97,6 +103,13 @@ class Scheduler:
             self._prefix_unchecked.add(seq.key)
             admitted.append(seq)
         return admitted, []
+
+    def _footprint(self, need: int) -> int:
+        """The cache's footprint with one more sequence of ``need`` tokens beside the running and retained ones."""
+        live = len(self.running) + (len(self.prefix) if self.prefix is not None else 0) + 1
+        longest = max([need, *(s.reserved for s in self.running),
+                       self.prefix.longest() if self.prefix is not None else 0])
+        return self.executor.footprint(live, longest)
 
     # -- the step plan ---------------------------------------------------------------------------
     def schedule(self) -> list[StepPlan]:

@@ -62,3 +62,7 @@ class ForwardStep(Protocol):
 
     def seq_len(self, seq_id: int) -> int:
         """Tokens currently cached for the sequence."""
+
+    def footprint(self, sequences: int, longest: int) -> int:
+        """KV positions the cache would occupy holding ``sequences`` live sequences, the longest ``longest``
+        tokens (what the scheduler keeps within the KV budget). Raises: Never."""

@@ -10,8 +10,8 @@ each sequence owns a slot, and a token's cache index is its absolute position.
 The buffers grow (doubling slots or capacity) when a sequence needs it, and shrink
 back when the live sequences use under a quarter of them (``_fit``, on ``free``), so
 memory follows the live set (running requests and retained prompts), not the largest
-burst the process ever served: at most ~4 x bytes_per_token x live slots x the longest
-live sequence. Every layer keeps the full history, sliding-window layers included (the window
+burst the process ever served. The scheduler admits a request only while
+``footprint`` (slots x capacity) stays within its KV budget. Every layer keeps the full history, sliding-window layers included (the window
 is enforced by the attention mask), so rollback is just a shorter length.
 
 A step packs every sequence's new tokens into one row, with no padding:
@@ -27,6 +27,7 @@ beside fifteen one-token decodes costs 271 rows, not 16 x 256.
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 import threading
 from dataclasses import dataclass
@@ -41,6 +42,21 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from structspec.models.executor import ContextOverflow, StepInput
 from structspec.models.profiles import cache_dir
 from structspec.models.small_gemm import FormChoices, OutputHead, fast_linears_enabled, small_row_linears
+
+
+def _return_freed_memory(device: torch.device) -> None:
+    """Give the freed K/V buffers back to the OS. glibc keeps freed blocks under its (self-raising) mmap
+    threshold in the heap, so without this a process's resident memory stays at its largest cache ever."""
+    if device.type != "cpu" or _LIBC is None:
+        return
+    _LIBC.malloc_trim(0)
+
+
+try:  # glibc only (Linux); elsewhere the allocator's own policy applies
+    _LIBC = ctypes.CDLL("libc.so.6")
+    _LIBC.malloc_trim  # noqa: B018 - the symbol exists
+except (OSError, AttributeError):
+    _LIBC = None
 
 
 def _pow2(n: int) -> int:
@@ -188,6 +204,8 @@ class TransformersExecutor:
         for new, old in ((self._k, old_k), (self._v, old_v)):
             for layer, buf in enumerate(old):
                 new[layer][: buf.shape[0], :, : buf.shape[2]] = buf
+        del old_k, old_v
+        _return_freed_memory(self.device)
 
     @property
     def slots(self) -> int:
@@ -200,6 +218,11 @@ class TransformersExecutor:
     def cached_tokens(self) -> int:
         """Tokens held across all live sequences (what admission control budgets)."""
         return sum(self._len.values())
+
+    def footprint(self, sequences: int, longest: int) -> int:
+        """Slots x capacity after growing for ``sequences`` sequences up to ``longest`` tokens (both grow to
+        powers of two, never shrink below what is allocated now)."""
+        return max(self.slots, _pow2(sequences)) * max(self.capacity, min(self.max_context, _pow2(longest)))
 
     def allocated_bytes(self) -> int:
         """Bytes of the K/V buffers (every slot at full capacity: the dense layout's real footprint)."""
@@ -227,6 +250,8 @@ class TransformersExecutor:
                     new[layer][slot, :, :n] = buf[was, :, :n]
         self._slot = {seq_id: slot for slot, (seq_id, _) in enumerate(live)}
         self._free_slots = list(range(len(live), slots))  # ascending: already a heap
+        del old
+        _return_freed_memory(self.device)
 
     # -- ForwardStep -------------------------------------------------------------------------------
     def new_sequence(self) -> int:
@@ -278,8 +303,8 @@ class TransformersExecutor:
             if n + c > self.max_context:
                 raise ContextOverflow(f"sequence {x.seq_id} would hold {n + c} tokens; the context is {self.max_context}")
         need = max(n + c for n, c in zip(lens, counts))
-        if need > self.capacity:
-            self._alloc(self.slots, max(need, 2 * self.capacity))
+        if need > self.capacity:  # powers of two, as ``footprint`` assumes
+            self._alloc(self.slots, min(self.max_context, _pow2(need)))
 
         chunks, offset = [], 0
         for x, n, c in zip(inputs, lens, counts):

@@ -78,6 +78,9 @@ class TableExecutor:
     def seq_len(self, seq_id: int) -> int:
         return len(self.cache[seq_id])
 
+    def footprint(self, sequences: int, longest: int) -> int:
+        return 0  # no physical cache: only the reservations bound admission
+
 
 class SlotMatcher:
     def __init__(self, slots: Sequence[frozenset[int]]):

@@ -146,3 +146,39 @@ def test_a_sequence_is_submitted_once():
         core.submit(seq)  # it would be queued twice and reserve its KV memory twice
     drain(core, [seq])
     assert seq.finish is FinishReason.STOP and core.scheduler.reserved == 0
+
+
+class DenseExecutor(TableExecutor):
+    """A fake with a dense cache's footprint: every live sequence at the longest one's length."""
+
+    def footprint(self, sequences: int, longest: int) -> int:
+        return sequences * longest
+
+
+def test_the_kv_budget_bounds_the_dense_footprint_retained_prompts_first():
+    # A dense cache holds every live sequence at the longest one's length. Reservations alone would admit the
+    # long request and all five short ones (58 + 5 x 5 <= 200); the footprint admits two short ones beside it
+    # (3 x 58 = 174), after evicting the retained prompts, and the rest wait for it to finish.
+    executor = DenseExecutor(CYCLE)
+    core = EngineCore(executor, ToyTokenizer(), EOS, SchedulerLimits(kv_budget_tokens=200, max_draft=0,
+                                                                     prefix_cache_tokens=1000))
+    for i in (3, 4):
+        run_until_idle(core, [make_seq([i] * 16, free_slots(2), max_tokens=2)])
+    sched = core.scheduler
+    assert len(sched.prefix) == 2
+    long = make_seq([1] * 40, free_slots(17), max_tokens=17)  # 40 + 17 + 1
+    short = [make_seq([i, 2], free_slots(2), max_tokens=2) for i in range(5, 10)]
+    for s in [long, *short]:
+        core.submit(s)
+    core.step()
+    assert len(sched.running) == 3 and len(sched.prefix) == 0 and sched.reserved == 58 + 2 * 5
+    drain(core, [long, *short])
+    assert all(s.finish is FinishReason.STOP for s in [long, *short])
+    # Without the footprint (a cache that holds only what is reserved) all six run at once.
+    plain, _ = core_with(kv_budget_tokens=200, max_draft=0)
+    seqs = [make_seq([1] * 40, free_slots(17), max_tokens=17),
+            *[make_seq([i, 2], free_slots(2), max_tokens=2) for i in range(5, 10)]]
+    for s in seqs:
+        plain.submit(s)
+    plain.step()
+    assert len(plain.scheduler.running) == 6
