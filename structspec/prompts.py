@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-PROMPT_FORMAT = "structspec-plain-v1"
+PROMPT_FORMAT = "structspec-plain-v2"
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,14 @@ def toolcall_prompt(
 ) -> str:
     """``### Tools:`` list + the conversation + ``### Call:``.
 
-    ``messages`` are (role, content) pairs; the last user turn is the request.
+    ``messages`` are (role, content) pairs; the last user turn is the request. Worked examples
+    come after the tool list, each a ``### User:`` / ``### Call:`` pair, a blank line apart: the
+    list is shown once (repeating it per example made prompts 2-3x longer and calls no better).
     """
     tool_block = "### Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
     convo = "".join(f"### {role.capitalize()}:\n{content.strip()}\n" for role, content in messages)
-    blocks = [f"{tool_block}### User:\n{ex.text.strip()}\n### Call:\n{ex.output}\n" for ex in examples]
-    blocks.append(f"{tool_block}{convo}### Call:\n")
-    return "\n".join(blocks)
+    shots = "".join(f"### User:\n{ex.text.strip()}\n### Call:\n{ex.output}\n\n" for ex in examples)
+    return f"{tool_block}{shots}{convo}### Call:\n"
 
 
 def compact_json(value: Any) -> str:

@@ -1,0 +1,34 @@
+"""Prompt formats: the zero-shot shapes the demo pair was trained on, and the few-shot blocks base models get."""
+
+from __future__ import annotations
+
+from structspec.prompts import FewShotExample, ToolSpec, extraction_prompt, toolcall_prompt
+
+SCHEMA = {"title": "Contact", "type": "object"}
+TOOLS = [ToolSpec("get_weather", "Weather for a city.", {"properties": {"city": {}}}),
+         ToolSpec("lookup_order", "Order status.", {"properties": {"order_id": {}}})]
+
+
+def test_zero_shot_shapes_are_the_trained_ones():
+    assert extraction_prompt(SCHEMA, " Ada, ada@example.com ") == (
+        "### Extract Contact as JSON.\n### Input:\nAda, ada@example.com\n### JSON:\n")
+    assert toolcall_prompt(TOOLS, [("user", "Rain in Oslo?")]) == (
+        "### Tools:\n- get_weather(city): Weather for a city.\n- lookup_order(order_id): Order status.\n"
+        "### User:\nRain in Oslo?\n### Call:\n")
+
+
+def test_extraction_examples_repeat_the_block_before_the_request():
+    ex = FewShotExample("Bo, bo@example.com", '{"name":"Bo"}')
+    prompt = extraction_prompt(SCHEMA, "Ada", "Names only.", (ex,))
+    head = "### Extract Contact as JSON.\nNames only.\n"
+    assert prompt == f"{head}### Input:\nBo, bo@example.com\n### JSON:\n{ex.output}\n\n{head}### Input:\nAda\n### JSON:\n"
+
+
+def test_tool_examples_follow_one_tool_list():
+    shots = (FewShotExample("Rain in Rome?", '{"name":"get_weather","arguments":{"city":"Rome"}}'),
+             FewShotExample("Where is ORD-1?", '{"name":"lookup_order","arguments":{"order_id":"ORD-1"}}'))
+    prompt = toolcall_prompt(TOOLS, [("user", "Rain in Oslo?")], shots)
+    assert prompt.count("### Tools:") == 1 and prompt.count("### Call:") == 3
+    assert prompt.endswith("### User:\nWhere is ORD-1?\n### Call:\n"
+                           '{"name":"lookup_order","arguments":{"order_id":"ORD-1"}}\n\n'
+                           "### User:\nRain in Oslo?\n### Call:\n")
