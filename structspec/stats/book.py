@@ -7,6 +7,10 @@ The policy reads ``rows`` from the book: what this process recorded plus, after 
 ``replace_persisted``, what the store holds (every replica's traffic when several share
 one store).
 
+Beside the counters the book holds what the decode path records that is not a sum: the
+rejected-draft samples (``samples``), the drafting policy's state per proposer and schema
+(``policy``), and the process-lifetime totals Prometheus scrapes (``totals``).
+
 Thread-safe. Cost: ``add`` is O(counters added); ``rows_for`` is O(counters of one
 (model, schema)) through an index.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 from structspec.stats.counters import (
     LATENCY_BOUNDS_MS,
@@ -27,6 +31,9 @@ from structspec.stats.counters import (
     histogram_label,
     hour_of,
 )
+from structspec.stats.policy_states import PolicyStates
+from structspec.stats.samples import CONTEXT_TOKENS, RejectedDraft, RejectionSampler
+from structspec.stats.totals import ProcessTotals
 
 Counters = dict[CounterKey, float]
 
@@ -39,9 +46,13 @@ def merge_into(into: Counters, rows: Mapping[CounterKey, float] | Iterable[tuple
 
 
 class StatsBook:
-    def __init__(self, horizon_seconds: float = 7 * 86400, clock: Callable[[], float] = time.time):
+    def __init__(self, horizon_seconds: float = 7 * 86400, clock: Callable[[], float] = time.time,
+                 samples_per_hour: int = 8):
         self.horizon_seconds = horizon_seconds  # how far back ``rows`` keeps counters (the policy's reach)
         self.clock = clock
+        self.samples = RejectionSampler(samples_per_hour)
+        self.policy = PolicyStates()
+        self.totals = ProcessTotals()
         self._lock = threading.Lock()
         self._rows: Counters = {}  # persisted (as of the last replace) + everything recorded here since
         self._by_schema: dict[tuple[str, str], set[CounterKey]] = defaultdict(set)
@@ -51,9 +62,11 @@ class StatsBook:
     # -- recording -------------------------------------------------------------------------------
     def add(self, rows: Iterable[tuple[CounterKey, float]]) -> None:
         with self._lock:
+            rows = list(rows)
             for key, value in rows:
                 self._pending[key] = self._pending.get(key, 0.0) + value
                 self._put(key, value)
+        self.totals.add(rows)
 
     def _put(self, key: CounterKey, value: float) -> None:
         self._rows[key] = self._rows.get(key, 0.0) + value
@@ -201,3 +214,37 @@ class Recorder:
         b, k = batch_bucket(batch_size), self._keys("")
         self.book.add([(k(Series.STEPS, "", b, str(longest_draft)), 1.0),
                        (k(Series.STEP_SECONDS, "", b, str(longest_draft)), float(seconds))])
+
+    def record_policy(self, schema_key: str, reasons: Mapping[str, str], batch_size: int,
+                      acceptance: Mapping[str, float | None], threshold: float | None) -> None:
+        """The policy's per-proposer reasons of one decision, with the acceptance it read per proposer: the
+        changes of each proposer's state (``PolicyStates``), and its switches counted in the totals."""
+        now, b = self.book.clock(), batch_bucket(batch_size)
+        for proposer, reason in reasons.items():
+            change = self.book.policy.observe(self.model, schema_key, proposer, reason, now, b,
+                                              acceptance.get(proposer), threshold)
+            if change is not None and change.is_switch:
+                self.book.totals.add_switch(schema_key, proposer, change.state)
+
+    def record_rejection(self, schema_key: str, proposer: str, batch_size: int, context: Sequence[int],
+                         draft: Sequence[int], position: int, target_token: int, grammatical: bool,
+                         decode: Callable[[Sequence[int]], str]) -> bool:
+        """Offer one rejected draft (``draft[position]`` refused, the target chose ``target_token``) to the schema's
+        sample; ``decode`` (token ids -> text) runs only when it is kept. Whether it was kept; never raises."""
+        try:
+            if not 0 <= position < len(draft) or draft[position] == target_token:
+                return False  # nothing was refused (an EOS the grammar walk cut and the target chose too)
+            now = self.book.clock()
+            hour = hour_of(now)
+            slot = self.book.samples.slot(self.model, schema_key, proposer, hour)
+            if slot is None:
+                return False
+            ctx = tuple(int(t) for t in context[-CONTEXT_TOKENS:])
+            tokens = tuple(int(t) for t in draft)
+            self.book.samples.put(RejectedDraft(
+                self.model, schema_key, proposer, hour, slot, now, batch_bucket(batch_size), ctx, decode(ctx), tokens,
+                decode(tokens), position, tokens[position], decode(tokens[position:position + 1]), int(target_token),
+                decode([int(target_token)]), grammatical))
+            return True
+        except Exception:  # noqa: BLE001 - a sample is never worth a request
+            return False
