@@ -14,6 +14,8 @@ from typing import Iterable, Protocol, runtime_checkable
 
 from structspec.stats.book import Counters, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
+from structspec.stats.policy_states import PolicyChange
+from structspec.stats.samples import RejectedDraft
 
 
 @dataclass(frozen=True)
@@ -81,17 +83,28 @@ class Store(Protocol):
     stats: StatsBook
 
     async def flush(self) -> None:
-        """Write the counters recorded since the last flush, and the schema history appended since."""
+        """Write what was recorded since the last flush: counters, schema history, rejected-draft samples and the
+        policy's changes."""
 
     async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
                             schema_key: str | None = None) -> Counters:
         """Counters of the hours overlapping ``[since, until)``, unflushed ones included, each exactly once."""
 
     async def refresh_stats(self) -> None:
-        """Load the store's counters of the book's horizon into ``stats`` (the policy then sees every replica)."""
+        """Load the store's counters of the book's horizon into ``stats`` (the policy then sees every replica), and
+        seed ``stats.policy`` with each proposer's latest persisted state."""
 
     async def prune(self, before: float) -> int:
-        """Drop counters of hours ending before ``before``; returns the rows removed."""
+        """Drop counters, samples and policy changes from before ``before``; returns the rows removed."""
+
+    # -- what schema owners read beside the counters ------------------------------------------
+
+    async def read_rejected_drafts(self, model: str | None = None, schema_key: str | None = None,
+                                   proposer: str | None = None, limit: int = 100) -> list[RejectedDraft]:
+        """The newest ``limit`` rejected-draft samples (unwritten ones included), newest first."""
+
+    async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
+        """Every kept change of the policy's per-proposer state (unwritten ones included), oldest first."""
 
     # -- schema history (what the history proposer drafts from) ------------------------------
 

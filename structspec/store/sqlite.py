@@ -7,6 +7,7 @@ never waits on disk. WAL mode lets the engine (or a CLI) open the same file conc
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -14,11 +15,15 @@ from typing import Any, Callable, TypeVar
 
 from structspec.stats.book import Counters, StatsBook
 from structspec.stats.counters import CounterKey, Series, hour_of
+from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
+from structspec.stats.policy_states import PolicyChange
+from structspec.stats.samples import KEEP_PER_KEY as SAMPLES_KEEP
+from structspec.stats.samples import RejectedDraft
 from structspec.store.base import SPECULATION_MODES, SchemaRecord, StoreError, sum_counters
 
 T = TypeVar("T")
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _DDL = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # last_version survives deletes so version numbers are never reused
@@ -37,6 +42,19 @@ _DDL = (
         id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, history_key TEXT NOT NULL,
         text TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS history_by_key ON history (model, history_key, id)",
+    # a reservoir of rejected drafts per (model, schema, proposer, hour); token lists as JSON arrays
+    """CREATE TABLE IF NOT EXISTS rejected_drafts (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL, hour BIGINT NOT NULL,
+        slot INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, batch_bucket INTEGER NOT NULL,
+        context_tokens TEXT NOT NULL, context_text TEXT NOT NULL, draft_tokens TEXT NOT NULL, draft_text TEXT NOT NULL,
+        position INTEGER NOT NULL, rejected_token INTEGER NOT NULL, rejected_text TEXT NOT NULL,
+        target_token INTEGER NOT NULL, target_text TEXT NOT NULL, grammatical INTEGER NOT NULL,
+        PRIMARY KEY (model, schema_key, proposer, hour, slot))""",
+    """CREATE TABLE IF NOT EXISTS policy_changes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, previous TEXT NOT NULL,
+        batch_bucket INTEGER NOT NULL, acceptance DOUBLE PRECISION, threshold DOUBLE PRECISION)""",
+    "CREATE INDEX IF NOT EXISTS policy_changes_by_key ON policy_changes (model, schema_key, proposer, at)",
 )
 _COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
 _COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
@@ -57,6 +75,36 @@ def _migrate_from_1(c: sqlite3.Connection) -> None:
                 (UNKNOWN_MODEL, series),
             )
         c.execute("DROP TABLE acceptance")
+
+
+# Version 2 -> 3 adds the rejected-draft samples and the policy's changes: new tables (the DDL creates them), no
+# row of version 2 changes.
+
+
+_SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
+                "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical")
+_CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
+
+
+def _sample_row(r: RejectedDraft) -> tuple[Any, ...]:
+    return (r.model, r.schema_key, r.proposer, r.hour, r.slot, r.created_at, r.batch_bucket, json.dumps(r.context_tokens),
+            r.context_text, json.dumps(r.draft_tokens), r.draft_text, r.position, r.rejected_token, r.rejected_text,
+            r.target_token, r.target_text, int(r.grammatical))
+
+
+def _sample(row: tuple[Any, ...]) -> RejectedDraft:
+    return RejectedDraft(row[0], row[1], row[2], int(row[3]), int(row[4]), float(row[5]), int(row[6]),
+                         tuple(json.loads(row[7])), row[8], tuple(json.loads(row[9])), row[10], int(row[11]),
+                         int(row[12]), row[13], int(row[14]), row[15], bool(row[16]))
+
+
+def _change(row: tuple[Any, ...]) -> PolicyChange:
+    return PolicyChange(row[0], row[1], row[2], float(row[3]), row[4], row[5], row[6], int(row[7]),
+                        None if row[8] is None else float(row[8]), None if row[9] is None else float(row[9]))
+
+
+def _matches(item: RejectedDraft | PolicyChange, model: str | None, schema_key: str | None) -> bool:
+    return (model is None or item.model == model) and (schema_key is None or item.schema_key == schema_key)
 
 
 def _record(row: tuple[Any, ...]) -> SchemaRecord:
@@ -229,11 +277,17 @@ class SQLiteStore:
     # -- statistics ----------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        # a failed history write does not hold the counters back
+        # a failed write of one kind does not hold the others back (the first error is raised)
         try:
             await self._flush_history()
         finally:
-            await self._flush_counters()
+            try:
+                await self._flush_samples()
+            finally:
+                try:
+                    await self._flush_changes()
+                finally:
+                    await self._flush_counters()
 
     async def _flush_counters(self) -> None:
         rows = self.stats.take()
@@ -283,19 +337,110 @@ class SQLiteStore:
         return sum_counters(await self._run(read), since, until)
 
     async def refresh_stats(self) -> None:
-        def read(c: sqlite3.Connection) -> None:
+        def read(c: sqlite3.Connection) -> list[PolicyChange]:
             stored = self._select(c, hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
             self.stats.replace_persisted(stored)  # under the lock: no flush commits in between
+            latest = c.execute(
+                f"SELECT {_CHANGE_COLS} FROM policy_changes p WHERE id = (SELECT MAX(id) FROM policy_changes q WHERE "
+                "q.model = p.model AND q.schema_key = p.schema_key AND q.proposer = p.proposer)").fetchall()
+            return [_change(r) for r in latest]
 
-        await self._run(read)
+        self.stats.policy.seed(await self._run(read))  # a restarted server knows each proposer's state
 
     async def prune(self, before: float) -> int:
         cutoff = hour_of(before)
 
         def prune(c: sqlite3.Connection) -> int:
-            return c.execute("DELETE FROM counters WHERE hour < ?", (cutoff,)).rowcount
+            n = c.execute("DELETE FROM counters WHERE hour < ?", (cutoff,)).rowcount
+            n += c.execute("DELETE FROM rejected_drafts WHERE hour < ?", (cutoff,)).rowcount
+            return n + c.execute("DELETE FROM policy_changes WHERE at < ?", (before,)).rowcount
 
         return await self._run(prune)
+
+    # -- rejected drafts and the policy's changes ---------------------------------------------------
+
+    async def _flush_samples(self) -> None:
+        rows = self.stats.samples.take()
+        if not rows:
+            return
+
+        def write(c: sqlite3.Connection) -> None:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                marks = ", ".join("?" * len(_sample_row(rows[0])))
+                c.executemany(f"INSERT OR REPLACE INTO rejected_drafts ({_SAMPLE_COLS}) VALUES ({marks})",
+                              [_sample_row(r) for r in rows])
+                for model, key, proposer in {(r.model, r.schema_key, r.proposer) for r in rows}:
+                    c.execute("DELETE FROM rejected_drafts WHERE model = ? AND schema_key = ? AND proposer = ? AND "
+                              "(hour, slot) NOT IN (SELECT hour, slot FROM rejected_drafts WHERE model = ? AND "
+                              "schema_key = ? AND proposer = ? ORDER BY hour DESC, created_at DESC LIMIT ?)",
+                              (model, key, proposer, model, key, proposer, SAMPLES_KEEP))
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+
+        try:
+            await self._run(write)
+        except BaseException:
+            self.stats.samples.restore(rows)
+            raise
+
+    async def _flush_changes(self) -> None:
+        rows = self.stats.policy.take()
+        if not rows:
+            return
+
+        def write(c: sqlite3.Connection) -> None:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                c.executemany(f"INSERT INTO policy_changes ({_CHANGE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              [(r.model, r.schema_key, r.proposer, r.at, r.state, r.reason, r.previous, r.batch_bucket,
+                                r.acceptance, r.threshold) for r in rows])
+                for model, key, proposer in {r.key for r in rows}:
+                    c.execute("DELETE FROM policy_changes WHERE model = ? AND schema_key = ? AND proposer = ? AND id "
+                              "NOT IN (SELECT id FROM policy_changes WHERE model = ? AND schema_key = ? AND proposer = ? "
+                              "ORDER BY id DESC LIMIT ?)", (model, key, proposer, model, key, proposer, CHANGES_KEEP))
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+
+        try:
+            await self._run(write)
+        except BaseException:
+            self.stats.policy.restore(rows)
+            raise
+
+    async def read_rejected_drafts(self, model: str | None = None, schema_key: str | None = None,
+                                   proposer: str | None = None, limit: int = 100) -> list[RejectedDraft]:
+        def read(c: sqlite3.Connection) -> list[RejectedDraft]:
+            sql, args = f"SELECT {_SAMPLE_COLS} FROM rejected_drafts WHERE 1 = 1", []
+            for column, value in (("model", model), ("schema_key", schema_key), ("proposer", proposer)):
+                if value is not None:
+                    sql += f" AND {column} = ?"
+                    args.append(value)
+            rows = c.execute(sql + " ORDER BY created_at DESC LIMIT ?", [*args, limit]).fetchall()
+            return [_sample(r) for r in rows]
+
+        stored = await self._run(read)
+        pending = [r for r in self.stats.samples.pending()
+                   if _matches(r, model, schema_key) and (proposer is None or r.proposer == proposer)]
+        merged = {r.key: r for r in stored}
+        merged.update({r.key: r for r in pending})  # an unwritten sample replaces its slot's stored one
+        return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
+
+    async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
+        def read(c: sqlite3.Connection) -> list[PolicyChange]:
+            sql, args = f"SELECT {_CHANGE_COLS} FROM policy_changes WHERE 1 = 1", []
+            for column, value in (("model", model), ("schema_key", schema_key)):
+                if value is not None:
+                    sql += f" AND {column} = ?"
+                    args.append(value)
+            return [_change(r) for r in c.execute(sql + " ORDER BY at, id", args).fetchall()]
+
+        stored = await self._run(read)
+        return stored + [r for r in self.stats.policy.pending() if _matches(r, model, schema_key)]
 
     # -- schema history ------------------------------------------------------------------------
 

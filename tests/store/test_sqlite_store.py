@@ -296,7 +296,7 @@ async def test_migration_from_version_1(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     hour = write_version_1(path)
     s = await opened(path)
-    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)  # type: ignore[union-attr]
+    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)  # type: ignore[union-attr]
     assert s._conn.execute("SELECT name FROM sqlite_master WHERE name = 'acceptance'").fetchone() is None  # type: ignore[union-attr]
 
     counters = await s.read_counters(since=0)
@@ -319,7 +319,7 @@ async def test_migration_from_version_1(tmp_path: Path) -> None:
     assert (await s.set_schema_speculation("inv", 1, "off")).speculation == "off"  # type: ignore[union-attr]
     await s.close()
 
-    s2 = await opened(path)  # opening a version-2 file again migrates nothing
+    s2 = await opened(path)  # opening a current file again migrates nothing
     assert await s2.read_counters(since=0) == counters
     assert (await s2.get_schema("inv", 1)).speculation == "off"  # type: ignore[union-attr]
     await s2.close()

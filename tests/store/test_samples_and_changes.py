@@ -1,0 +1,156 @@
+"""The store's rejected-draft samples and policy changes: persisted, bounded, pruned, read with the unwritten ones;
+the migration from schema version 2."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from structspec.stats.book import StatsBook
+from structspec.stats.counters import HOUR, Reason, Series, hour_of
+from structspec.stats.policy_states import OFF, ON
+from structspec.stats.samples import KEEP_PER_KEY
+from structspec.store import StoreError
+from structspec.store.sqlite import SQLiteStore
+from tests.store.test_sqlite_store import NOW, Clock, key, opened
+
+
+def decode(ids):
+    return " ".join(map(str, ids))
+
+
+def reject(store: SQLiteStore, schema: str = "inv@1", proposer: str = "ngram", target: int = 99, model: str = "m"):
+    return store.stats.recorder(model).record_rejection(schema, proposer, 2, list(range(40)), [5, 6, 7], 1, target,
+                                                        True, decode)
+
+
+async def test_samples_survive_a_restart_and_unwritten_ones_are_read_too(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    s = await opened(path)
+    assert reject(s) and reject(s, proposer="draft") and reject(s, schema="other@1")
+    (first,) = await s.read_rejected_drafts("m", "inv@1", "ngram")  # not flushed yet: read from memory
+    await s.flush()
+    assert await s.read_rejected_drafts("m", "inv@1", "ngram") == [first]
+    assert reject(s, target=98)  # a second one in the same hour: the next slot
+    await s.close()  # close flushes
+    s2 = await opened(path)
+    got = await s2.read_rejected_drafts("m", "inv@1")
+    assert sorted((r.proposer, r.slot, r.target_token) for r in got) == [("draft", 0, 99), ("ngram", 0, 99),
+                                                                        ("ngram", 1, 98)]
+    r = next(x for x in got if x.slot == 1)
+    assert (r.context_tokens, r.draft_tokens, r.rejected_token, r.rejected_text, r.target_text) == (
+        tuple(range(8, 40)), (5, 6, 7), 6, "6", "98")
+    assert [x.schema_key for x in await s2.read_rejected_drafts(limit=1)] == ["inv@1"]  # newest first
+    assert await s2.read_rejected_drafts("other-model") == []
+    await s2.close()
+
+
+async def test_samples_are_bounded_per_key_and_pruned_with_their_hour(tmp_path: Path) -> None:
+    clock = Clock(NOW - 400 * HOUR)
+    s = await opened(tmp_path / "b.db", clock)
+    s.stats.samples.per_hour = 1
+    for _ in range(KEEP_PER_KEY + 30):  # one sample an hour, more hours than are kept
+        clock.t += HOUR
+        assert reject(s)
+        if clock.t % (50 * HOUR) < HOUR:
+            await s.flush()
+    await s.flush()
+    rows = await s.read_rejected_drafts("m", "inv@1", limit=1000)
+    assert len(rows) == KEEP_PER_KEY and min(r.hour for r in rows) == hour_of(clock.t) - (KEEP_PER_KEY - 1) * HOUR
+    removed = await s.prune(clock.t - 10 * HOUR)
+    assert removed == KEEP_PER_KEY - 11 and len(await s.read_rejected_drafts("m", "inv@1", limit=1000)) == 11
+    await s.close()
+
+
+async def test_policy_changes_persist_and_seed_a_restarted_server(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    clock = Clock()
+    s = await opened(path, clock)
+    rec = s.stats.recorder("m")
+    rec.record_policy("inv@1", {"ngram": Reason.COLD}, 1, {}, 0.55)
+    clock.t += 60
+    rec.record_policy("inv@1", {"ngram": Reason.LOW_ACCEPTANCE}, 1, {"ngram": 0.3}, 0.55)
+    assert [c.state for c in await s.read_policy_changes("m", "inv@1")] == [ON, OFF]  # unwritten, read
+    await s.close()
+
+    s2 = await opened(path, clock)
+    changes = await s2.read_policy_changes()
+    assert [(c.state, c.reason, c.previous, c.acceptance, c.threshold) for c in changes] == [
+        (ON, Reason.COLD, "", None, 0.55), (OFF, Reason.LOW_ACCEPTANCE, ON, 0.3, 0.55)]
+    await s2.refresh_stats()  # the server's start: the latest state per key seeds the book
+    rec2 = s2.stats.recorder("m")
+    clock.t += 60
+    rec2.record_policy("inv@1", {"ngram": Reason.LOW_ACCEPTANCE}, 1, {"ngram": 0.3}, 0.55)
+    assert s2.stats.policy.pending() == []  # not a switch: it was off before the restart
+    rec2.record_policy("inv@1", {"ngram": Reason.DRAFTED}, 1, {"ngram": 0.7}, 0.55)
+    (back_on,) = s2.stats.policy.pending()
+    assert (back_on.previous, back_on.state) == (OFF, ON)
+    assert await s2.prune(clock.t - 30) == 2  # the changes before are gone, the unwritten one stays
+    await s2.close()
+    s3 = await opened(path, clock)
+    assert [c.reason for c in await s3.read_policy_changes()] == [Reason.DRAFTED]
+    await s3.close()
+
+
+async def test_a_failed_write_keeps_samples_and_changes_for_the_next_flush(tmp_path: Path) -> None:
+    s = await opened(tmp_path / "f.db")
+    reject(s)
+    s.stats.recorder("m").record_policy("inv@1", {"ngram": Reason.COLD}, 1, {}, 0.55)
+    s._conn.execute("DROP TABLE rejected_drafts")  # type: ignore[union-attr]
+    s._conn.execute("DROP TABLE policy_changes")  # type: ignore[union-attr]
+    with pytest.raises(StoreError):
+        await s.flush()
+    assert len(s.stats.samples.pending()) == 1 and len(s.stats.policy.pending()) == 1
+    s._conn.close()  # type: ignore[union-attr]
+
+
+# -- migration from version 2 ---------------------------------------------------------------------
+
+_V2_DDL = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE schema_ids (schema_id TEXT PRIMARY KEY, last_version INTEGER NOT NULL)",
+    """CREATE TABLE schema_versions (
+        schema_id TEXT NOT NULL, version INTEGER NOT NULL, schema_json TEXT NOT NULL,
+        sha256 TEXT NOT NULL, description TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        source TEXT NOT NULL, speculation TEXT NOT NULL DEFAULT 'auto', PRIMARY KEY (schema_id, version))""",
+    "CREATE INDEX schema_versions_hash ON schema_versions (schema_id, sha256)",
+    """CREATE TABLE counters (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, series TEXT NOT NULL,
+        proposer TEXT NOT NULL, batch_bucket INTEGER NOT NULL, label TEXT NOT NULL, value DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (model, schema_key, hour, series, proposer, batch_bucket, label))""",
+    "CREATE INDEX counters_hour ON counters (hour)",
+    """CREATE TABLE history (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, history_key TEXT NOT NULL,
+        text TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX history_by_key ON history (model, history_key, id)",
+)
+
+
+async def test_migration_from_version_2(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path)
+    for stmt in _V2_DDL:
+        conn.execute(stmt)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    conn.execute("INSERT INTO schema_ids VALUES ('inv', 1)")
+    conn.execute("INSERT INTO schema_versions VALUES ('inv', 1, '{}', 'h', '', 1.0, 'api', 'off')")
+    conn.execute("INSERT INTO counters VALUES ('m', 'inv@1', ?, 'drafted', 'ngram', 1, '', 12.0)", (hour_of(NOW),))
+    conn.execute("INSERT INTO history (model, history_key, text, created_at) VALUES ('m', 'inv@1', '{\"a\":1}', 2.0)")
+    conn.commit()
+    conn.close()
+
+    s = await opened(path)
+    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)  # type: ignore[union-attr]
+    assert (await s.read_counters(since=0)) == {key("m", "inv@1", Series.DRAFTED, proposer="ngram", bucket=1): 12.0}
+    assert (await s.get_schema("inv", 1)).speculation == "off"  # type: ignore[union-attr]
+    assert await s.load_history("m", 8, 8) == [("inv@1", '{"a":1}')]
+    assert await s.read_rejected_drafts() == [] and await s.read_policy_changes() == []
+    assert reject(s)
+    s.stats.recorder("m").record_policy("inv@1", {"ngram": Reason.COLD}, 1, {}, 0.55)
+    await s.close()
+    s2 = SQLiteStore(path, StatsBook(clock=Clock()))
+    await s2.open()  # version 3 again: nothing to migrate
+    assert len(await s2.read_rejected_drafts()) == 1 and len(await s2.read_policy_changes()) == 1
+    await s2.close()
