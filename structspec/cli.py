@@ -105,7 +105,7 @@ def bench_decode(
     configs: str = typer.Option(",".join(("off", "ff", "ff+ngram", "ff+ngram+history", "all", "policy",
                                           "hf_outlines", "hf_generate", "hf_assisted")),
                                 help="comma-separated configurations to run, on the same prompts"),
-    few_shot: Optional[int] = typer.Option(None, help="worked examples per prompt (default: 0 demo, 1 gemma)"),
+    few_shot: Optional[int] = typer.Option(None, help="worked examples per prompt (default: 0 demo, 3 gemma)"),
     examples: str = typer.Option("shipped", help="shipped (the server's examples of the built-in schemas) | "
                                                  "synthesized (what a schema or tool list of one's own gets)"),
     device: str = typer.Option("cpu", help="cpu | cuda"),

@@ -16,10 +16,14 @@ PROMPT_FORMAT = "structspec-plain-v2"
 
 @dataclass(frozen=True)
 class FewShotExample:
-    """A worked input -> output pair shown before the real request."""
+    """A worked input -> output pair shown before the real request.
+
+    ``title``: the schema title the example's output follows when it is not the request's schema
+    (an example of another schema, shown under its own ``### Extract <title> as JSON.``)."""
 
     text: str
     output: str
+    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,12 @@ def extraction_prompt(
     Few-shot examples repeat the same block with their output, separated by a
     blank line, so a base model sees the pattern before the real request.
     """
-    head = f"### Extract {schema_title(schema)} as JSON.\n"
-    if instruction:
-        head += f"{instruction.strip()}\n"
-    blocks = [f"{head}### Input:\n{ex.text.strip()}\n### JSON:\n{ex.output}\n" for ex in examples]
-    blocks.append(f"{head}### Input:\n{text.strip()}\n### JSON:\n")
+    def head(title: str) -> str:
+        return f"### Extract {title} as JSON.\n" + (f"{instruction.strip()}\n" if instruction else "")
+
+    own = schema_title(schema)
+    blocks = [f"{head(ex.title or own)}### Input:\n{ex.text.strip()}\n### JSON:\n{ex.output}\n" for ex in examples]
+    blocks.append(f"{head(own)}### Input:\n{text.strip()}\n### JSON:\n")
     return "\n".join(blocks)
 
 

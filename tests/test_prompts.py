@@ -32,3 +32,10 @@ def test_tool_examples_follow_one_tool_list():
     assert prompt.endswith("### User:\nWhere is ORD-1?\n### Call:\n"
                            '{"name":"lookup_order","arguments":{"order_id":"ORD-1"}}\n\n'
                            "### User:\nRain in Oslo?\n### Call:\n")
+
+
+def test_an_example_of_another_schema_is_shown_under_its_own_title():
+    other = FewShotExample("Bo, bo@example.com", '{"name":"Bo"}', title="Contact")
+    prompt = extraction_prompt({"title": "Order", "type": "object"}, "Order 7", None, (other,))
+    assert prompt == ("### Extract Contact as JSON.\n### Input:\nBo, bo@example.com\n### JSON:\n{\"name\":\"Bo\"}\n\n"
+                      "### Extract Order as JSON.\n### Input:\nOrder 7\n### JSON:\n")

@@ -171,8 +171,8 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
     """``n`` held-out items; ``few_shot`` worked examples per schema (for tool calls: per tool).
 
     ``examples``: ``shipped`` (the server's examples for the built-in schemas) or ``synthesized`` (the
-    placeholder example the server makes for a schema or tool list of the caller's own, one per schema
-    or tool whatever ``few_shot`` is above 0): how such a caller's requests fare."""
+    placeholder examples the server makes for a schema or tool list of the caller's own, at most two per
+    schema or tool): how such a caller's requests fare."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
     share = {"toolcall": 0.9, "extraction": 0.0, "freetext": 0.0, "mixed": 0.25, "shift": 0.0}[workload]
@@ -190,7 +190,7 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
     # requests for the built-in schemas and tools), so the benchmark measures the prompts users get.
     if examples not in EXAMPLE_SOURCES:
         raise ValueError(f"unknown examples source {examples!r}; one of {', '.join(EXAMPLE_SOURCES)}")
-    book = build_example_book(few_shot) if examples == "shipped" else ExampleBook(synthesize=few_shot > 0)
+    book = build_example_book(few_shot) if examples == "shipped" else ExampleBook(synthesize=few_shot)
     out = []
     for ex in items:
         if ex.task == "toolcall":

@@ -20,9 +20,9 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
-from structspec.engine.synthetic_examples import synthesize_extraction_example, synthesize_tool_examples
+from structspec.engine.synthetic_examples import synthesize_extraction_examples, synthesize_tool_examples
 from structspec.grammar.cache import schema_digest
-from structspec.prompts import FewShotExample
+from structspec.prompts import FewShotExample, schema_title
 
 MAX_SYNTHESIZED = 1024  # schemas and tool lists whose synthesised example is kept (each a few hundred bytes)
 
@@ -30,15 +30,21 @@ MAX_SYNTHESIZED = 1024  # schemas and tool lists whose synthesised example is ke
 class ExampleBook:
     """Worked examples keyed by the exact schema (or tool list) they belong to (``schema_digest``).
 
-    ``synthesize``: a schema or tool list with no shipped example gets one made from the schema
-    (``synthetic_examples``), built once per digest and kept in a bounded LRU. Never raises for a
-    schema it cannot fill: that request gets no example."""
+    ``synthesize``: a schema or tool list with no shipped example gets examples made from the schema
+    (``synthetic_examples``), built once per digest and kept in a bounded LRU: a tool list, that many
+    (0-2) calls per tool; a schema, one placeholder example followed by ``foreign`` (a real worked
+    example of another schema, under its own title) when given, else that many placeholder ones. The
+    real example last shows that values come from the input (placeholders alone are copied into a
+    third of the values; ``README``: Prompt format). Never raises for a schema it cannot fill: that
+    request gets ``foreign`` alone, or nothing."""
 
     def __init__(self, by_schema: dict[str, tuple[FewShotExample, ...]] | None = None,
-                 by_tools: dict[str, tuple[FewShotExample, ...]] | None = None, synthesize: bool = False):
+                 by_tools: dict[str, tuple[FewShotExample, ...]] | None = None, synthesize: int = 0,
+                 foreign: FewShotExample | None = None):
         self._by_schema = by_schema or {}
         self._by_tools = by_tools or {}
-        self.synthesize = synthesize
+        self.synthesize = min(2, max(0, int(synthesize)))
+        self.foreign = foreign
         self._made: OrderedDict[str, tuple[FewShotExample, ...]] = OrderedDict()
         self._lock = threading.Lock()  # requests are prepared on worker threads
 
@@ -46,13 +52,15 @@ class ExampleBook:
         key = schema_digest(schema)
         if key in self._by_schema or not self.synthesize:
             return self._by_schema.get(key, ())
-        return self._synthesized("s:" + key, lambda: tuple(filter(None, [synthesize_extraction_example(schema)])))
+        if self.foreign is None:
+            return self._synthesized("s:" + key, lambda: synthesize_extraction_examples(schema, self.synthesize))
+        return self._synthesized("s:" + key, lambda: (*synthesize_extraction_examples(schema, 1), self.foreign))
 
     def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tuple[FewShotExample, ...]:
         key = schema_digest(list(tools))
         if key in self._by_tools or not self.synthesize:
             return self._by_tools.get(key, ())
-        return self._synthesized("t:" + key, lambda: synthesize_tool_examples(list(tools)))
+        return self._synthesized("t:" + key, lambda: synthesize_tool_examples(list(tools), self.synthesize))
 
     def _synthesized(self, key: str, make: Callable[[], tuple[FewShotExample, ...]]) -> tuple[FewShotExample, ...]:
         with self._lock:
@@ -76,10 +84,12 @@ def build_example_book(shots: int) -> ExampleBook:
     shipped = json.loads(BUILTIN_EXAMPLES_FILE.read_text())
     pick = lambda items: tuple(FewShotExample(e["text"], e["output"]) for e in items[:shots])  # noqa: E731
     schemas = load_builtin_schemas()
+    contact = shipped["schemas"]["contact"][0]  # short and every value copied from its document
     return ExampleBook(
-        synthesize=True,
+        synthesize=shots, foreign=FewShotExample(contact["text"], contact["output"], schema_title(schemas["contact"])),
         by_schema={schema_digest(schemas[name]): pick(items) for name, items in shipped["schemas"].items()
                    if name in schemas and items},
-        by_tools={schema_digest(load_builtin_tools()): tuple(e for items in shipped["tools"].values()
-                                                             for e in pick(items))},
+        # Round by round (every tool once, then again): the calls nearest the request are not all one tool's.
+        by_tools={schema_digest(load_builtin_tools()): tuple(e for i in range(shots) for items in shipped["tools"].values()
+                                                             for e in pick(items)[i: i + 1])},
     )

@@ -57,7 +57,9 @@ def _gemma_profile() -> ModelProfile:
         target=str(gemma.converted_dir()),
         prepare=gemma.ensure_converted,
         prepare_note="first use assembles the GGUF and converts it to safetensors (~1 min)",
-        few_shot=1,  # a base LM: without a worked example it writes prose or loops inside the JSON
+        # A base LM: without worked examples it writes prose or loops inside the JSON; with one it copies
+        # that example's values into a third of its outputs; three varied ones (README: Prompt format).
+        few_shot=3,
     )
 
 

@@ -29,13 +29,18 @@ def test_one_valid_example_per_builtin_schema_and_per_tool():
 
 def test_unknown_schemas_get_a_synthesised_example_and_none_when_none_are_wanted():
     book = build_example_book(1)
-    (made,) = book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}})
-    assert made.output == '{"x":"sample x"}'  # not a shipped one: made from the schema (test_synthetic_examples)
+    made, real = book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}})
+    assert made.output == '{"x":"sample x"}' and real.title == "Contact"  # made from the schema (test_synthetic_examples)
     (call,) = book.for_tools(load_builtin_tools()[:1])  # a different tool list
     assert "sample" in call.output
     assert build_example_book(0).for_schema({"type": "object"}) == ()
+    two = ExampleBook(synthesize=2).for_schema({"type": "object", "properties": {"x": {"type": "string"}}})
+    assert [e.output for e in two] == ['{"x":"sample x"}', '{"x":"another x"}']  # two variants: values vary
+    calls = build_example_book(2).for_tools(load_builtin_tools())  # round by round: every tool once, then again
+    names = [json.loads(e.output)["name"] for e in calls]
+    assert names[:6] == names[6:] == [t["function"]["name"] for t in load_builtin_tools()]
     assert build_example_book(0).for_schema(load_builtin_schemas()["invoice"]) == ()
-    assert get_profile("gemma-3-270m").few_shot == 1 and get_profile("demo").few_shot == 0
+    assert get_profile("gemma-3-270m").few_shot == 3 and get_profile("demo").few_shot == 0
 
 
 def test_engine_adds_book_examples_only_when_the_request_has_none(make_engine):
