@@ -165,7 +165,7 @@ class EngineCore:
         matcher = plan.seq.matcher
         draft = self._propose(plan)
         tokens = list(draft.tokens)[: plan.max_draft] if draft else []  # a proposer that drafts more than asked is cut
-        plan.drafted = len(tokens)
+        plan.drafted, plan.drafted_tokens = len(tokens), tokens
         bitmask = allocate_bitmask(len(tokens) + 1, self.executor.vocab_size)
         matcher.fill_mask(bitmask, 0)
         consumed = 0
@@ -286,7 +286,8 @@ class EngineCore:
             seq.record_draft(plan.draft.proposer, plan.drafted, verdict.accepted)
             if self.speculator is not None:
                 self.speculator.on_verified(seq, DraftVerdict(plan.draft.proposer, plan.drafted, verdict.accepted,
-                                                              plan.batch_size))
+                                                              plan.batch_size, tuple(plan.drafted_tokens),
+                                                              len(draft), verdict.token))
         return verdict
 
     def _roll_back(self, plan: StepPlan, verdict: Verdict) -> None:

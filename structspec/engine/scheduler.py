@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -46,6 +46,7 @@ class StepPlan:
     draft: Draft | None = None  # set by the step: the grammatical part of the proposer's draft
     tail: tuple[int, torch.Tensor] | None = None  # a sampled draft's first token past it, with its q row
     drafted: int = 0  # proposer tokens before the grammatical cut (stats)
+    drafted_tokens: list[int] = field(default_factory=list)  # those tokens (rejected-draft samples)
     bitmask: torch.Tensor | None = None  # [len(draft)+1, W] grammar masks of the scored positions
 
 

@@ -32,6 +32,9 @@ class DraftVerdict:
     drafted: int  # tokens the proposer drafted (before the engine cut an ungrammatical tail)
     accepted: int  # drafted tokens kept (the recovered or bonus token is not counted)
     batch_size: int  # sequences running in the step
+    tokens: tuple[int, ...] = ()  # the drafted tokens (before the grammatical cut)
+    grammatical: int = 0  # of those, how many the grammar took (a refused one ends the verified draft)
+    target_token: int = -1  # the token the target chose after the accepted ones (recovered or bonus)
 
 
 class Speculator(Protocol):

@@ -5,8 +5,9 @@ Forced tokens never reach a proposer's turn: the engine fast-forwards them befor
 for a draft. The router implements the engine's ``Speculator`` seam: it decides with the
 drafting policy (``policy.decide``) over the schema's evidence in the statistics book, keeps
 each sequence's speculation state on the sequence (``EngineSequence.speculation``), is told
-every verdict (and records it, by draft position, in the statistics), and feeds the schema
-history with finished outputs.
+every verdict (and records it, by draft position, in the statistics, with a sample of the
+rejected drafts), records the policy's state per proposer, and feeds the schema history with
+finished outputs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from structspec.speculation.ngram import NgramProposer
 from structspec.speculation.policy import DRAFT_MODEL, PolicyRequest, decide
 from structspec.stats.book import Recorder
 from structspec.stats.counters import Reason, hour_of
+from structspec.stats.samples import CONTEXT_TOKENS
 from structspec.stats.evidence import CostEvidence, SchemaEvidence, cost_evidence, schema_evidence
 
 EVIDENCE_TTL_SECONDS = 1.0  # the policy's reading of the book is reused this long (admissions come in bursts)
@@ -83,6 +85,13 @@ class Router:
         if report.probe:
             self._probed.setdefault(seq.schema_key, {}).update(
                 {p: hour for p, r in report.reasons.items() if r == Reason.PROBE})
+        if self.stats is not None:
+            acceptance = {}
+            for p in report.reasons:
+                ev = evidence.at_bucket(p, batch_size, self.policy.min_evidence_tokens)
+                acceptance[p] = ev.acceptance if ev is not None and ev.drafted > 0 else None
+            self.stats.record_policy(seq.schema_key, report.reasons, batch_size, acceptance,
+                                     self.policy.acceptance_threshold)
         return report
 
     def _read(self, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
@@ -158,6 +167,13 @@ class Router:
             probe = seq.decision is not None and seq.decision.reasons.get(verdict.proposer) == Reason.PROBE
             self.stats.record_verification(seq.schema_key, verdict.proposer, verdict.batch_size, verdict.drafted,
                                            verdict.accepted, probe)
+            if verdict.accepted < len(verdict.tokens):
+                context = seq.output[-CONTEXT_TOKENS:]
+                if len(context) < CONTEXT_TOKENS:
+                    context = seq.prompt[len(context) - CONTEXT_TOKENS:] + context
+                self.stats.record_rejection(seq.schema_key, verdict.proposer, verdict.batch_size, context,
+                                            verdict.tokens, verdict.accepted, verdict.target_token,
+                                            verdict.accepted < verdict.grammatical, lambda ids: self._decode(list(ids)))
 
     def on_finish(self, seq: EngineSequence) -> None:
         if seq.speculation is not None and self.draft is not None:

@@ -12,6 +12,7 @@ from structspec.speculation.configs import ProposerSet
 from structspec.speculation.router import Router
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import HOUR, Reason
+from structspec.stats.policy_states import OFF, ON, proposer_states
 
 LONG = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(8)}}
 
@@ -30,10 +31,13 @@ class DraftStub:
 
 
 def simulate(phases: list[tuple[int, float]], config: PolicyConfig, per_hour: int = 40, seed: int = 0,
-             step_costs: dict[int, float] | None = None) -> list[dict]:
-    """``phases``: (hours, per-position acceptance). Per hour: counts of decisions by reason."""
+             step_costs: dict[int, float] | None = None, books: list[StatsBook] | None = None) -> list[dict]:
+    """``phases``: (hours, per-position acceptance). Per hour: counts of decisions by reason. ``books`` gets the
+    simulation's statistics book."""
     clock = [1000 * HOUR]
     book = StatsBook(clock=lambda: clock[0])
+    if books is not None:
+        books.append(book)
     rec = book.recorder("demo")
     router = Router(None, ProposerSet(ngram=False, history=False, draft=True), 16, draft=DraftStub(), stats=rec,
                     policy=config, rng=random.Random(seed))
@@ -81,6 +85,19 @@ def test_a_shift_switches_the_proposer_off_within_the_window_and_back_on_after_r
     for h in hours[6 + off + 1:14]:  # switched off, with its reason, and probed at least once an hour
         assert h.get(Reason.LOW_ACCEPTANCE, 0) > 30 and h.get(Reason.PROBE, 0) >= 1
     assert on is not None and on <= 3, hours[14:18]  # the probes bring it back
+
+
+def test_the_policys_switches_are_recorded_when_they_happen():
+    books: list[StatsBook] = []
+    hours = simulate([(6, 0.9), (8, 0.2), (10, 0.9)], PolicyConfig(), books=books)
+    off, on = switch_points(hours, 6, 14)
+    switches = [c for c in books[0].policy.take() if c.is_switch]
+    assert [c.state for c in switches] == [ON, OFF, ON], switches  # cold, off after the shift, on after recovery
+    start = 1000 * HOUR
+    assert switches[1].reason == Reason.LOW_ACCEPTANCE and switches[1].acceptance < 0.55 == switches[1].threshold
+    assert 6 <= (switches[1].at - start) / HOUR <= 6 + off + 1
+    assert 14 <= (switches[2].at - start) / HOUR <= 14 + on + 1 and switches[2].acceptance >= 0.55
+    assert [s.state for s in proposer_states(switches).values()] == [ON]
 
 
 def test_the_loop_test_has_power_a_policy_without_the_guard_never_switches_off():

@@ -1,0 +1,50 @@
+"""On the demo models with the policy: every rejected draft the verifier saw is a candidate sample, and a kept
+sample says exactly what was drafted, where the target refused it and what it chose; the policy's state per
+proposer is recorded as it decides."""
+
+from __future__ import annotations
+
+from structspec.assembly import assemble_engine
+from structspec.engine.config import PolicyConfig, SchedulerLimits
+from structspec.engine.core import run_until_idle
+from structspec.speculation.configs import ProposerSet
+from structspec.stats.book import StatsBook
+from structspec.stats.counters import Series
+from structspec.stats.policy_states import ON
+from tests.speculation.test_speculative_decoding import ITEMS, sequences
+
+
+def test_rejected_drafts_are_sampled_as_the_verifier_saw_them(demo_models, demo_compiler):
+    book = StatsBook(samples_per_hour=1000)  # keep every rejection: each can be checked
+    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=4), compiler=demo_compiler,
+                             proposers=ProposerSet(ngram=True, history=True, draft=True), stats=book.recorder("demo"), policy=PolicyConfig(), seed=0)
+    seqs = sequences(engine, ITEMS[:6], max_tokens=120)
+    run_until_idle(engine.core, seqs)
+    samples = book.samples.take()
+    drafted = sum(v for k, v in book.rows().items() if k.series == Series.DRAFTED)
+    accepted = sum(v for k, v in book.rows().items() if k.series == Series.ACCEPTED)
+    assert samples and drafted > accepted
+    by_key = {s.schema_key: s for s in samples}
+    assert set(by_key) <= {s.schema_key for s in seqs}
+    decode = lambda ids: engine.tokenizer.decode(list(ids), skip_special_tokens=False,  # noqa: E731
+                                                 clean_up_tokenization_spaces=False)
+    outputs = {s.schema_key: [] for s in seqs}
+    for s in seqs:
+        outputs[s.schema_key].append(s.prompt + s.output)
+    for s in samples:
+        assert 0 <= s.position < len(s.draft_tokens) and s.rejected_token == s.draft_tokens[s.position]
+        assert s.target_token != s.rejected_token
+        assert (s.context_text, s.draft_text, s.target_text) == (decode(s.context_tokens), decode(s.draft_tokens),
+                                                                 decode([s.target_token]))
+        # the context, the accepted part and the target's choice are what the sequence committed
+        committed = list(s.context_tokens) + list(s.draft_tokens[:s.position]) + [s.target_token]
+        assert any(_contains(full, committed) for full in outputs[s.schema_key]), s
+    assert {s.proposer for s in samples} >= {"ngram"}
+    changes = book.policy.take()
+    assert changes and all(c.model == "demo" and c.threshold == PolicyConfig().acceptance_threshold for c in changes)
+    assert {c.state for c in changes if c.previous == ""} == {ON}  # a new schema's proposers start cold: on
+
+
+def _contains(seq: list[int], part: list[int]) -> bool:
+    n = len(part)
+    return any(seq[i:i + n] == part for i in range(len(seq) - n + 1))
