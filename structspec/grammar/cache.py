@@ -2,7 +2,9 @@
 
 Keys come from ``cache_key``: the canonical schema text, the tokenizer fingerprint,
 the backend and the options. Concurrent requests for a key being compiled wait
-for that compile instead of starting their own. A ``SchemaError`` is cached like
+for that compile instead of starting their own. ``observers`` are told each compile's
+seconds (``"compile"``) and how long each request waited for its grammar (``"wait"``:
+about 0 for a cached one). A ``SchemaError`` is cached like
 a grammar and re-raised (the same object) on every later request; any other
 exception is a crash, not a property of the schema, and is not cached.
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -19,6 +23,9 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 from structspec.grammar.base import CompiledGrammar, GrammarOptions, SchemaError
+
+log = logging.getLogger(__name__)
+Observer = Callable[[str, float], None]  # ("compile" | "wait", seconds)
 
 
 def canonical_json(value: Any) -> str:
@@ -65,11 +72,26 @@ class GrammarCache:
         self._entries: OrderedDict[str, CompiledGrammar | SchemaError] = OrderedDict()
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
+        self.observers: list[Observer] = []
+
+    def _tell(self, kind: str, seconds: float) -> None:
+        for observe in list(self.observers):
+            try:
+                observe(kind, seconds)
+            except Exception:  # noqa: BLE001 - an observer's bug never fails a compile
+                log.exception("grammar cache observer failed")
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get_or_compile(self, key: str, compile: Callable[[], CompiledGrammar]) -> CompiledGrammar:
+        started = time.perf_counter()
+        try:
+            return self._get_or_compile(key, compile)
+        finally:
+            self._tell("wait", time.perf_counter() - started)
+
+    def _get_or_compile(self, key: str, compile: Callable[[], CompiledGrammar]) -> CompiledGrammar:
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
@@ -84,6 +106,7 @@ class GrammarCache:
                 self.stats.hits += 1
         if not owner:
             return _unwrap(future.result())
+        compiling = time.perf_counter()
         try:
             result: CompiledGrammar | SchemaError = compile()
         except SchemaError as exc:
@@ -93,6 +116,7 @@ class GrammarCache:
                 del self._inflight[key]
             future.set_exception(exc)
             raise
+        self._tell("compile", time.perf_counter() - compiling)
         with self._lock:
             del self._inflight[key]
             if isinstance(result, SchemaError):

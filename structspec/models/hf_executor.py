@@ -166,6 +166,7 @@ class TransformersExecutor:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 2048))
         self.forward_calls = 0
+        self._peak_tokens = 0  # the most tokens cached at once (metrics)
         self._base = getattr(model, model.base_model_prefix)
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         if getattr(cfg, "attn_logit_softcapping", None):
@@ -218,6 +219,10 @@ class TransformersExecutor:
     def cached_tokens(self) -> int:
         """Tokens held across all live sequences (what admission control budgets)."""
         return sum(self._len.values())
+
+    def peak_cached_tokens(self) -> int:
+        """The most tokens held at once since the executor was built (drafted tokens before their rollback too)."""
+        return self._peak_tokens
 
     def footprint(self, sequences: int, longest: int) -> int:
         """Slots x capacity after growing for ``sequences`` sequences up to ``longest`` tokens (both grow to
@@ -328,6 +333,7 @@ class TransformersExecutor:
         logits = self._logits(hidden[rows], allowed)  # [sum logits_at, V]
         for x, n, c in zip(inputs, lens, counts):
             self._len[x.seq_id] = n + c
+        self._peak_tokens = max(self._peak_tokens, sum(self._len.values()))
         return list(logits.cpu().split(splits))
 
     def _logits(self, hidden: torch.Tensor, allowed: list[torch.Tensor | None]) -> torch.Tensor:

@@ -126,3 +126,22 @@ def test_tool_grammars_are_cached(view, counting):
     assert compiler.compile_tools(tools, "required") is compiler.compile_tools(tools, "required")
     assert compiler.compile_tools(tools, "auto") is not compiler.compile_tools(tools, "required")
     assert counting.compiles == 2
+
+
+def test_observers_hear_each_compile_and_every_wait(view):
+    slow = CountingBackend(make_backend("llguidance", view), delay_s=0.2)
+    compiler = GrammarCompiler(view, backend=slow)
+    heard: list[tuple[str, float]] = []
+    compiler.cache.observers.append(lambda kind, s: heard.append((kind, s)))
+    compiler.cache.observers.append(lambda kind, s: 1 / 0)  # a broken observer changes nothing
+    start = threading.Barrier(3)
+    threads = [threading.Thread(target=lambda: (start.wait(), compiler.compile_schema(schema(3)))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    compiler.compile_schema(schema(3))  # cached
+    compiles = [s for k, s in heard if k == "compile"]
+    waits = sorted(s for k, s in heard if k == "wait")
+    assert len(compiles) == 1 and compiles[0] >= 0.2
+    assert len(waits) == 4 and waits[0] < 0.05 and all(w >= 0.15 for w in waits[1:])  # the waiters waited too

@@ -225,9 +225,11 @@ def test_buffers_shrink_back_to_the_live_sequences_and_survivors_keep_their_cach
     burst = [ex.new_sequence() for _ in range(7)]
     ex.step([StepInput(s, [rng.randrange(VOCAB) for _ in range(100)]) for s in burst])
     assert ex.slots >= 8 and ex.capacity >= 100 and ex.allocated_bytes() >= 16 * base
+    assert ex.cached_tokens() == ex.peak_cached_tokens() == 10 + 7 * 100
     for s in burst:
         ex.free(s)
     assert ex.allocated_bytes() == base  # 2 slots x 16 positions again
+    assert ex.cached_tokens() == 10 and ex.peak_cached_tokens() == 710  # the peak stays
     tok = rng.randrange(VOCAB)
     (got,) = ex.step([StepInput(keep, [tok])])
     assert (got[0] - reference_logits(model, kept + [tok])[-1]).abs().max() <= TOL
