@@ -25,7 +25,7 @@ from typing import Any
 
 from structspec.demo.corpus import Example, flatten, generate, triage_from_ticket
 from structspec.engine.default_examples import ExampleBook, build_example_book
-from structspec.prompts import FewShotExample
+from structspec.prompts import FewShotExample, schema_title
 from structspec.schemas import load_builtin_schemas, load_builtin_tools
 
 WORKLOADS = ("extraction", "toolcall", "freetext", "mixed", "shift")
@@ -190,7 +190,14 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
     # requests for the built-in schemas and tools), so the benchmark measures the prompts users get.
     if examples not in EXAMPLE_SOURCES:
         raise ValueError(f"unknown examples source {examples!r}; one of {', '.join(EXAMPLE_SOURCES)}")
-    book = build_example_book(few_shot) if examples == "shipped" else ExampleBook(synthesize=few_shot)
+    shipped = build_example_book(few_shot)
+    book = shipped
+    if examples == "synthesized":  # as the server treats a schema it has no examples for
+        book = ExampleBook(synthesize=few_shot, foreign=shipped.foreign)
+        # The contact schema's own example is the server's foreign one: its items get another schema's.
+        event = schemas["event"]
+        other = ExampleBook(synthesize=few_shot, foreign=replace(shipped.for_schema(event)[0], title=schema_title(event))
+                            if few_shot else None)
     out = []
     for ex in items:
         if ex.task == "toolcall":
@@ -200,5 +207,6 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
         else:
             schema = schemas[ex.schema_name]
             out.append(WorkItem("extract", ex.schema_name, ex.source, ex.value, ex.freetext_fields,
-                                schema=schema, examples=book.for_schema(schema)))
+                                schema=schema, examples=(other if examples == "synthesized" and
+                                                         ex.schema_name == "contact" else book).for_schema(schema)))
     return out

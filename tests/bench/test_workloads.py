@@ -88,8 +88,10 @@ def test_toolcall_copy_rate_ignores_the_tool_name_and_counts_arguments():
     assert item.copied(item.truth)[0] == 0
 
 
-def test_synthesized_examples_are_placeholders_per_schema():
+def test_synthesized_examples_are_what_a_schema_of_ones_own_gets():
     items = build_workload("extraction", 10, few_shot=1, examples="synthesized")
-    assert all(len(i.examples) == 1 and "sample" in i.examples[0].text for i in items)
+    for i in items:  # a placeholder example, then a real one of another schema under its own title
+        made, real = i.examples
+        assert "sample" in made.text and real.title and real.title != i.schema.get("title")
     with pytest.raises(ValueError, match="unknown examples source"):
         build_workload("extraction", 3, few_shot=1, examples="nope")
