@@ -122,7 +122,12 @@ class Engine:
         specs = [ToolSpec.from_openai(t) for t in tools]
         examples = request.examples or self.examples.for_tools(tools)
         prompt = toolcall_prompt(specs, [(m.role, m.content) for m in request.messages], examples)
-        return self._sequence(request, prompt, grammar, f"tools:{schema_digest({'tools': tools})}", None)
+        # Statistics and the schema history per tool list and choice: a named or required call writes other
+        # text than an ``auto`` one (its history would draft the wrong call). ``auto`` keeps the bare list's key.
+        shape: dict[str, Any] = {"tools": tools}
+        if request.tool_choice != "auto" or request.parallel_calls:
+            shape.update(tool_choice=request.tool_choice, parallel_calls=request.parallel_calls)
+        return self._sequence(request, prompt, grammar, f"tools:{schema_digest(shape)}", None)
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
         from structspec.grammar.tools import parse_tool_output

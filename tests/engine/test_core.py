@@ -378,3 +378,19 @@ def test_tool_call_required(make_engine):
 
     params = {t["function"]["name"]: t["function"]["parameters"] for t in load_builtin_tools()}
     jsonschema.validate(out.calls[0].arguments, params[out.calls[0].name])
+
+
+def test_tool_call_statistics_key_separates_the_tool_choice(make_engine):
+    """A required or named call writes other text than an ``auto`` one: its statistics and schema history are
+    kept apart; ``auto`` keeps the bare tool list's key."""
+    from structspec.engine.api import ChatMessage, ToolCallRequest
+    from structspec.grammar.cache import schema_digest
+    from structspec.schemas import load_builtin_tools
+
+    engine = make_engine()
+    tools = tuple(load_builtin_tools()[:2])
+    keys = {choice: engine.prepare_toolcall(ToolCallRequest(messages=(ChatMessage("user", "hi"),), tools=tools,
+                                                            tool_choice=choice)).schema_key
+            for choice in ("auto", "required", tools[0]["function"]["name"])}
+    assert keys["auto"] == f"tools:{schema_digest({'tools': list(tools)})}"
+    assert len(set(keys.values())) == 3
