@@ -12,7 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
 from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
-from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
+from structspec.client.results import (ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats, TextDelta,
+                                       ToolCallResult)
 from structspec.client.sync import deadline_after, remaining, retry_delay, warn_if_restarted
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
@@ -149,15 +150,25 @@ class AsyncClient:
 
     async def get_schema_stats(
         self, schema_id: str | None = None, version: int | None = None, *, schema_key: str | None = None,
-        windows: Sequence[int] = (), model: str | None = None, timeout: float | None = None,
+        windows: Sequence[int] = (), model: str | None = None, include_timeline: bool = False,
+        timeout: float | None = None,
     ) -> SchemaStats:
-        req = convert.stats_request(schema_id, version, schema_key, windows, model)
+        req = convert.stats_request(schema_id, version, schema_key, windows, model, include_timeline)
         return SchemaStats.from_pb((await self._call(self._stub.GetSchemaStats, req, timeout)).stats)
 
     async def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
-                                timeout: float | None = None) -> list[SchemaStats]:
-        req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "")
+                                include_timeline: bool = False, timeout: float | None = None) -> list[SchemaStats]:
+        req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "",
+                                        include_timeline=include_timeline)
         return [SchemaStats.from_pb(s) for s in (await self._call(self._stub.ListSchemaStats, req, timeout)).stats]
+
+    async def list_rejected_drafts(self, schema_id: str | None = None, version: int | None = None, *,
+                                   schema_key: str | None = None, model: str | None = None,
+                                   proposer: str | None = None, limit: int = 20,
+                                   timeout: float | None = None) -> list[RejectedDraft]:
+        req = convert.rejected_drafts_request(schema_id, version, schema_key, model, proposer, limit)
+        return [RejectedDraft.from_pb(r)
+                for r in (await self._call(self._stub.ListRejectedDrafts, req, timeout, admin=True)).drafts]
 
     async def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
         stub = health_pb2_grpc.HealthStub(self._channel)

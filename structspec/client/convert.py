@@ -179,14 +179,28 @@ def set_speculation_request(schema_id: str, mode: str, version: int | None = Non
 
 
 def stats_request(schema_id: str | None, version: int | None, schema_key: str | None, windows: Sequence[int],
-                  model: str | None = None) -> pb.GetSchemaStatsRequest:
+                  model: str | None = None, include_timeline: bool = False) -> pb.GetSchemaStatsRequest:
     if (schema_id is None) == (schema_key is None):
         raise ValueError("give exactly one of schema_id and schema_key")
-    req = pb.GetSchemaStatsRequest(window_seconds=list(windows), model=model or "")
+    req = pb.GetSchemaStatsRequest(window_seconds=list(windows), model=model or "", include_timeline=include_timeline)
     if schema_key is not None:
         req.schema_key = schema_key
     else:
         req.schema_ref.schema_id = schema_id or ""
+        if version is not None:
+            req.schema_ref.version = version
+    return req
+
+
+def rejected_drafts_request(schema_id: str | None, version: int | None, schema_key: str | None, model: str | None,
+                            proposer: str | None, limit: int) -> pb.ListRejectedDraftsRequest:
+    if schema_id is not None and schema_key is not None:
+        raise ValueError("give at most one of schema_id and schema_key")
+    req = pb.ListRejectedDraftsRequest(model=model or "", proposer=proposer or "", limit=limit)
+    if schema_key is not None:
+        req.schema_key = schema_key
+    elif schema_id is not None:
+        req.schema_ref.schema_id = schema_id
         if version is not None:
             req.schema_ref.version = version
     return req

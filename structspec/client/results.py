@@ -226,6 +226,8 @@ class StatsWindow:
     output_length: list[HistogramBucket] = field(default_factory=list)
     latency_ms: list[HistogramBucket] = field(default_factory=list)
     names: dict[str, int] = field(default_factory=dict)  # readable names callers gave an inline schema -> requests
+    estimated_speedup: float = 0.0  # over the same requests without drafts; 0 without target passes
+    speedup_costs_measured: bool = False  # every drafted pass priced with measured step times
 
     @classmethod
     def from_pb(cls, w: pb.StatsWindow) -> "StatsWindow":
@@ -236,7 +238,104 @@ class StatsWindow:
             [DecisionCount(d.proposer, d.reason, d.requests) for d in w.decisions],
             [HistogramBucket(b.upper_bound, b.count) for b in w.output_length],
             [HistogramBucket(b.upper_bound, b.count) for b in w.latency_ms], dict(w.names),
+            w.estimated_speedup, w.speedup_costs_measured,
         )
+
+    @property
+    def output_tokens_mean(self) -> float:
+        return self.output_tokens / self.requests if self.requests else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Output tokens per target forward pass (above 1: drafts and fast-forward paid off)."""
+        return self.output_tokens / self.target_passes if self.target_passes else 0.0
+
+    def finish_share(self, reason: str) -> float:
+        """The share of requests that finished with ``reason`` (length: truncated, cancelled, error: failed)."""
+        return self.finish_reasons.get(reason, 0) / self.requests if self.requests else 0.0
+
+
+def _optional(message: Any, name: str) -> float | None:
+    return getattr(message, name) if message.HasField(name) else None
+
+
+@dataclass(frozen=True)
+class ProposerPolicyState:
+    """The drafting policy's state of one proposer for one schema (times in unix seconds)."""
+
+    proposer: str
+    state: str  # on | off
+    reason: str
+    since: float  # entered the current state
+    changed_at: float
+    last_switch_off: float | None
+    last_switch_on: float | None
+    acceptance: float | None  # what the policy read at the latest change
+    threshold: float | None
+    batch_bucket: int
+
+    @classmethod
+    def from_pb(cls, p: pb.ProposerPolicyState) -> "ProposerPolicyState":
+        return cls(p.proposer, p.state, p.reason, p.since, p.changed_at, p.last_switch_off or None,
+                   p.last_switch_on or None, _optional(p, "acceptance"), _optional(p, "threshold"), p.batch_bucket)
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    proposer: str
+    at: float
+    state: str
+    reason: str
+    previous: str  # "" for the first decision
+    batch_bucket: int
+    acceptance: float | None
+    threshold: float | None
+
+    @property
+    def is_switch(self) -> bool:
+        return self.previous != self.state
+
+    @classmethod
+    def from_pb(cls, c: pb.PolicyChange) -> "PolicyChange":
+        return cls(c.proposer, c.at, c.state, c.reason, c.previous, c.batch_bucket, _optional(c, "acceptance"),
+                   _optional(c, "threshold"))
+
+
+@dataclass(frozen=True)
+class ProposerHour:
+    proposer: str
+    drafted: int
+    accepted: int
+    examined: int
+    accepted_examined: int
+
+    @property
+    def acceptance(self) -> float | None:
+        """Accepted per examined drafted token (the policy's measure); None when nothing was drafted."""
+        if self.examined:
+            return self.accepted_examined / self.examined
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass(frozen=True)
+class HourStats:
+    hour_start: int  # unix seconds
+    requests: int
+    output_tokens: int
+    target_passes: int
+    latency_ms_p50: float
+    latency_ms_p99: float
+    proposers: list[ProposerHour] = field(default_factory=list)
+
+    @property
+    def passes_per_token(self) -> float | None:
+        return self.target_passes / self.output_tokens if self.output_tokens else None
+
+    @classmethod
+    def from_pb(cls, h: pb.HourStats) -> "HourStats":
+        return cls(h.hour_start, h.requests, h.output_tokens, h.target_passes, h.latency_ms_p50, h.latency_ms_p99,
+                   [ProposerHour(p.proposer, p.drafted, p.accepted, p.examined, p.accepted_examined)
+                    for p in h.proposers])
 
 
 @dataclass(frozen=True)
@@ -244,7 +343,43 @@ class SchemaStats:
     schema_key: str
     windows: dict[int, StatsWindow]  # window seconds -> its statistics, in the order asked for
     model: str = ""  # the model they were measured on
+    policy: list[ProposerPolicyState] = field(default_factory=list)
+    policy_changes: list[PolicyChange] = field(default_factory=list)  # with include_timeline, oldest first
+    timeline: list[HourStats] = field(default_factory=list)  # with include_timeline, oldest first
 
     @classmethod
     def from_pb(cls, s: pb.SchemaStats) -> "SchemaStats":
-        return cls(s.schema_key, {w.window_seconds: StatsWindow.from_pb(w) for w in s.windows}, s.model)
+        return cls(s.schema_key, {w.window_seconds: StatsWindow.from_pb(w) for w in s.windows}, s.model,
+                   [ProposerPolicyState.from_pb(p) for p in s.policy],
+                   [PolicyChange.from_pb(c) for c in s.policy_changes], [HourStats.from_pb(h) for h in s.timeline])
+
+
+@dataclass(frozen=True)
+class RejectedDraft:
+    """A sampled draft the target refused: context, the drafted continuation, where and what the target chose."""
+
+    model: str
+    schema_key: str
+    proposer: str
+    created_at: float
+    batch_bucket: int
+    context_tokens: list[int]
+    context_text: str
+    draft_tokens: list[int]
+    draft_text: str
+    position: int  # 0-based; the drafted tokens before it were accepted
+    rejected_token: int
+    rejected_text: str
+    target_token: int
+    target_text: str
+    grammatical: bool  # False: the grammar refused the drafted token
+
+    @property
+    def accepted_text_tokens(self) -> list[int]:
+        return self.draft_tokens[: self.position]
+
+    @classmethod
+    def from_pb(cls, r: pb.RejectedDraft) -> "RejectedDraft":
+        return cls(r.model, r.schema_key, r.proposer, r.created_at, r.batch_bucket, list(r.context_tokens),
+                   r.context_text, list(r.draft_tokens), r.draft_text, r.position, r.rejected_token, r.rejected_text,
+                   r.target_token, r.target_text, r.grammatical)

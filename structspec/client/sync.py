@@ -13,7 +13,8 @@ from structspec.client import convert
 from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
 from structspec.client.errors import (DeadlineExceededError, InternalError, UnavailableError, error_from_rpc,
                                      may_have_started)
-from structspec.client.results import ExtractionResult, SchemaInfo, SchemaStats, TextDelta, ToolCallResult
+from structspec.client.results import (ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats, TextDelta,
+                                       ToolCallResult)
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
@@ -201,17 +202,28 @@ class Client:
 
     def get_schema_stats(
         self, schema_id: str | None = None, version: int | None = None, *, schema_key: str | None = None,
-        windows: Sequence[int] = (), model: str | None = None, timeout: float | None = None,
+        windows: Sequence[int] = (), model: str | None = None, include_timeline: bool = False,
+        timeout: float | None = None,
     ) -> SchemaStats:
-        """One schema's statistics on ``model`` (default: the model the server runs)."""
-        req = convert.stats_request(schema_id, version, schema_key, windows, model)
+        """One schema's statistics on ``model`` (default: the model the server runs); ``include_timeline``: with
+        its hourly timeline and the policy's changes over the longest window."""
+        req = convert.stats_request(schema_id, version, schema_key, windows, model, include_timeline)
         return SchemaStats.from_pb(self._call(self._stub.GetSchemaStats, req, timeout).stats)
 
     def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
-                          timeout: float | None = None) -> list[SchemaStats]:
+                          include_timeline: bool = False, timeout: float | None = None) -> list[SchemaStats]:
         """Every (model, schema) with statistics, sorted by model then key; ``model``: only that one's."""
-        req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "")
+        req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "",
+                                        include_timeline=include_timeline)
         return [SchemaStats.from_pb(s) for s in self._call(self._stub.ListSchemaStats, req, timeout).stats]
+
+    def list_rejected_drafts(self, schema_id: str | None = None, version: int | None = None, *,
+                             schema_key: str | None = None, model: str | None = None, proposer: str | None = None,
+                             limit: int = 20, timeout: float | None = None) -> list[RejectedDraft]:
+        """Sampled rejected drafts of a schema (default: every schema), newest first. Needs the admin token."""
+        req = convert.rejected_drafts_request(schema_id, version, schema_key, model, proposer, limit)
+        return [RejectedDraft.from_pb(r)
+                for r in self._call(self._stub.ListRejectedDrafts, req, timeout, admin=True).drafts]
 
     def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
         """"SERVING", "NOT_SERVING", ... of the standard health service (no token needed)."""

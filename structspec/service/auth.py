@@ -3,7 +3,8 @@
 - No token configured: everything is open (the server logs a warning).
 - Auth tokens configured: every RPC but health and reflection needs one of them (an admin
   token works too) in ``authorization: Bearer <token>`` metadata -> UNAUTHENTICATED otherwise.
-- Registry writes (RegisterSchema, DeleteSchema, SetSchemaSpeculation) need an admin token
+- Registry writes (RegisterSchema, DeleteSchema, SetSchemaSpeculation) and ListRejectedDrafts (its samples
+  hold the last tokens of callers' inputs) need an admin token
   whenever any token is configured -> PERMISSION_DENIED for a valid non-admin token. With auth
   tokens but no admin token, registry writes are refused: secure by default.
 
@@ -21,7 +22,9 @@ import grpc
 from structspec.service.errors import ServiceError, details_metadata
 
 SERVICE_PREFIX = "/structspec.v1.StructSpec/"
-ADMIN_METHODS = frozenset({SERVICE_PREFIX + m for m in ("RegisterSchema", "DeleteSchema", "SetSchemaSpeculation")})
+# ListRejectedDrafts: its samples hold the last tokens of callers' inputs
+ADMIN_METHODS = frozenset({SERVICE_PREFIX + m for m in ("RegisterSchema", "DeleteSchema", "SetSchemaSpeculation",
+                                                        "ListRejectedDrafts")})
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.ServerReflection/")
 
 

@@ -34,7 +34,11 @@ from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service.errors import invalid, schema_too_deep
 from structspec.service.registry import ResolvedSchema
 from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS, label_bound
+from structspec.stats.policy_states import PolicyChange, ProposerState
+from structspec.stats.samples import RejectedDraft
+from structspec.stats.speedup import SpeedupEstimate
 from structspec.stats.summary import ProposerSummary, SchemaSummary
+from structspec.stats.timeline import HourPoint
 from structspec.store.base import SchemaRecord
 
 
@@ -403,11 +407,13 @@ def histogram(counts: dict[str, int], bounds: Sequence[float]) -> list[pb.Histog
     return [pb.HistogramBucket(upper_bound=b, count=by_bound.get(b, 0)) for b in sorted(set(bounds) | set(by_bound))]
 
 
-def stats_window(window_seconds: int, s: SchemaSummary | None) -> pb.StatsWindow:
+def stats_window(window_seconds: int, s: SchemaSummary | None, speedup: SpeedupEstimate | None = None) -> pb.StatsWindow:
     """One window of one (model, schema); ``None``: nothing recorded in it."""
     if s is None:
         return pb.StatsWindow(window_seconds=window_seconds)
     return pb.StatsWindow(
+        estimated_speedup=speedup.speedup if speedup is not None else 0.0,
+        speedup_costs_measured=speedup is not None and speedup.measured_costs,
         window_seconds=window_seconds,
         proposers=[proposer_stats(p) for p in s.proposers],
         requests=s.requests,
@@ -428,13 +434,39 @@ def stats_window(window_seconds: int, s: SchemaSummary | None) -> pb.StatsWindow
     )
 
 
-def schema_stats(model: str, key: str, per_window: Sequence[tuple[int, SchemaSummary | None]]) -> pb.SchemaStats:
-    return pb.SchemaStats(model=model, schema_key=key, windows=[stats_window(w, s) for w, s in per_window])
+def policy_state(p: ProposerState) -> pb.ProposerPolicyState:
+    out = pb.ProposerPolicyState(proposer=p.proposer, state=p.state, reason=p.reason, since=p.since,
+                                 changed_at=p.changed_at, last_switch_off=p.last_off or 0.0,
+                                 last_switch_on=p.last_on or 0.0, batch_bucket=p.batch_bucket)
+    if p.acceptance is not None:
+        out.acceptance = p.acceptance
+    if p.threshold is not None:
+        out.threshold = p.threshold
+    return out
 
 
-def schema_stats_list(per_window: Sequence[tuple[int, Sequence[SchemaSummary]]]) -> list[pb.SchemaStats]:
-    """One entry per (model, schema key) recorded in the longest window, sorted by model then key."""
-    found = [{(s.model, s.schema_key): s for s in summaries} for _, summaries in per_window]
-    longest = max(range(len(per_window)), key=lambda i: per_window[i][0])
-    return [schema_stats(model, key, [(w, f.get((model, key))) for (w, _), f in zip(per_window, found)])
-            for model, key in sorted(found[longest])]
+def policy_change(c: PolicyChange) -> pb.PolicyChange:
+    out = pb.PolicyChange(proposer=c.proposer, at=c.at, state=c.state, reason=c.reason, previous=c.previous,
+                          batch_bucket=c.batch_bucket)
+    if c.acceptance is not None:
+        out.acceptance = c.acceptance
+    if c.threshold is not None:
+        out.threshold = c.threshold
+    return out
+
+
+def hour_stats(h: HourPoint) -> pb.HourStats:
+    return pb.HourStats(
+        hour_start=h.hour, requests=h.requests, output_tokens=h.output_tokens, target_passes=h.target_passes,
+        latency_ms_p50=h.latency_quantile(0.5) or 0.0, latency_ms_p99=h.latency_quantile(0.99) or 0.0,
+        proposers=[pb.ProposerHour(proposer=name, drafted=p.drafted, accepted=p.accepted, examined=p.examined,
+                                   accepted_examined=p.accepted_examined) for name, p in h.proposers.items()])
+
+
+def rejected_draft(r: RejectedDraft) -> pb.RejectedDraft:
+    return pb.RejectedDraft(
+        model=r.model, schema_key=r.schema_key, proposer=r.proposer, created_at=r.created_at,
+        batch_bucket=r.batch_bucket, context_tokens=list(r.context_tokens), context_text=r.context_text,
+        draft_tokens=list(r.draft_tokens), draft_text=r.draft_text, position=r.position,
+        rejected_token=r.rejected_token, rejected_text=r.rejected_text, target_token=r.target_token,
+        target_text=r.target_text, grammatical=r.grammatical)

@@ -20,13 +20,12 @@ from structspec.engine.api import EngineAPI
 from structspec.engine.types import GenerationResult
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
-from structspec.service import convert, errors
+from structspec.service import convert, errors, stats_views
 from structspec.service.auth import bearer_token
 from structspec.service.errors import ServiceError
 from structspec.service.metrics import ServiceMetrics
 from structspec.service.registry import ResolvedSchema, SchemaRegistry, registered_stats_key
-from structspec.stats.summary import SchemaSummary, summarize
-from structspec.store.base import Store, sum_counters
+from structspec.store.base import Store
 
 log = logging.getLogger("structspec.service")
 T = TypeVar("T")
@@ -229,7 +228,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             stream = engine.extract_stream(req)
             items = stream.__aiter__()
             final: GenerationResult | None = None
-            first = True
+            deltas = self._metrics.delta_timer(call.started)
             try:
                 while True:
                     try:
@@ -239,9 +238,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                     if isinstance(item, GenerationResult):
                         final = item
                         break
-                    if first:
-                        self._metrics.first_delta.observe(time.perf_counter() - call.started)
-                        first = False
+                    deltas.delta()
                     yield pb.ExtractStreamResponse(delta=pb.TextDelta(text=item.text))
             finally:
                 # release the engine's generator now (a no-op once it finished) rather than at GC
@@ -311,33 +308,42 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
 
     # -- statistics -------------------------------------------------------------------------------
 
-    async def _summaries(self, windows: tuple[int, ...], model: str | None,
-                         schema_key: str | None = None) -> list[tuple[int, list[SchemaSummary]]]:
-        """Each window's summaries, from one read of the longest (so every window sees the same counters)."""
-        now = self._clock()
-        counters = await self._store.read_counters(since=now - max(windows), model=model, schema_key=schema_key)
-        return [(w, summarize(sum_counters(counters.items(), now - w, None), w)) for w in windows]
+    async def _schema_key(self, which: str | None, request: Message) -> str:
+        """The statistics key a request names (``schema_ref`` resolved through the registry, or ``schema_key``)."""
+        if which == "schema_ref":
+            ref = request.schema_ref
+            record = await self._registry.get(ref.schema_id, ref.version if ref.HasField("version") else None)
+            return registered_stats_key(record.schema_id, record.version)
+        if which == "schema_key" and request.schema_key:
+            return request.schema_key
+        raise errors.invalid("target", "set schema_ref or schema_key")
 
     async def GetSchemaStats(self, request: pb.GetSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetSchemaStatsResponse:
         async with self._rpc("GetSchemaStats", request, context):
             windows = convert.windows(request.window_seconds)
-            which = request.WhichOneof("target")
-            if which == "schema_ref":
-                ref = request.schema_ref
-                record = await self._registry.get(ref.schema_id, ref.version if ref.HasField("version") else None)
-                key = registered_stats_key(record.schema_id, record.version)
-            elif which == "schema_key" and request.schema_key:
-                key = request.schema_key
-            else:
-                raise errors.invalid("target", "set schema_ref or schema_key")
+            key = await self._schema_key(request.WhichOneof("target"), request)
             model = request.model or self._engine.model_key()
-            per_window = [(w, next(iter(found), None)) for w, found in await self._summaries(windows, model, key)]
-            return pb.GetSchemaStatsResponse(stats=convert.schema_stats(model, key, per_window))
+            (stats,) = await stats_views.read_stats(self._store, windows, model=model, schema_key=key,
+                                                    include_timeline=request.include_timeline, now=self._clock())
+            return pb.GetSchemaStatsResponse(stats=stats)
         raise AssertionError("unreachable")
 
     async def ListSchemaStats(self, request: pb.ListSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.ListSchemaStatsResponse:
         async with self._rpc("ListSchemaStats", request, context):
             windows = convert.windows(request.window_seconds)
-            per_window = await self._summaries(windows, request.model or None)
-            return pb.ListSchemaStatsResponse(stats=convert.schema_stats_list(per_window))
+            stats = await stats_views.read_stats(self._store, windows, model=request.model or None,
+                                                 include_timeline=request.include_timeline, now=self._clock())
+            return pb.ListSchemaStatsResponse(stats=stats)
+        raise AssertionError("unreachable")
+
+    async def ListRejectedDrafts(self, request: pb.ListRejectedDraftsRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.ListRejectedDraftsResponse:
+        async with self._rpc("ListRejectedDrafts", request, context):
+            which = request.WhichOneof("target")
+            key = await self._schema_key(which, request) if which is not None else None
+            if request.limit > stats_views.MAX_REJECTED:
+                raise errors.invalid("limit", f"at most {stats_views.MAX_REJECTED}")
+            drafts = await stats_views.read_rejected_drafts(self._store, model=request.model or None, schema_key=key,
+                                                            proposer=request.proposer or None, limit=request.limit)
+            return pb.ListRejectedDraftsResponse(drafts=drafts)
         raise AssertionError("unreachable")

@@ -488,7 +488,7 @@ class HistogramBucket(_message.Message):
     def __init__(self, upper_bound: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class StatsWindow(_message.Message):
-    __slots__ = ("window_seconds", "proposers", "requests", "output_tokens", "target_passes", "forced_tokens", "finish_reasons", "output_tokens_p50", "output_tokens_p95", "latency_ms_p50", "latency_ms_p99", "latency_ms_mean", "passes_per_token", "decisions", "output_length", "latency_ms", "names")
+    __slots__ = ("window_seconds", "proposers", "requests", "output_tokens", "target_passes", "forced_tokens", "finish_reasons", "output_tokens_p50", "output_tokens_p95", "latency_ms_p50", "latency_ms_p99", "latency_ms_mean", "passes_per_token", "decisions", "output_length", "latency_ms", "names", "estimated_speedup", "speedup_costs_measured")
     class FinishReasonsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -520,6 +520,8 @@ class StatsWindow(_message.Message):
     OUTPUT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_COSTS_MEASURED_FIELD_NUMBER: _ClassVar[int]
     window_seconds: int
     proposers: _containers.RepeatedCompositeFieldContainer[ProposerStats]
     requests: int
@@ -537,29 +539,115 @@ class StatsWindow(_message.Message):
     output_length: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
     latency_ms: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
     names: _containers.ScalarMap[str, int]
-    def __init__(self, window_seconds: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStats, _Mapping]]] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., finish_reasons: _Optional[_Mapping[str, int]] = ..., output_tokens_p50: _Optional[float] = ..., output_tokens_p95: _Optional[float] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., latency_ms_mean: _Optional[float] = ..., passes_per_token: _Optional[float] = ..., decisions: _Optional[_Iterable[_Union[DecisionCount, _Mapping]]] = ..., output_length: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., latency_ms: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., names: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    estimated_speedup: float
+    speedup_costs_measured: bool
+    def __init__(self, window_seconds: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStats, _Mapping]]] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., forced_tokens: _Optional[int] = ..., finish_reasons: _Optional[_Mapping[str, int]] = ..., output_tokens_p50: _Optional[float] = ..., output_tokens_p95: _Optional[float] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., latency_ms_mean: _Optional[float] = ..., passes_per_token: _Optional[float] = ..., decisions: _Optional[_Iterable[_Union[DecisionCount, _Mapping]]] = ..., output_length: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., latency_ms: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., names: _Optional[_Mapping[str, int]] = ..., estimated_speedup: _Optional[float] = ..., speedup_costs_measured: _Optional[bool] = ...) -> None: ...
+
+class ProposerPolicyState(_message.Message):
+    __slots__ = ("proposer", "state", "reason", "since", "changed_at", "last_switch_off", "last_switch_on", "acceptance", "threshold", "batch_bucket")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SWITCH_OFF_FIELD_NUMBER: _ClassVar[int]
+    LAST_SWITCH_ON_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    proposer: str
+    state: str
+    reason: str
+    since: float
+    changed_at: float
+    last_switch_off: float
+    last_switch_on: float
+    acceptance: float
+    threshold: float
+    batch_bucket: int
+    def __init__(self, proposer: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., changed_at: _Optional[float] = ..., last_switch_off: _Optional[float] = ..., last_switch_on: _Optional[float] = ..., acceptance: _Optional[float] = ..., threshold: _Optional[float] = ..., batch_bucket: _Optional[int] = ...) -> None: ...
+
+class PolicyChange(_message.Message):
+    __slots__ = ("proposer", "at", "state", "reason", "previous", "batch_bucket", "acceptance", "threshold")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    proposer: str
+    at: float
+    state: str
+    reason: str
+    previous: str
+    batch_bucket: int
+    acceptance: float
+    threshold: float
+    def __init__(self, proposer: _Optional[str] = ..., at: _Optional[float] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., previous: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., acceptance: _Optional[float] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class ProposerHour(_message.Message):
+    __slots__ = ("proposer", "drafted", "accepted", "examined", "accepted_examined")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    proposer: str
+    drafted: int
+    accepted: int
+    examined: int
+    accepted_examined: int
+    def __init__(self, proposer: _Optional[str] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., examined: _Optional[int] = ..., accepted_examined: _Optional[int] = ...) -> None: ...
+
+class HourStats(_message.Message):
+    __slots__ = ("hour_start", "requests", "output_tokens", "target_passes", "latency_ms_p50", "latency_ms_p99", "proposers")
+    HOUR_START_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_P50_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    PROPOSERS_FIELD_NUMBER: _ClassVar[int]
+    hour_start: int
+    requests: int
+    output_tokens: int
+    target_passes: int
+    latency_ms_p50: float
+    latency_ms_p99: float
+    proposers: _containers.RepeatedCompositeFieldContainer[ProposerHour]
+    def __init__(self, hour_start: _Optional[int] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., proposers: _Optional[_Iterable[_Union[ProposerHour, _Mapping]]] = ...) -> None: ...
 
 class SchemaStats(_message.Message):
-    __slots__ = ("schema_key", "windows", "model")
+    __slots__ = ("schema_key", "windows", "model", "policy", "policy_changes", "timeline")
     SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     schema_key: str
     windows: _containers.RepeatedCompositeFieldContainer[StatsWindow]
     model: str
-    def __init__(self, schema_key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[StatsWindow, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
+    policy: _containers.RepeatedCompositeFieldContainer[ProposerPolicyState]
+    policy_changes: _containers.RepeatedCompositeFieldContainer[PolicyChange]
+    timeline: _containers.RepeatedCompositeFieldContainer[HourStats]
+    def __init__(self, schema_key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[StatsWindow, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[_Iterable[_Union[ProposerPolicyState, _Mapping]]] = ..., policy_changes: _Optional[_Iterable[_Union[PolicyChange, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[HourStats, _Mapping]]] = ...) -> None: ...
 
 class GetSchemaStatsRequest(_message.Message):
-    __slots__ = ("schema_ref", "schema_key", "window_seconds", "model")
+    __slots__ = ("schema_ref", "schema_key", "window_seconds", "model", "include_timeline")
     SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TIMELINE_FIELD_NUMBER: _ClassVar[int]
     schema_ref: SchemaRef
     schema_key: str
     window_seconds: _containers.RepeatedScalarFieldContainer[int]
     model: str
-    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., schema_key: _Optional[str] = ..., window_seconds: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ...) -> None: ...
+    include_timeline: bool
+    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., schema_key: _Optional[str] = ..., window_seconds: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., include_timeline: _Optional[bool] = ...) -> None: ...
 
 class GetSchemaStatsResponse(_message.Message):
     __slots__ = ("stats",)
@@ -568,12 +656,68 @@ class GetSchemaStatsResponse(_message.Message):
     def __init__(self, stats: _Optional[_Union[SchemaStats, _Mapping]] = ...) -> None: ...
 
 class ListSchemaStatsRequest(_message.Message):
-    __slots__ = ("window_seconds", "model")
+    __slots__ = ("window_seconds", "model", "include_timeline")
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TIMELINE_FIELD_NUMBER: _ClassVar[int]
     window_seconds: _containers.RepeatedScalarFieldContainer[int]
     model: str
-    def __init__(self, window_seconds: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ...) -> None: ...
+    include_timeline: bool
+    def __init__(self, window_seconds: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., include_timeline: _Optional[bool] = ...) -> None: ...
+
+class ListRejectedDraftsRequest(_message.Message):
+    __slots__ = ("schema_ref", "schema_key", "model", "proposer", "limit")
+    SCHEMA_REF_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    schema_ref: SchemaRef
+    schema_key: str
+    model: str
+    proposer: str
+    limit: int
+    def __init__(self, schema_ref: _Optional[_Union[SchemaRef, _Mapping]] = ..., schema_key: _Optional[str] = ..., model: _Optional[str] = ..., proposer: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class RejectedDraft(_message.Message):
+    __slots__ = ("model", "schema_key", "proposer", "created_at", "batch_bucket", "context_tokens", "context_text", "draft_tokens", "draft_text", "position", "rejected_token", "rejected_text", "target_token", "target_text", "grammatical")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TEXT_FIELD_NUMBER: _ClassVar[int]
+    GRAMMATICAL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    schema_key: str
+    proposer: str
+    created_at: float
+    batch_bucket: int
+    context_tokens: _containers.RepeatedScalarFieldContainer[int]
+    context_text: str
+    draft_tokens: _containers.RepeatedScalarFieldContainer[int]
+    draft_text: str
+    position: int
+    rejected_token: int
+    rejected_text: str
+    target_token: int
+    target_text: str
+    grammatical: bool
+    def __init__(self, model: _Optional[str] = ..., schema_key: _Optional[str] = ..., proposer: _Optional[str] = ..., created_at: _Optional[float] = ..., batch_bucket: _Optional[int] = ..., context_tokens: _Optional[_Iterable[int]] = ..., context_text: _Optional[str] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_text: _Optional[str] = ..., position: _Optional[int] = ..., rejected_token: _Optional[int] = ..., rejected_text: _Optional[str] = ..., target_token: _Optional[int] = ..., target_text: _Optional[str] = ..., grammatical: _Optional[bool] = ...) -> None: ...
+
+class ListRejectedDraftsResponse(_message.Message):
+    __slots__ = ("drafts",)
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    drafts: _containers.RepeatedCompositeFieldContainer[RejectedDraft]
+    def __init__(self, drafts: _Optional[_Iterable[_Union[RejectedDraft, _Mapping]]] = ...) -> None: ...
 
 class ListSchemaStatsResponse(_message.Message):
     __slots__ = ("stats",)

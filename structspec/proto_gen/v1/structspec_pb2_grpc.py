@@ -27,8 +27,8 @@ if _version_not_supported:
 
 class StructSpecStub:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema, DeleteSchema and SetSchemaSpeculation need
-    the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation and
+    ListRejectedDrafts need the admin token.
     """
 
     def __init__(self, channel):
@@ -87,12 +87,17 @@ class StructSpecStub:
                 request_serializer=structspec_dot_v1_dot_structspec__pb2.ListSchemaStatsRequest.SerializeToString,
                 response_deserializer=structspec_dot_v1_dot_structspec__pb2.ListSchemaStatsResponse.FromString,
                 _registered_method=True)
+        self.ListRejectedDrafts = channel.unary_unary(
+                '/structspec.v1.StructSpec/ListRejectedDrafts',
+                request_serializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsRequest.SerializeToString,
+                response_deserializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsResponse.FromString,
+                _registered_method=True)
 
 
 class StructSpecServicer:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema, DeleteSchema and SetSchemaSpeculation need
-    the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation and
+    ListRejectedDrafts need the admin token.
     """
 
     def Extract(self, request, context):
@@ -168,6 +173,15 @@ class StructSpecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRejectedDrafts(self, request, context):
+        """The sampled rejected drafts of a schema (or of every schema), newest first: what a proposer
+        drafted, where the target refused it and what it chose. Admin: the samples hold the
+        context's last tokens, which are callers' inputs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StructSpecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +235,11 @@ def add_StructSpecServicer_to_server(servicer, server):
                     request_deserializer=structspec_dot_v1_dot_structspec__pb2.ListSchemaStatsRequest.FromString,
                     response_serializer=structspec_dot_v1_dot_structspec__pb2.ListSchemaStatsResponse.SerializeToString,
             ),
+            'ListRejectedDrafts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRejectedDrafts,
+                    request_deserializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsRequest.FromString,
+                    response_serializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'structspec.v1.StructSpec', rpc_method_handlers)
@@ -231,8 +250,8 @@ def add_StructSpecServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class StructSpec:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema, DeleteSchema and SetSchemaSpeculation need
-    the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation and
+    ListRejectedDrafts need the admin token.
     """
 
     @staticmethod
@@ -495,6 +514,33 @@ class StructSpec:
             '/structspec.v1.StructSpec/ListSchemaStats',
             structspec_dot_v1_dot_structspec__pb2.ListSchemaStatsRequest.SerializeToString,
             structspec_dot_v1_dot_structspec__pb2.ListSchemaStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRejectedDrafts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/structspec.v1.StructSpec/ListRejectedDrafts',
+            structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsRequest.SerializeToString,
+            structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsResponse.FromString,
             options,
             channel_credentials,
             insecure,
