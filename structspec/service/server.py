@@ -39,6 +39,7 @@ from structspec.service.registry import SchemaRegistry, register_builtins
 from structspec.service.servicer import EngineSlot, StructSpecServicer
 from structspec.service.settings import ServiceSettings
 from structspec.service.tls import server_credentials
+from structspec.stats.book import StatsBook
 from structspec.store import Store, open_store
 
 log = logging.getLogger("structspec.service")
@@ -138,10 +139,12 @@ class StructSpecServer:
         self._slot = EngineSlot(None)
         self._initial_engine = engine
         self._owns_store = store is None
-        self.store: Store = store if store is not None else open_store(settings.store_url, settings.data_dir)
+        self.store: Store = store if store is not None else open_store(
+            settings.store_url, settings.data_dir, StatsBook(samples_per_hour=settings.rejection_samples_per_hour))
         self.registry = SchemaRegistry(self.store)
         self.metrics = metrics or ServiceMetrics()
         self.metrics.bind_engine(lambda: self._slot.engine)
+        self.metrics.bind_stats(self.store.stats)
         self._builtin_schemas = builtin_schemas
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
@@ -233,6 +236,7 @@ class StructSpecServer:
         if callable(start):
             await _maybe_await(start())
         self._slot.engine = engine
+        self.metrics.watch_engine(engine)
         if not self._stopping:
             await self._set_health(True)
             log.info("engine ready: SERVING")

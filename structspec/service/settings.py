@@ -89,6 +89,9 @@ class ServiceSettings:
     stats_refresh_seconds: float = _opt(30.0, "how often the drafting policy's in-memory statistics are reloaded from "
                                         "the store, so that it sees the traffic of every replica sharing it")
     stats_retention_days: float = _opt(30.0, "statistics older than this are pruned (checked hourly)")
+    rejection_samples_per_hour: int = _opt(8, "rejected drafts sampled per schema, proposer and hour (kept, the "
+                                           "newest 200 of each, for ListRejectedDrafts and `structspec stats`; they "
+                                           "hold the last 32 tokens of the context, callers' input included); 0 = off")
     # -- limits --------------------------------------------------------------------------------
     max_queue: int = _opt(_LIMITS.max_queue, "requests waiting beyond the running batch; more get RESOURCE_EXHAUSTED")
     max_batch: int = _opt(_LIMITS.max_batch, "most sequences decoded together")
@@ -188,7 +191,7 @@ class ServiceSettings:
                      "kv_budget_tokens"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
-        for name in ("max_concurrent_rpcs", "prefix_cache_tokens"):
+        for name in ("max_concurrent_rpcs", "prefix_cache_tokens", "rejection_samples_per_hour"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
         for name in ("drain_grace_seconds", "stats_retention_days"):

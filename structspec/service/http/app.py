@@ -329,13 +329,11 @@ class OpenAIApp:
             code = grpc.StatusCode.OK
             try:
                 yield chunks.role()
-                item, first_delta = first, True
+                item, deltas = first, self._metrics.delta_timer(ex.started)
                 while not isinstance(item, GenerationResult):
                     if item is None:
                         raise ServiceError(grpc.StatusCode.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
-                    if first_delta:
-                        self._metrics.first_delta.observe(time.perf_counter() - ex.started)
-                        first_delta = False
+                    deltas.delta()
                     if item.text:
                         yield chunks.content(item.text)
                     item = await next_item()
