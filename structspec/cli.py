@@ -121,6 +121,9 @@ def bench_decode(
     interleave: bool = typer.Option(False, help="run the engine configurations side by side, request by request "
                                                "(concurrency 1): per-schema comparisons the machine's drift does "
                                                "not bias"),
+    data_dir: Optional[Path] = typer.Option(None, help="record every engine configuration's traffic in the store "
+                                                       "there (model <model>/bench:<config>), for `structspec stats "
+                                                       "--data-dir`"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
@@ -131,7 +134,7 @@ def bench_decode(
         report = run_decode_bench(profile, workload, levels, requests, max_tokens, names, few_shot, device,
                                   dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress,
                                   warmup_requests=warmup_requests, interleave=interleave, examples=examples,
-                                  policy={"acceptance_threshold": acceptance_threshold})
+                                  policy={"acceptance_threshold": acceptance_threshold}, data_dir=data_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))
@@ -206,7 +209,7 @@ def bench_step(
 
 
 def _register_optional() -> None:
-    """Commands owned by other modules (server, client, decode bench) plug themselves in here."""
+    """Commands owned by other modules (server, client, statistics) plug themselves in here."""
     try:
         from structspec import cli_serve
     except ImportError:
@@ -219,6 +222,12 @@ def _register_optional() -> None:
         pass
     else:
         cli_client.register(app)
+    try:
+        from structspec import cli_stats
+    except ImportError:
+        pass
+    else:
+        cli_stats.register(app)
 
 
 _register_optional()

@@ -25,10 +25,13 @@ ALLOWED: dict[str, set[str]] = {
     "assembly": {"engine", "grammar", "models", "speculation", "stats"},
     "service": {"engine", "grammar", "prompts", "proto_gen", "schemas", "speculation", "stats", "store"},
     "demo": {"prompts", "schemas"},
-    "bench": {"assembly", "client", "demo", "engine", "grammar", "models", "prompts", "schemas", "speculation", "stats"},
-    "cli": {"bench", "demo", "models", "cli_client", "cli_serve"},
+    "bench": {"assembly", "client", "demo", "engine", "grammar", "models", "prompts", "schemas", "speculation", "stats",
+              "store"},  # bench decode --data-dir records its traffic in a store
+    "cli": {"bench", "demo", "models", "cli_client", "cli_serve", "cli_stats"},
     "cli_serve": {"service"},
     "cli_client": {"bench", "client", "schemas", "service"},
+    "cli_stats": {"cli_client", "client", "report", "service", "store"},  # a store read here, or a server asked
+    "report": {"client"},  # the HTML report renders the client's statistics values
 }
 
 

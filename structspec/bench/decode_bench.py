@@ -22,7 +22,9 @@ length per drafting step includes the bonus/recovered token). The same per schem
 (``by_schema``) and, on the ``shift`` workload, per phase (``by_phase``), with the
 drafting decisions by reason. On ``shift`` the policy's statistics run on a simulated
 clock (``SHIFT_MINUTES_PER_REQUEST`` a request), so its hourly windows turn over
-within the run.
+within the run. With ``data_dir`` every engine configuration records its traffic in the store
+there, under the model key ``<model>/bench:<config>``, so ``structspec stats --data-dir`` shows a
+benchmark as it shows a server.
 """
 
 from __future__ import annotations
@@ -307,7 +309,8 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                      few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
                      dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0,
                      progress: Callable[[str, int, int, int, int], None] | None = None, warmup_requests: int = 0,
-                     policy: Any = None, interleave: bool = False, examples: str = "shipped") -> dict[str, Any]:
+                     policy: Any = None, interleave: bool = False, examples: str = "shipped",
+                     data_dir: Any = None) -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
@@ -323,6 +326,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     server's defaults.
     ``interleave``: the engine configurations run side by side, request by request (``run_interleaved``; at
     concurrency 1 only), for per-schema comparisons that the machine's drift does not bias.
+    ``data_dir``: where the engine configurations record their statistics (a server's data directory layout).
     """
     from structspec.models.loading import load_profile
     from structspec.models.profiles import get_profile
@@ -361,7 +365,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
         if levels != (1,) or any(c in BASELINES for c in configs):
             raise ValueError("interleave runs engine configurations at concurrency 1 only")
         results = run_interleaved(list(configs), models, items, warm, extra_warm, max_tokens, save_outputs,
-                                  temperature, policy, progress)
+                                  temperature, policy, progress, data_dir=data_dir)
         report["interleaved"] = True
         report["runs"] = [{"profile": profile, "workload": workload, "config": name, "concurrency": 1, **result}
                           for name, result in results.items()]
@@ -374,7 +378,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
             try:
                 step = None if progress is None else (lambda d, n, t, c=name, lv=level: progress(c, lv, d, n, t))
                 result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs, temperature,
-                                     step, extra_warm, policy)
+                                     step, extra_warm, policy, data_dir)
                 compiler = result.pop("_compiler", compiler)
                 row.update(result)
             except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
@@ -402,7 +406,7 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
 
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False,
                 temperature=0.0, progress: Progress | None = None, extra_warm: list[WorkItem] = (),
-                policy: Any = None) -> dict[str, Any]:
+                policy: Any = None, data_dir: Any = None) -> dict[str, Any]:
     from structspec.models.worker_thread import run_in_worker
 
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
@@ -411,8 +415,8 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
             progress(0, len(items), 0)  # the measured run starts
         records, wall = run_in_worker(_run_hf, models, items, max_tokens, name, progress)
         return summarize(records, wall, save_outputs)
-    prepared = _start_engine(name, models, items, concurrency, compiler, policy)
-    engine, spec, speculate, tick = prepared
+    prepared = _start_engine(name, models, items, concurrency, compiler, policy, data_dir)
+    engine, spec, speculate, tick, store = prepared
     try:
         _warm(prepared, warm, extra_warm, concurrency, max_tokens, temperature)
         if progress is not None:
@@ -421,11 +425,14 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
                                                 speculate, temperature, progress, tick))
     finally:
         engine.stop()
+        if store is not None:
+            asyncio.run(store.close())  # writes what the configuration recorded
     return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations
 
 
-def _start_engine(name, models, items, concurrency, compiler, policy):
-    """A started engine for configuration ``name``: (engine, its SpeculationConfig, drafting on, the clock's tick)."""
+def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=None):
+    """A started engine for configuration ``name``: (engine, its SpeculationConfig, drafting on, the clock's tick,
+    the opened store in ``data_dir`` its statistics go to, or None)."""
     from structspec.assembly import assemble_engine, engine_model_key
     from structspec.engine.config import PolicyConfig, SchedulerLimits
     from structspec.models.worker_thread import run_in_worker
@@ -435,23 +442,28 @@ def _start_engine(name, models, items, concurrency, compiler, policy):
     proposers = spec.proposers
     if proposers is not None and proposers.draft and models.draft is None:
         proposers = ProposerSet(proposers.ngram, proposers.history, draft=False)
-    recorder, tick = None, None
-    if spec.adaptive:  # the policy reads what this run records (from nothing: it starts cold, like a new server)
-        clock = [time.time()]
+    recorder, tick, store = None, None, None
+    if spec.adaptive or data_dir is not None:  # the policy reads what this run records (from nothing: it starts
+        clock = [time.time()]                  # cold, like a new server); the store is written, never read
         simulated = any(i.phase for i in items)
         book = StatsBook(clock=(lambda: clock[0]) if simulated else time.time)
-        recorder = book.recorder(engine_model_key(models))
+        recorder = book.recorder(engine_model_key(models) + (f"/bench:{name}" if data_dir is not None else ""))
         if simulated:
             tick = lambda: clock.__setitem__(0, clock[0] + 60 * SHIFT_MINUTES_PER_REQUEST)  # noqa: E731
+        if data_dir is not None:
+            from structspec.store import open_store
+
+            store = open_store("", data_dir, book)
+            asyncio.run(store.open())
     engine = run_in_worker(assemble_engine, models, limits=SchedulerLimits(max_batch=max(16, concurrency)),
                            proposers=proposers, compiler=compiler, stats=recorder,
                            policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0)
     engine.start()
-    return engine, spec, proposers is not None, tick
+    return engine, spec, proposers is not None, tick, store
 
 
 def _warm(prepared, warm, extra_warm, concurrency, max_tokens, temperature) -> None:
-    engine, spec, speculate, tick = prepared
+    engine, spec, speculate, tick, _ = prepared
     asyncio.run(_run_engine(engine, warm, 1, max_tokens, spec.fast_forward, speculate, temperature))
     if extra_warm:
         asyncio.run(_run_engine(engine, list(extra_warm), concurrency, max_tokens, spec.fast_forward,
@@ -460,7 +472,7 @@ def _warm(prepared, warm, extra_warm, concurrency, max_tokens, temperature) -> N
 
 def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_outputs=False, temperature=0.0,
                     policy: Any = None, progress: Callable[[str, int, int, int, int], None] | None = None,
-                    block: int = INTERLEAVE_BLOCK) -> dict[str, dict[str, Any]]:
+                    block: int = INTERLEAVE_BLOCK, data_dir: Any = None) -> dict[str, dict[str, Any]]:
     """Every engine configuration in blocks of ``block`` requests, at concurrency 1: each block goes to every
     configuration in turn (the order rotating with the block) before the next block, so a slow minute of the
     machine falls on all of them alike. One engine thread is alive at a time (stopped and restarted between
@@ -470,7 +482,7 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
     engines = {}
     try:
         for name in names:
-            engines[name] = prepared = _start_engine(name, models, items, 1, compiler, policy)
+            engines[name] = prepared = _start_engine(name, models, items, 1, compiler, policy, data_dir)
             compiler = prepared[0].compiler
             _warm(prepared, warm, extra_warm, 1, max_tokens, temperature)
             prepared[0].stop()
@@ -478,7 +490,7 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
         for b, start in enumerate(range(0, len(items), block)):
             chunk = items[start: start + block]
             for name in names[b % len(names):] + names[: b % len(names)]:
-                engine, spec, speculate, tick = engines[name]
+                engine, spec, speculate, tick, _ = engines[name]
                 engine.start()
                 try:
                     done, _ = asyncio.run(_run_engine(engine, chunk, 1, max_tokens, spec.fast_forward, speculate,
@@ -489,8 +501,10 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
                 if progress is not None:
                     progress(name, 1, len(records[name]), len(items), sum(r.output_tokens for r in records[name]))
     finally:
-        for engine, *_ in engines.values():
+        for engine, *_, store in engines.values():
             engine.stop()
+            if store is not None:
+                asyncio.run(store.close())
     return {name: summarize(rs, sum(r.latency_s for r in rs), save_outputs) for name, rs in records.items()}
 
 
