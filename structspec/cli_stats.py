@@ -46,7 +46,8 @@ class _DefaultShow(TyperGroup):
 
 
 stats_app = typer.Typer(cls=_DefaultShow, no_args_is_help=False, add_completion=False,
-                        help="Per-schema speculation statistics: tables (the default), rejected drafts, an HTML report.")
+                        help="Per-schema speculation statistics: tables (the default: `structspec stats [SCHEMA]` is "
+                             "`structspec stats show [SCHEMA]`), rejected drafts, an HTML report.")
 
 
 class StatsInputError(Exception):
@@ -235,11 +236,12 @@ def schema_tables(entry: Any, window_seconds: int) -> list[Any]:
                          _pct(w.finish_share("length")), _pct(w.finish_share("cancelled")),
                          _pct(w.finish_share("error")), f"{w.latency_ms_p50:.0f} / {w.latency_ms_p99:.0f}")
     tables.append(requests)
-    drafting = Table("proposer", "batch", "drafted", "accepted", "acceptance", "verifications (probes)",
-                     "acceptance by draft position", title=f"{title}: drafting")
+    drafting = Table("proposer", "batch", "drafted", "accepted", "acceptance", "per examined token",
+                     "verifications (probes)", "acceptance by draft position", title=f"{title}: drafting")
     for p in (w.proposers if w is not None else []):
+        examined = f"{sum(p.accepted_at) / sum(p.reached):.2f}" if sum(p.reached) else "-"
         drafting.add_row(p.proposer, f"\u2264{p.batch_bucket}", str(p.drafted), str(p.accepted),
-                         f"{p.acceptance_rate:.2f}", f"{p.events} ({p.probe_verifications})",
+                         f"{p.acceptance_rate:.2f}", examined, f"{p.events} ({p.probe_verifications})",
                          " ".join(f"{a:.2f}" for a in p.acceptance_by_position))
     if drafting.row_count:
         tables.append(drafting)

@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 from structspec.client.results import HourStats, PolicyChange, SchemaStats, StatsWindow
 
 HEIGHT = 340
+WIDTH = 640  # fixed: a grid cell's width is not known when plotly first draws
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")
 _OFF, _ON = "#d62728", "#2ca02c"
 
@@ -26,7 +27,7 @@ def _when(ts: float) -> str:
 
 
 def _layout(fig: go.Figure, title: str, **extra: Any) -> go.Figure:
-    layout: dict[str, Any] = dict(title=title, height=HEIGHT, margin=dict(l=60, r=20, t=60, b=50),
+    layout: dict[str, Any] = dict(title=title, height=HEIGHT, width=WIDTH, margin=dict(l=60, r=20, t=60, b=50),
                                   template="plotly_white", legend=dict(orientation="h", y=-0.2))
     layout.update(extra)
     fig.update_layout(**layout)
@@ -75,7 +76,7 @@ def acceptance_over_time(entry: SchemaStats, threshold: float | None) -> go.Figu
                           line=dict(color=color, width=1, dash="dot"))
     if threshold is not None:
         fig.add_hline(y=threshold, line=dict(color="#555", dash="dash"), annotation_text=f"threshold {threshold:.2f}",
-                      annotation_position="top left")
+                      annotation_position="bottom right")
     if not fig.data:
         _empty(fig, "no drafts in the window")
     return _layout(fig, "Acceptance over time (per examined drafted token)", yaxis=dict(range=[0, 1.05]),
@@ -123,7 +124,7 @@ def acceptance_by_position(window: StatsWindow) -> go.Figure:
                                  line=dict(color=_COLORS[i % len(_COLORS)])))
     if not fig.data:
         _empty(fig, "no drafts in the window")
-    return _layout(fig, "Acceptance by draft position (given the tokens before it were accepted)",
+    return _layout(fig, "Acceptance by draft position (given the earlier ones accepted)",
                    xaxis=dict(title="draft position", dtick=1), yaxis=dict(range=[0, 1.05]))
 
 

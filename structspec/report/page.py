@@ -17,7 +17,7 @@ from structspec.client.results import RejectedDraft, SchemaStats, StatsWindow
 from structspec.report.figures import schema_figures
 
 PLOTS_PER_SCHEMA = 5
-_CONFIG = {"displaylogo": False, "responsive": True}
+_CONFIG = {"displaylogo": False}
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; } h3 { font-size: 1.05em; }
@@ -25,8 +25,8 @@ table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
 th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .on { color: #1a7f37; font-weight: 600; } .off { color: #c62828; font-weight: 600; }
-.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 12px; }
-.plot { border: 1px solid #eee; min-height: 340px; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, 650px); gap: 12px; }
+.plot { border: 1px solid #eee; min-height: 340px; width: 650px; overflow: hidden; }
 code { background: #f6f6f6; white-space: pre-wrap; word-break: break-all; }
 mark.rejected { background: #ffd6d6; } mark.target { background: #d6f5d6; }
 .note { color: #666; font-size: 0.9em; }
@@ -135,7 +135,7 @@ def render(report: ReportInput) -> str:
         plots = []
         for name, fig in schema_figures(entry, w, _threshold(entry, report.threshold)):
             plots.append('<div class="plot">' + fig.to_html(full_html=False, include_plotlyjs=False, config=_CONFIG,
-                                                              default_height="340px",
+                                                              default_height="340px", default_width="640px",
                                                               div_id=f"{_anchor(entry)}-{name}") + "</div>")
         samples = report.rejected.get((entry.model, entry.schema_key), [])
         rejected = (_rejected_table(samples) if samples else
