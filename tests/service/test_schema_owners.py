@@ -197,3 +197,25 @@ def test_the_report_has_every_section_and_fetches_nothing(served, tmp_path):
     remote = tmp_path / "remote.html"
     result = runner.invoke(app, ["stats", "report", "--server", srv.target, "--out", str(remote)])
     assert result.exit_code == 0 and remote.read_text().count('<section class="schema"') == 3
+
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+
+
+def test_the_grafana_dashboard_queries_only_series_the_server_exports(served):
+    srv, _, _ = served
+    exported = {re.split(r"[{ ]", line)[0] for line in scrape(srv).splitlines() if line.startswith("structspec_")}
+    dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "structspec-schemas.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs.append(dashboard["templating"]["list"][0]["query"]["query"])
+    queried = {n for e in exprs for n in re.findall(r"\bstructspec_[a-z_]+", e)}
+    assert queried and queried <= exported, queried - exported
+    per_schema = {n for n in exported if n.startswith("structspec_schema_")}
+    assert per_schema <= queried, per_schema - queried  # every per-schema series has a panel
+    uids = {t["datasource"]["uid"] for t in dashboard["panels"] if "datasource" in t}
+    datasource = (DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    assert uids == {"prometheus"} and "uid: prometheus" in datasource and "url: http://prometheus:9090" in datasource
+    compose = (DOCKER / "compose.yaml").read_text()
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in compose
+    assert "path: /var/lib/grafana/dashboards" in (DOCKER / "grafana" / "provisioning" / "dashboards"
+                                                   / "structspec.yml").read_text()
