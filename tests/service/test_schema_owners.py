@@ -219,3 +219,13 @@ def test_the_grafana_dashboard_queries_only_series_the_server_exports(served):
     assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in compose
     assert "path: /var/lib/grafana/dashboards" in (DOCKER / "grafana" / "provisioning" / "dashboards"
                                                    / "structspec.yml").read_text()
+
+
+def test_the_service_readme_documents_every_series(served):
+    srv, _, _ = served
+    readme = (Path(__file__).resolve().parents[2] / "structspec" / "service" / "README.md").read_text()
+    section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(structspec_[a-z_]+)` \|", section, re.M))
+    families = {f.name + ("_total" if f.type == "counter" else "") for f in srv.server.metrics.registry.collect()
+                if f.name.startswith("structspec_")}
+    assert len(families) > 25 and families == documented, (families - documented, documented - families)
