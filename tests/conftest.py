@@ -1,7 +1,10 @@
-"""Shared fixtures: the shipped demo models (loaded once per test session) and an engine factory."""
+"""Shared fixtures: the shipped demo models (loaded once per test session), an engine factory, and a throwaway
+PostgreSQL cluster."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -44,3 +47,27 @@ def make_engine(demo_models, demo_compiler):
     yield make
     for engine in made:
         engine.stop()
+
+
+REQUIRE_POSTGRES = os.environ.get("STRUCTSPEC_REQUIRE_POSTGRES") == "1"  # .ci/run sets it: a missing one fails
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL cluster of the test session's own (``tests/pg_cluster.py``: a temporary folder, a unix socket),
+    stopped and removed at the end. Skipped, with the reason, where PostgreSQL or psycopg is missing, unless
+    ``STRUCTSPEC_REQUIRE_POSTGRES=1``: then those tests fail."""
+    from tests.pg_cluster import PostgresCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is None and importlib.util.find_spec("psycopg") is None:
+        reason = "psycopg is not installed (pip install -e '.[test]')"
+    if reason is not None:
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"STRUCTSPEC_REQUIRE_POSTGRES=1 but {reason}")
+        pytest.skip(reason)
+    cluster = PostgresCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()

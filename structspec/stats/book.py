@@ -7,6 +7,11 @@ The policy reads ``rows`` from the book: what this process recorded plus, after 
 ``replace_persisted``, what the store holds (every replica's traffic when several share
 one store).
 
+While the store cannot be written the unwritten counters wait here, at most ``max_unwritten``
+keys of them: a record adds to a key already waiting at no cost, and a record of a new key past
+the bound is dropped from what will be written (still counted in ``rows``, so the policy sees it)
+and counted in ``dropped``.
+
 Beside the counters the book holds what the decode path records that is not a sum: the
 rejected-draft samples (``samples``), the drafting policy's state per proposer and schema
 (``policy``), and the process-lifetime totals Prometheus scrapes (``totals``).
@@ -47,9 +52,13 @@ def merge_into(into: Counters, rows: Mapping[CounterKey, float] | Iterable[tuple
 
 class StatsBook:
     def __init__(self, horizon_seconds: float = 7 * 86400, clock: Callable[[], float] = time.time,
-                 samples_per_hour: int = 8):
+                 samples_per_hour: int = 8, max_unwritten: int = 100_000):
+        if max_unwritten < 1:
+            raise ValueError("max_unwritten must be >= 1")
         self.horizon_seconds = horizon_seconds  # how far back ``rows`` keeps counters (the policy's reach)
         self.clock = clock
+        self.max_unwritten = max_unwritten  # unwritten counter keys kept (pending and in flight together)
+        self.dropped = 0  # counter rows not written because ``max_unwritten`` keys were already waiting
         self.samples = RejectionSampler(samples_per_hour)
         self.policy = PolicyStates()
         self.totals = ProcessTotals()
@@ -63,8 +72,15 @@ class StatsBook:
     def add(self, rows: Iterable[tuple[CounterKey, float]]) -> None:
         with self._lock:
             rows = list(rows)
+            waiting = len(self._pending) + sum(len(r) for r in self._in_flight)
             for key, value in rows:
-                self._pending[key] = self._pending.get(key, 0.0) + value
+                if key in self._pending:
+                    self._pending[key] += value
+                elif waiting < self.max_unwritten:
+                    self._pending[key] = value
+                    waiting += 1
+                else:
+                    self.dropped += 1
                 self._put(key, value)
         self.totals.add(rows)
 
@@ -99,6 +115,11 @@ class StatsBook:
         """Counters not yet in the store: pending plus in flight."""
         with self._lock:
             return self._unflushed()
+
+    def unwritten_keys(self) -> int:
+        """How many counter keys wait for the store (pending and in flight; at most ``max_unwritten`` after adds)."""
+        with self._lock:
+            return len(self._pending) + sum(len(r) for r in self._in_flight)
 
     def _unflushed(self) -> Counters:
         out: Counters = {}

@@ -49,13 +49,18 @@ class RejectionSampler:
     """Reservoirs of rejected drafts per (model, schema, proposer, hour), and those not yet in the store.
 
     Thread-safe. ``per_hour`` 0 samples nothing. At most ``max_keys`` keys are tracked within an
-    hour (a flood of new inline schemas gets no more samples, never more memory)."""
+    hour (a flood of new inline schemas gets no more samples, never more memory), and at most
+    ``max_pending`` samples wait for the store (while it cannot be written): past that the oldest
+    waiting one is dropped and counted in ``dropped``."""
 
-    def __init__(self, per_hour: int = 8, max_keys: int = 1024, rng: random.Random | None = None):
+    def __init__(self, per_hour: int = 8, max_keys: int = 1024, rng: random.Random | None = None,
+                 max_pending: int = 10_000):
         if per_hour < 0:
             raise ValueError("per_hour must be >= 0")
         self.per_hour = per_hour
         self.max_keys = max_keys
+        self.max_pending = max_pending
+        self.dropped = 0  # samples dropped because ``max_pending`` were already waiting
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str, str], tuple[int, int]] = {}  # key -> (hour, rejections seen in it)
@@ -84,6 +89,12 @@ class RejectionSampler:
     def put(self, sample: RejectedDraft) -> None:
         with self._lock:
             self._pending[sample.key] = sample  # a replaced slot overwrites the unwritten one
+            self._trim()
+
+    def _trim(self) -> None:
+        while len(self._pending) > self.max_pending:
+            del self._pending[next(iter(self._pending))]  # the oldest waiting (dicts keep insertion order)
+            self.dropped += 1
 
     def take(self) -> list[RejectedDraft]:
         """The samples put since the last take (the store writes them; ``restore`` puts them back on failure)."""
@@ -93,8 +104,11 @@ class RejectionSampler:
 
     def restore(self, rows: list[RejectedDraft]) -> None:
         with self._lock:
-            for r in rows:
-                self._pending.setdefault(r.key, r)  # a newer sample of the same slot wins
+            waiting, self._pending = self._pending, {}
+            for r in rows:  # the restored ones are older than those put since: they go first
+                self._pending[r.key] = r
+            self._pending.update(waiting)  # a newer sample of the same slot wins
+            self._trim()
 
     def pending(self) -> list[RejectedDraft]:
         with self._lock:

@@ -1,10 +1,15 @@
 """The embedded store's seam: schema registry rows and speculation statistics.
 
-One ``Store`` serves a server process; SQLite is the default, a PostgreSQL implementation will
-serve several replicas later. Nothing here assumes SQLite: timestamps are passed in (unix
-seconds, never the database's clock), versions are allocated by the store atomically (so two
-replicas registering at once cannot both get version 3), and statistics are aggregated per
-hour with plain add-upserts (``structspec.stats.counters``).
+One ``Store`` serves a server process: SQLite (``sqlite.py``) for one server, PostgreSQL
+(``postgres.py``) for several replicas sharing one database. Nothing here assumes either:
+timestamps are passed in (unix seconds, never the database's clock), versions are allocated by
+the store atomically (so two replicas registering at once cannot both get version 3), and
+statistics are aggregated per hour with plain add-upserts of each process's deltas
+(``structspec.stats.counters``), so the replicas' counts add up.
+
+What is recorded but not yet written (counters, history outputs, samples, policy changes) waits
+in memory, each kind within a bound; past it new records are dropped and counted (``backlog``),
+never silently.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from structspec.stats.book import Counters, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
+from structspec.store.history_buffer import HistoryBuffer
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,24 @@ SPECULATION_MODES = ("auto", "off", "on")  # SchemaRecord.speculation
 
 
 class StoreError(RuntimeError):
-    """The store failed (I/O, corruption, lost connection): the caller maps it to INTERNAL/UNAVAILABLE."""
+    """The store failed (I/O, corruption, a bug in a statement): the caller maps it to INTERNAL."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached now (connection refused or lost, a timeout, the database shutting down): the
+    caller serves from memory where it can and answers UNAVAILABLE where it cannot; retrying later may succeed."""
+
+
+BACKLOG_KINDS = ("counters", "history", "samples", "policy_changes")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What a store holds in memory, not yet written, per kind (``BACKLOG_KINDS``), and what it dropped (since the
+    process started) because a kind's bound was reached while the store could not be written."""
+
+    unwritten: dict[str, int]
+    dropped: dict[str, int]
 
 
 @runtime_checkable
@@ -95,7 +118,11 @@ class Store(Protocol):
         seed ``stats.policy`` with each proposer's latest persisted state."""
 
     async def prune(self, before: float) -> int:
-        """Drop counters, samples and policy changes from before ``before``; returns the rows removed."""
+        """Drop counters, samples, policy changes and history outputs from before ``before``; returns the rows
+        removed."""
+
+    def backlog(self) -> Backlog:
+        """Unwritten and dropped records per kind (no I/O)."""
 
     # -- what schema owners read beside the counters ------------------------------------------
 
@@ -113,6 +140,15 @@ class Store(Protocol):
 
     async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
         """The last ``per_key`` outputs of the ``max_keys`` most recent keys, as (key, text), oldest first."""
+
+
+def backlog_of(stats: StatsBook, history: HistoryBuffer) -> Backlog:
+    """A store's ``Backlog`` from its book (counters, samples, policy changes) and its history buffer."""
+    return Backlog(
+        {"counters": stats.unwritten_keys(), "history": len(history), "samples": len(stats.samples.pending()),
+         "policy_changes": len(stats.policy.pending())},
+        {"counters": stats.dropped, "history": history.dropped, "samples": stats.samples.dropped,
+         "policy_changes": stats.policy.dropped})
 
 
 def sum_counters(rows: Iterable[tuple[CounterKey, float]], since: float, until: float | None) -> Counters:

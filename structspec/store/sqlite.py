@@ -19,7 +19,8 @@ from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import KEEP_PER_KEY as SAMPLES_KEEP
 from structspec.stats.samples import RejectedDraft
-from structspec.store.base import SPECULATION_MODES, SchemaRecord, StoreError, sum_counters
+from structspec.store.base import SPECULATION_MODES, Backlog, SchemaRecord, StoreError, backlog_of, sum_counters
+from structspec.store.history_buffer import HistoryBuffer
 
 T = TypeVar("T")
 
@@ -114,13 +115,12 @@ def _record(row: tuple[Any, ...]) -> SchemaRecord:
 class SQLiteStore:
     """``Store`` on a SQLite file (``":memory:"`` for a throwaway one)."""
 
-    def __init__(self, path: str | Path, stats: StatsBook | None = None):
+    def __init__(self, path: str | Path, stats: StatsBook | None = None, history_limit: int = 100_000):
         self.path = str(path)
         self.stats = stats or StatsBook()
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
-        self._history: list[tuple[str, str, str, float]] = []  # appended, not yet written
-        self._history_lock = threading.Lock()
+        self._history = HistoryBuffer(history_limit)  # appended, not yet written
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -353,6 +353,7 @@ class SQLiteStore:
         def prune(c: sqlite3.Connection) -> int:
             n = c.execute("DELETE FROM counters WHERE hour < ?", (cutoff,)).rowcount
             n += c.execute("DELETE FROM rejected_drafts WHERE hour < ?", (cutoff,)).rowcount
+            n += c.execute("DELETE FROM history WHERE created_at < ?", (before,)).rowcount
             return n + c.execute("DELETE FROM policy_changes WHERE at < ?", (before,)).rowcount
 
         return await self._run(prune)
@@ -447,12 +448,13 @@ class SQLiteStore:
     HISTORY_KEEP = 64  # outputs kept per (model, key): the history proposer's own bound
 
     def append_history(self, model: str, history_key: str, text: str, now: float) -> None:
-        with self._history_lock:
-            self._history.append((model, history_key, text, now))
+        self._history.append(model, history_key, text, now)
+
+    def backlog(self) -> Backlog:
+        return backlog_of(self.stats, self._history)
 
     async def _flush_history(self) -> None:
-        with self._history_lock:
-            rows, self._history = self._history, []
+        rows = self._history.take()
         if not rows:
             return
 
@@ -472,8 +474,7 @@ class SQLiteStore:
         try:
             await self._run(write)
         except BaseException:
-            with self._history_lock:
-                self._history[:0] = rows
+            self._history.restore(rows)
             raise
 
     async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:

@@ -1,5 +1,5 @@
-"""The store's rejected-draft samples and policy changes: persisted, bounded, pruned, read with the unwritten ones;
-the migration from schema version 2."""
+"""The store's rejected-draft samples and policy changes: persisted, bounded, pruned, read with the unwritten ones
+(on SQLite and PostgreSQL: ``backend``); the SQLite file's migration from schema version 2."""
 
 from __future__ import annotations
 
@@ -12,30 +12,29 @@ from structspec.stats.book import StatsBook
 from structspec.stats.counters import HOUR, Reason, Series, hour_of
 from structspec.stats.policy_states import OFF, ON
 from structspec.stats.samples import KEEP_PER_KEY
-from structspec.store import StoreError
+from structspec.store import Store, StoreError
 from structspec.store.sqlite import SQLiteStore
-from tests.store.test_sqlite_store import NOW, Clock, key, opened
+from tests.store.test_store import NOW, Clock, key, opened
 
 
 def decode(ids):
     return " ".join(map(str, ids))
 
 
-def reject(store: SQLiteStore, schema: str = "inv@1", proposer: str = "ngram", target: int = 99, model: str = "m"):
+def reject(store: Store, schema: str = "inv@1", proposer: str = "ngram", target: int = 99, model: str = "m"):
     return store.stats.recorder(model).record_rejection(schema, proposer, 2, list(range(40)), [5, 6, 7], 1, target,
                                                         True, decode)
 
 
-async def test_samples_survive_a_restart_and_unwritten_ones_are_read_too(tmp_path: Path) -> None:
-    path = tmp_path / "s.db"
-    s = await opened(path)
+async def test_samples_survive_a_restart_and_unwritten_ones_are_read_too(backend) -> None:
+    s = await backend.open()
     assert reject(s) and reject(s, proposer="draft") and reject(s, schema="other@1")
     (first,) = await s.read_rejected_drafts("m", "inv@1", "ngram")  # not flushed yet: read from memory
     await s.flush()
     assert await s.read_rejected_drafts("m", "inv@1", "ngram") == [first]
     assert reject(s, target=98)  # a second one in the same hour: the next slot
     await s.close()  # close flushes
-    s2 = await opened(path)
+    s2 = await backend.open()
     got = await s2.read_rejected_drafts("m", "inv@1")
     assert sorted((r.proposer, r.slot, r.target_token) for r in got) == [("draft", 0, 99), ("ngram", 0, 99),
                                                                         ("ngram", 1, 98)]
@@ -47,9 +46,9 @@ async def test_samples_survive_a_restart_and_unwritten_ones_are_read_too(tmp_pat
     await s2.close()
 
 
-async def test_samples_are_bounded_per_key_and_pruned_with_their_hour(tmp_path: Path) -> None:
+async def test_samples_are_bounded_per_key_and_pruned_with_their_hour(backend) -> None:
     clock = Clock(NOW - 400 * HOUR)
-    s = await opened(tmp_path / "b.db", clock)
+    s = await backend.open(clock=clock)
     s.stats.samples.per_hour = 1
     for _ in range(KEEP_PER_KEY + 30):  # one sample an hour, more hours than are kept
         clock.t += HOUR
@@ -64,10 +63,9 @@ async def test_samples_are_bounded_per_key_and_pruned_with_their_hour(tmp_path: 
     await s.close()
 
 
-async def test_policy_changes_persist_and_seed_a_restarted_server(tmp_path: Path) -> None:
-    path = tmp_path / "p.db"
+async def test_policy_changes_persist_and_seed_a_restarted_server(backend) -> None:
     clock = Clock()
-    s = await opened(path, clock)
+    s = await backend.open(clock=clock)
     rec = s.stats.recorder("m")
     rec.record_policy("inv@1", {"ngram": Reason.COLD}, 1, {}, 0.55)
     clock.t += 60
@@ -75,7 +73,7 @@ async def test_policy_changes_persist_and_seed_a_restarted_server(tmp_path: Path
     assert [c.state for c in await s.read_policy_changes("m", "inv@1")] == [ON, OFF]  # unwritten, read
     await s.close()
 
-    s2 = await opened(path, clock)
+    s2 = await backend.open(clock=clock)
     changes = await s2.read_policy_changes()
     assert [(c.state, c.reason, c.previous, c.acceptance, c.threshold) for c in changes] == [
         (ON, Reason.COLD, "", None, 0.55), (OFF, Reason.LOW_ACCEPTANCE, ON, 0.3, 0.55)]
@@ -89,21 +87,21 @@ async def test_policy_changes_persist_and_seed_a_restarted_server(tmp_path: Path
     assert (back_on.previous, back_on.state) == (OFF, ON)
     assert await s2.prune(clock.t - 30) == 2  # the changes before are gone, the unwritten one stays
     await s2.close()
-    s3 = await opened(path, clock)
+    s3 = await backend.open(clock=clock)
     assert [c.reason for c in await s3.read_policy_changes()] == [Reason.DRAFTED]
     await s3.close()
 
 
-async def test_a_failed_write_keeps_samples_and_changes_for_the_next_flush(tmp_path: Path) -> None:
-    s = await opened(tmp_path / "f.db")
+async def test_a_failed_write_keeps_samples_and_changes_for_the_next_flush(backend) -> None:
+    s = await backend.open()
     reject(s)
     s.stats.recorder("m").record_policy("inv@1", {"ngram": Reason.COLD}, 1, {}, 0.55)
-    s._conn.execute("DROP TABLE rejected_drafts")  # type: ignore[union-attr]
-    s._conn.execute("DROP TABLE policy_changes")  # type: ignore[union-attr]
+    await backend.execute("db", "DROP TABLE rejected_drafts")
+    await backend.execute("db", "DROP TABLE policy_changes")
     with pytest.raises(StoreError):
         await s.flush()
-    assert len(s.stats.samples.pending()) == 1 and len(s.stats.policy.pending()) == 1
-    s._conn.close()  # type: ignore[union-attr]
+    backlog = s.backlog()  # still waiting, counted
+    assert (backlog.unwritten["samples"], backlog.unwritten["policy_changes"]) == (1, 1)
 
 
 # -- migration from version 2 ---------------------------------------------------------------------

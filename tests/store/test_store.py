@@ -1,4 +1,8 @@
-"""The SQLite store against the ``Store`` protocol: the registry, the statistics' counters, the schema history."""
+"""The stores against the ``Store`` protocol: the registry, the statistics' counters, the schema history.
+
+Tests taking ``backend`` run on SQLite and on PostgreSQL (``conftest.py``); the SQLite file's own concerns (its URLs,
+its migrations from versions 1 and 2, its connection lock) are tested on SQLite only, PostgreSQL's in
+``test_postgres_store.py``."""
 
 from __future__ import annotations
 
@@ -36,15 +40,18 @@ def key(model: str, schema: str, series: str, hour: float = NOW, proposer: str =
 
 
 async def test_protocol_and_urls(tmp_path: Path) -> None:
-    assert isinstance(SQLiteStore(":memory:"), Store)
+    from structspec.store.postgres import PostgresStore
+
+    assert isinstance(SQLiteStore(":memory:"), Store) and isinstance(PostgresStore("postgresql:///x"), Store)
     assert open_store("", tmp_path).path == str(tmp_path / "structspec.db")  # type: ignore[attr-defined]
     assert open_store("sqlite:///abs/x.db").path == "/abs/x.db"  # type: ignore[attr-defined]
     assert open_store("sqlite:rel/x.db").path == "rel/x.db"  # type: ignore[attr-defined]
     assert open_store("sqlite://:memory:").path == ":memory:"  # type: ignore[attr-defined]
     book = StatsBook()
     assert open_store("sqlite://:memory:", stats=book).stats is book
-    with pytest.raises(ValueError, match="PostgreSQL"):
-        open_store("postgresql://db/structspec")
+    pg = open_store("postgresql://u:secret@db/structspec", pool_size=2, timeout=1.5)
+    assert isinstance(pg, PostgresStore) and (pg.pool_size, pg.timeout) == (2, 1.5) and "secret" not in pg.where
+    assert isinstance(open_store("postgres://db/structspec"), PostgresStore)
     with pytest.raises(ValueError, match="scheme"):
         open_store("mysql://x")
 
@@ -52,8 +59,8 @@ async def test_protocol_and_urls(tmp_path: Path) -> None:
 # -- registry ------------------------------------------------------------------------------------
 
 
-async def test_versions_are_content_addressed_and_never_reused(tmp_path: Path) -> None:
-    s = await opened(tmp_path / "db.sqlite")
+async def test_versions_are_content_addressed_and_never_reused(backend) -> None:
+    s = await backend.open()
     a, created = await s.put_schema("inv", '{"a":1}', "h1", "first", "api", 100.0)
     assert (a.version, created, a.speculation) == (1, True, "auto")
     again, created = await s.put_schema("inv", '{"a":1}', "h1", "ignored", "api", 200.0)
@@ -72,15 +79,15 @@ async def test_versions_are_content_addressed_and_never_reused(tmp_path: Path) -
     await s.close()
 
 
-async def test_concurrent_registrations_get_distinct_versions(tmp_path: Path) -> None:
-    s = await opened(tmp_path / "db.sqlite")
+async def test_concurrent_registrations_get_distinct_versions(backend) -> None:
+    s = await backend.open()
     recs = await asyncio.gather(*(s.put_schema("c", f'{{"i":{i}}}', f"h{i}", "", "api", 1.0) for i in range(10)))
     assert sorted(r.version for r, _ in recs) == list(range(1, 11))
     await s.close()
 
 
-async def test_set_schema_speculation(tmp_path: Path) -> None:
-    s = await opened(tmp_path / "db.sqlite")
+async def test_set_schema_speculation(backend) -> None:
+    s = await backend.open()
     v1, _ = await s.put_schema("inv", '{"a":1}', "h1", "", "api", 1.0)
     v2, _ = await s.put_schema("inv", '{"a":2}', "h2", "", "api", 2.0)
     off = await s.set_schema_speculation("inv", 1, "off")
@@ -96,7 +103,7 @@ async def test_set_schema_speculation(tmp_path: Path) -> None:
         await s.set_schema_speculation("inv", 2, "sometimes")
     assert (await s.set_schema_speculation("inv", 2, "on")) == SchemaRecord_with(v2, "on")
     await s.close()
-    s2 = await opened(tmp_path / "db.sqlite")  # the override is stored, not cached
+    s2 = await backend.open()  # the override is stored, not cached
     assert [r.speculation for r in await s2.list_schemas("inv", all_versions=True)] == ["off", "on"]
     await s2.close()
 
@@ -110,9 +117,9 @@ def SchemaRecord_with(rec, mode: str):  # noqa: N802 - reads like the constructo
 # -- counters ------------------------------------------------------------------------------------
 
 
-async def test_counters_windows_filters_and_prune() -> None:
+async def test_counters_windows_filters_and_prune(backend) -> None:
     clock = Clock()
-    s = await opened(":memory:", clock)
+    s = await backend.open(clock=clock)
     rec = s.stats.recorder("m1")
     rec.record_verification("k", "ngram", 3, drafted=4, accepted=2, probe=False)
     rec.record_verification("k", "ngram", 3, drafted=4, accepted=4, probe=True)
@@ -152,8 +159,8 @@ async def test_counters_windows_filters_and_prune() -> None:
     await s.close()
 
 
-async def test_models_never_mix(tmp_path: Path) -> None:
-    s = await opened(tmp_path / "db.sqlite")
+async def test_models_never_mix(backend) -> None:
+    s = await backend.open()
     gemma, demo = s.stats.recorder("gemma-3-270m"), s.stats.recorder("demo")
     gemma.record_request("invoice@1", 40, 30, 10, "stop", 900.0)
     gemma.record_decision("invoice@1", "drafted", {"ngram": "drafted"})
@@ -177,12 +184,12 @@ async def test_models_never_mix(tmp_path: Path) -> None:
     await s.close()
 
 
-async def test_counters_persist_across_reopen(tmp_path: Path) -> None:
-    s = await opened(tmp_path / "db.sqlite")
+async def test_counters_persist_across_reopen(backend) -> None:
+    s = await backend.open()
     await s.put_schema("x", "{}", "h", "d", "api", 5.5)
     s.stats.recorder("m").record_verification("x@1", "draft_model", 2, drafted=10, accepted=6, probe=False)
     await s.close()  # flushes what was recorded
-    s2 = await opened(tmp_path / "db.sqlite")
+    s2 = await backend.open()
     rec = await s2.get_schema("x")
     assert rec is not None and rec.created_at == 5.5 and rec.description == "d"
     counters = await s2.read_counters(since=NOW - 60)
@@ -194,11 +201,11 @@ async def test_counters_persist_across_reopen(tmp_path: Path) -> None:
     await s2.close()
 
 
-async def test_refresh_loads_every_replicas_counters_once(tmp_path: Path) -> None:
-    """Two stores on one file (two replicas): after a refresh each book holds both processes' counts,
+async def test_refresh_loads_every_replicas_counters_once(backend) -> None:
+    """Two stores on one database (two replicas): after a refresh each book holds both processes' counts,
     its own unflushed ones included, none twice."""
-    a = await opened(tmp_path / "db.sqlite")
-    b = await opened(tmp_path / "db.sqlite")
+    a = await backend.open()
+    b = await backend.open()
     a.stats.recorder("m").record_verification("k", "ngram", 1, drafted=3, accepted=3, probe=False)
     b.stats.recorder("m").record_verification("k", "ngram", 1, drafted=5, accepted=1, probe=False)
     await a.flush()
@@ -212,6 +219,70 @@ async def test_refresh_loads_every_replicas_counters_once(tmp_path: Path) -> Non
     assert a.stats.rows_for("m", "k")[drafted] == 8
     await a.close()
     await b.close()
+
+
+async def test_reads_racing_flushes_count_every_row_once(backend) -> None:
+    """Records, flushes and reads interleaved: each read sees at least what was recorded before it started and at
+    most what was recorded before it ended (never a row twice, never one missing while it is being written)."""
+    s = await backend.open()
+    rec = s.stats.recorder("m")
+    drafted = key("m", "k", Series.DRAFTED, proposer="ngram", bucket=1)
+    recorded = 0
+
+    async def writer() -> None:
+        nonlocal recorded
+        for i in range(40):
+            rec.record_verification("k", "ngram", 1, drafted=1, accepted=1, probe=False)
+            recorded += 1
+            if i % 3 == 0:
+                await s.flush()
+            await asyncio.sleep(0)
+
+    async def reader() -> list[tuple[int, float, int]]:
+        seen = []
+        for _ in range(40):
+            before = recorded
+            value = (await s.read_counters(since=NOW - 60, schema_key="k")).get(drafted, 0.0)
+            seen.append((before, value, recorded))
+        return seen
+
+    _, seen = await asyncio.gather(writer(), reader())
+    assert all(lo <= value <= hi for lo, value, hi in seen), seen
+    await s.flush()
+    assert (await s.read_counters(since=NOW - 60, schema_key="k"))[drafted] == recorded == 40
+    await s.close()
+
+
+# -- schema history ------------------------------------------------------------------------------
+
+
+async def test_history_persists_bounded_and_oldest_first(backend) -> None:
+    s = await backend.open()
+    keep = type(s).HISTORY_KEEP
+    s.append_history("m", "b", "b0", NOW)
+    for i in range(keep + 5):
+        s.append_history("m", "a", f"a{i}", NOW + i)
+    s.append_history("other-model", "a", "x0", NOW)
+    assert await s.load_history("m", per_key=10, max_keys=10) == []  # buffered until a flush
+    await s.flush()
+    s.append_history("m", "c", "c0", NOW)  # the most recent key
+    await s.close()
+
+    s2 = await backend.open()
+    everything = await s2.load_history("m", per_key=keep * 2, max_keys=10)
+    assert len([t for k, t in everything if k == "a"]) == keep  # the oldest beyond HISTORY_KEEP were dropped
+    assert [t for k, t in everything if k == "a"] == [f"a{i}" for i in range(5, keep + 5)]  # oldest first
+    assert [k for k, _ in everything if k != "a"] == ["b", "c"]
+    assert await s2.load_history("m", per_key=2, max_keys=10) == [
+        ("b", "b0"), ("a", f"a{keep + 3}"), ("a", f"a{keep + 4}"), ("c", "c0")]
+    # the keys written most recently: c, then a (its outputs came after b's)
+    assert {k for k, _ in await s2.load_history("m", per_key=1, max_keys=2)} == {"c", "a"}
+    assert await s2.load_history("other-model", per_key=5, max_keys=5) == [("a", "x0")]
+    assert await s2.load_history("nobody", per_key=5, max_keys=5) == []
+    await s2.close()
+
+
+# -- SQLite only -----------------------------------------------------------------------------------
 
 
 async def test_counts_stay_visible_while_a_flush_is_writing_them() -> None:
@@ -338,33 +409,3 @@ async def test_a_newer_store_is_refused_and_leaves_the_store_closed(tmp_path: Pa
             await s.open()
     with pytest.raises(StoreError, match="not open"):
         await s.get_schema("x")
-
-
-# -- schema history ------------------------------------------------------------------------------
-
-
-async def test_history_persists_bounded_and_oldest_first(tmp_path: Path) -> None:
-    s = await opened(tmp_path / "db.sqlite")
-    keep = SQLiteStore.HISTORY_KEEP
-    s.append_history("m", "b", "b0", NOW)
-    for i in range(keep + 5):
-        s.append_history("m", "a", f"a{i}", NOW + i)
-    s.append_history("other-model", "a", "x0", NOW)
-    assert await s.load_history("m", per_key=10, max_keys=10) == []  # buffered until a flush
-    await s.flush()
-    s.append_history("m", "c", "c0", NOW)  # the most recent key
-    await s.close()
-
-    s2 = await opened(tmp_path / "db.sqlite")
-    count = s2._conn.execute("SELECT COUNT(*) FROM history WHERE model = 'm' AND history_key = 'a'").fetchone()[0]  # type: ignore[union-attr]
-    assert count == keep  # the oldest beyond HISTORY_KEEP were dropped
-    everything = await s2.load_history("m", per_key=keep * 2, max_keys=10)
-    assert [t for k, t in everything if k == "a"] == [f"a{i}" for i in range(5, keep + 5)]  # oldest first
-    assert [k for k, _ in everything if k != "a"] == ["b", "c"]
-    assert await s2.load_history("m", per_key=2, max_keys=10) == [
-        ("b", "b0"), ("a", f"a{keep + 3}"), ("a", f"a{keep + 4}"), ("c", "c0")]
-    # the keys written most recently: c, then a (its outputs came after b's)
-    assert {k for k, _ in await s2.load_history("m", per_key=1, max_keys=2)} == {"c", "a"}
-    assert await s2.load_history("other-model", per_key=5, max_keys=5) == [("a", "x0")]
-    assert await s2.load_history("nobody", per_key=5, max_keys=5) == []
-    await s2.close()

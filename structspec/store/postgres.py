@@ -1,0 +1,447 @@
+"""The shared ``Store``: one PostgreSQL database behind every replica of a deployment.
+
+Built on psycopg 3 (its asyncio connections and ``psycopg_pool``). Chosen over asyncpg because
+it is libpq's own protocol implementation (every libpq connection option, ``PG*`` environment
+variable, ``.pgpass`` and TLS mode works as in ``psql``), ships a binary wheel with libpq inside,
+has a maintained connection pool with reconnection, and runs ``executemany`` in pipeline mode
+(one round trip for a flush's thousands of upserts), with the DB-API shape the SQLite store
+already uses; asyncpg's speed edge matters little for a flush a second.
+
+What replicas sharing the database can rely on:
+
+- **Schema**: created or migrated in ``open`` under an advisory lock (``postgres_schema``), so
+  replicas starting together take turns. A store written by a newer structspec is refused.
+- **Registry**: ``put_schema`` locks the id's ``schema_ids`` row (``SELECT ... FOR UPDATE``)
+  before it looks for the content and allocates a version, so concurrent registrations of one
+  id, from any replicas, are serialized: distinct contents get distinct versions, none lost;
+  the same content gets one version (one caller sees ``created``).
+- **Counters add up exactly**: a flush adds this process's deltas
+  (``value = counters.value + excluded.value``), never a total, and writes its counters, history
+  outputs, samples and policy changes in one transaction together with this process's flush
+  mark (``flush_marks``: the batch's sequence number). A flush that fails is kept and retried
+  first, with the same number; if its commit had landed and only the acknowledgement was lost,
+  the mark shows it and the retry writes nothing. Rows are written in key order, so two
+  replicas' flushes cannot deadlock on the counters.
+- **Reads count every row once**: ``read_counters`` and ``refresh_stats`` read the table and this
+  process's unwritten counters under the same lock a flush holds from its write to marking the
+  rows committed (after a failed flush they first read the mark: a flush that landed is not
+  counted again as unwritten).
+- **History**: shared and bounded: the newest ``HISTORY_KEEP`` outputs per (model, key), and
+  none older than the retention (``prune``).
+- **Samples**: replicas share each hour's reservoir slots (the later write of a slot wins), so
+  an hour keeps at most ``per_hour`` samples per key whatever the number of replicas.
+- **Outage**: every failure to reach the database raises ``StoreUnavailable`` (within
+  ``timeout`` seconds); nothing recorded is lost while the bounds hold (``backlog``), and the
+  pool reconnects by itself when the database is back.
+
+The store must be reachable at ``open`` (the schema is checked there). Every method may be
+called from another event loop than the one that opened the store (the engine loads the
+history from its loading thread): such a call uses a connection of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from structspec.stats.book import Counters, StatsBook
+from structspec.stats.counters import CounterKey, hour_of
+from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
+from structspec.stats.policy_states import PolicyChange
+from structspec.stats.samples import KEEP_PER_KEY as SAMPLES_KEEP
+from structspec.stats.samples import RejectedDraft
+from structspec.store.base import (SPECULATION_MODES, Backlog, SchemaRecord, StoreError, StoreUnavailable, backlog_of,
+                                   sum_counters)
+from structspec.store.history_buffer import HistoryBuffer, HistoryRow
+from structspec.store.postgres_schema import migrate
+
+try:  # the ``postgres`` extra
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+except ImportError:  # pragma: no cover - reported by ``PostgresStore`` itself
+    psycopg = None  # type: ignore[assignment]
+    AsyncConnectionPool = None  # type: ignore[assignment,misc]
+
+_COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
+_COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
+_SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
+                "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical")
+_CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
+
+
+def _record(row: tuple[Any, ...]) -> SchemaRecord:
+    return SchemaRecord(row[0], int(row[1]), row[2], row[3], row[4], float(row[5]), row[6], row[7])
+
+
+def _sample_row(r: RejectedDraft) -> tuple[Any, ...]:
+    return (r.model, r.schema_key, r.proposer, r.hour, r.slot, r.created_at, r.batch_bucket, list(r.context_tokens),
+            r.context_text, list(r.draft_tokens), r.draft_text, r.position, r.rejected_token, r.rejected_text,
+            r.target_token, r.target_text, r.grammatical)
+
+
+def _sample(row: tuple[Any, ...]) -> RejectedDraft:
+    return RejectedDraft(row[0], row[1], row[2], int(row[3]), int(row[4]), float(row[5]), int(row[6]),
+                         tuple(row[7]), row[8], tuple(row[9]), row[10], int(row[11]), int(row[12]), row[13],
+                         int(row[14]), row[15], bool(row[16]))
+
+
+def _change(row: tuple[Any, ...]) -> PolicyChange:
+    return PolicyChange(row[0], row[1], row[2], float(row[3]), row[4], row[5], row[6], int(row[7]),
+                        None if row[8] is None else float(row[8]), None if row[9] is None else float(row[9]))
+
+
+def _matches(item: RejectedDraft | PolicyChange, model: str | None, schema_key: str | None) -> bool:
+    return (model is None or item.model == model) and (schema_key is None or item.schema_key == schema_key)
+
+
+def _where(filters: tuple[tuple[str, str | None], ...]) -> tuple[str, list[Any]]:
+    """`` AND column = %s`` for each filter that is set, with its arguments."""
+    sql, args = "", []
+    for column, value in filters:
+        if value is not None:
+            sql += f" AND {column} = %s"
+            args.append(value)
+    return sql, args
+
+
+@dataclass
+class _Batch:
+    """One flush: what it took from the buffers, written in one transaction under its sequence number."""
+
+    seq: int
+    counters: Counters
+    history: list[HistoryRow] = field(default_factory=list)
+    samples: list[RejectedDraft] = field(default_factory=list)
+    changes: list[PolicyChange] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.counters or self.history or self.samples or self.changes)
+
+
+class PostgresStore:
+    """``Store`` on the PostgreSQL database at ``url`` (a libpq URL or ``key=value`` string).
+
+    ``pool_size``: connections kept at most; ``timeout``: seconds to wait for a connection or a statement before
+    ``StoreUnavailable``; ``history_limit``: unwritten history outputs kept while the store cannot be written."""
+
+    HISTORY_KEEP = 64  # outputs kept per (model, key): the history proposer's own bound
+
+    def __init__(self, url: str, stats: StatsBook | None = None, *, pool_size: int = 4, timeout: float = 5.0,
+                 history_limit: int = 100_000):
+        if pool_size < 1 or timeout <= 0:
+            raise ValueError("pool_size must be >= 1 and timeout > 0")
+        self.url = url
+        self.stats = stats or StatsBook()
+        self.pool_size = pool_size
+        self.timeout = timeout
+        self.replica = uuid.uuid4().hex  # this process's name in flush_marks
+        self._pool: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._history = HistoryBuffer(history_limit)
+        self._flush_lock = asyncio.Lock()
+        self._seq = 0
+        self._retry: _Batch | None = None  # a flush that failed: written again first
+
+    @property
+    def where(self) -> str:
+        """The database, for messages (no password)."""
+        from structspec.store import redact_url
+
+        return redact_url(self.url)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        return {"autocommit": True, "connect_timeout": max(1, math.ceil(self.timeout)),
+                "application_name": "structspec"}
+
+    async def _configure(self, conn: Any) -> None:
+        await conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(int(self.timeout * 1000)),))
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Any]:
+        """A connection (autocommit; ``conn.transaction()`` for a transaction); psycopg's errors mapped to
+        ``StoreUnavailable`` (could not reach it) and ``StoreError`` (anything else)."""
+        if self._pool is None:
+            raise StoreError("store is not open")
+        try:
+            if asyncio.get_running_loop() is self._loop:
+                async with self._pool.connection(timeout=self.timeout) as conn:
+                    yield conn
+            else:  # another loop than the pool's: a connection of its own
+                conn = await psycopg.AsyncConnection.connect(self.url, **self._connect_kwargs())
+                async with conn:
+                    await self._configure(conn)
+                    yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+            raise StoreUnavailable(f"PostgreSQL store {self.where} is unreachable: {exc}") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgreSQL store {self.where}: {exc}") from exc
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        if psycopg is None:
+            raise StoreError("the PostgreSQL store needs psycopg: pip install 'structspec[postgres]'")
+        pool = AsyncConnectionPool(
+            self.url, min_size=1, max_size=self.pool_size, open=False, timeout=self.timeout,
+            reconnect_timeout=max(5.0, self.timeout), check=AsyncConnectionPool.check_connection,
+            kwargs=self._connect_kwargs(), configure=self._configure, name="structspec-store")
+        try:
+            await pool.open(wait=True, timeout=self.timeout)
+        except psycopg.OperationalError as exc:  # PoolTimeout: not one connection in time
+            await pool.close()
+            raise StoreUnavailable(f"PostgreSQL store {self.where} is unreachable: {exc}") from exc
+        self._pool, self._loop = pool, asyncio.get_running_loop()
+        try:
+            async with self._conn() as conn:
+                await migrate(conn, self.where)
+        except BaseException:
+            self._pool, self._loop = None, None  # a store that failed to open must not look open
+            await pool.close()
+            raise
+
+    async def close(self) -> None:
+        if self._pool is None:
+            return
+        try:
+            await self.flush()
+        finally:  # closed even when the last flush fails (its error still reaches the caller)
+            pool, self._pool, self._loop = self._pool, None, None
+            await pool.close()
+
+    # -- schema registry -------------------------------------------------------------------
+
+    async def put_schema(self, schema_id: str, schema_json: str, sha256: str, description: str, source: str,
+                         now: float) -> tuple[SchemaRecord, bool]:
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute("INSERT INTO schema_ids (schema_id, last_version) VALUES (%s, 0) "
+                               "ON CONFLICT (schema_id) DO NOTHING", (schema_id,))
+            # the row lock serializes registrations of this id across every replica; each statement after it sees
+            # what the one before committed
+            await conn.execute("SELECT last_version FROM schema_ids WHERE schema_id = %s FOR UPDATE", (schema_id,))
+            row = await (await conn.execute(
+                f"SELECT {_COLS} FROM schema_versions WHERE schema_id = %s AND sha256 = %s ORDER BY version LIMIT 1",
+                (schema_id, sha256))).fetchone()
+            if row is not None:
+                return _record(row), False
+            (version,) = await (await conn.execute(
+                "UPDATE schema_ids SET last_version = last_version + 1 WHERE schema_id = %s RETURNING last_version",
+                (schema_id,))).fetchone()
+            rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
+            await conn.execute(f"INSERT INTO schema_versions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                               (rec.schema_id, rec.version, rec.schema_json, rec.sha256, rec.description,
+                                rec.created_at, rec.source, rec.speculation))
+            return rec, True
+
+    async def get_schema(self, schema_id: str, version: int | None = None) -> SchemaRecord | None:
+        if version is None:
+            sql, args = (f"SELECT {_COLS} FROM schema_versions WHERE schema_id = %s ORDER BY version DESC LIMIT 1",
+                         (schema_id,))
+        else:
+            sql, args = f"SELECT {_COLS} FROM schema_versions WHERE schema_id = %s AND version = %s", (schema_id, version)
+        async with self._conn() as conn:
+            row = await (await conn.execute(sql, args)).fetchone()
+        return _record(row) if row else None
+
+    async def list_schemas(self, schema_id: str | None = None, all_versions: bool = False) -> list[SchemaRecord]:
+        where, args = ("WHERE v.schema_id = %s", [schema_id]) if schema_id else ("", [])
+        if not all_versions:
+            latest = "v.version = (SELECT MAX(w.version) FROM schema_versions w WHERE w.schema_id = v.schema_id)"
+            where = f"{where} AND {latest}" if where else f"WHERE {latest}"
+        cols = ", ".join(f"v.{c.strip()}" for c in _COLS.split(","))
+        async with self._conn() as conn:
+            rows = await (await conn.execute(
+                f"SELECT {cols} FROM schema_versions v {where} ORDER BY v.schema_id, v.version", args)).fetchall()
+        return [_record(r) for r in rows]
+
+    async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
+        cond, args = (("schema_id = %s", (schema_id,)) if version is None
+                      else ("schema_id = %s AND version = %s", (schema_id, version)))
+        async with self._conn() as conn:
+            rows = await (await conn.execute(f"DELETE FROM schema_versions WHERE {cond} RETURNING version",
+                                             args)).fetchall()
+        return sorted(int(r[0]) for r in rows)
+
+    async def set_schema_speculation(self, schema_id: str, version: int, mode: str) -> SchemaRecord | None:
+        if mode not in SPECULATION_MODES:
+            raise ValueError(f"speculation mode must be one of {', '.join(SPECULATION_MODES)}, got {mode!r}")
+        async with self._conn() as conn:
+            row = await (await conn.execute(
+                f"UPDATE schema_versions SET speculation = %s WHERE schema_id = %s AND version = %s RETURNING {_COLS}",
+                (mode, schema_id, version))).fetchone()
+        return _record(row) if row else None
+
+    # -- statistics ----------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        async with self._flush_lock:
+            if self._retry is not None:
+                await self._write(self._retry)  # raises while the store is unreachable: the batch stays
+                self._landed(self._retry)
+            batch = _Batch(self._seq + 1, self.stats.take(), self._history.take(), self.stats.samples.take(),
+                           self.stats.policy.take())
+            if batch.empty():
+                self.stats.committed(batch.counters)
+                return
+            self._seq, self._retry = batch.seq, batch
+            await self._write(batch)
+            self._landed(batch)
+
+    def _landed(self, batch: _Batch) -> None:
+        self.stats.committed(batch.counters)  # under the flush lock: no read counts them twice
+        self._retry = None
+
+    async def _write(self, b: _Batch) -> None:
+        async with self._conn() as conn, conn.transaction():
+            mark = await (await conn.execute(
+                "INSERT INTO flush_marks (replica, batch, at) VALUES (%s, %s, %s) ON CONFLICT (replica) DO UPDATE "
+                "SET batch = excluded.batch, at = excluded.at WHERE flush_marks.batch < excluded.batch RETURNING batch",
+                (self.replica, b.seq, self.stats.clock()))).fetchone()
+            if mark is None:
+                return  # this batch landed before; its commit was not acknowledged
+            async with conn.cursor() as cur:
+                if b.counters:
+                    await cur.executemany(
+                        f"INSERT INTO counters ({_COUNTER_COLS}, value) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                        f"ON CONFLICT ({_COUNTER_COLS}) DO UPDATE SET value = counters.value + excluded.value",
+                        [(k.model, k.schema_key, k.hour, k.series, k.proposer, k.batch_bucket, k.label, v)
+                         for k, v in sorted(b.counters.items())])
+                if b.history:
+                    await cur.executemany("INSERT INTO history (model, history_key, text, created_at) "
+                                          "VALUES (%s, %s, %s, %s)", b.history)
+                    for model, key in sorted({(m, k) for m, k, _, _ in b.history}):
+                        await cur.execute(
+                            "DELETE FROM history WHERE model = %s AND history_key = %s AND id NOT IN (SELECT id FROM "
+                            "history WHERE model = %s AND history_key = %s ORDER BY id DESC LIMIT %s)",
+                            (model, key, model, key, self.HISTORY_KEEP))
+                if b.samples:
+                    marks = ", ".join(["%s"] * 17)
+                    updates = ", ".join(f"{c.strip()} = excluded.{c.strip()}" for c in _SAMPLE_COLS.split(",")[5:])
+                    await cur.executemany(
+                        f"INSERT INTO rejected_drafts ({_SAMPLE_COLS}) VALUES ({marks}) ON CONFLICT "
+                        f"(model, schema_key, proposer, hour, slot) DO UPDATE SET {updates}",
+                        [_sample_row(r) for r in sorted(b.samples, key=lambda r: r.key)])
+                    for model, key, proposer in sorted({(r.model, r.schema_key, r.proposer) for r in b.samples}):
+                        await cur.execute(
+                            "DELETE FROM rejected_drafts WHERE model = %s AND schema_key = %s AND proposer = %s AND "
+                            "(hour, slot) NOT IN (SELECT hour, slot FROM rejected_drafts WHERE model = %s AND "
+                            "schema_key = %s AND proposer = %s ORDER BY hour DESC, created_at DESC LIMIT %s)",
+                            (model, key, proposer, model, key, proposer, SAMPLES_KEEP))
+                if b.changes:
+                    await cur.executemany(
+                        f"INSERT INTO policy_changes ({_CHANGE_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        [(r.model, r.schema_key, r.proposer, r.at, r.state, r.reason, r.previous, r.batch_bucket,
+                          r.acceptance, r.threshold) for r in b.changes])
+                    for model, key, proposer in sorted({r.key for r in b.changes}):
+                        await cur.execute(
+                            "DELETE FROM policy_changes WHERE model = %s AND schema_key = %s AND proposer = %s AND id "
+                            "NOT IN (SELECT id FROM policy_changes WHERE model = %s AND schema_key = %s AND "
+                            "proposer = %s ORDER BY id DESC LIMIT %s)",
+                            (model, key, proposer, model, key, proposer, CHANGES_KEEP))
+
+    async def _select(self, since_hour: int, model: str | None, schema_key: str | None) -> list[tuple[CounterKey, float]]:
+        cond, args = _where((("model", model), ("schema_key", schema_key)))
+        async with self._conn() as conn:
+            rows = await (await conn.execute(f"SELECT {_COUNTER_COLS}, value FROM counters WHERE hour >= %s{cond}",
+                                             [since_hour, *args])).fetchall()
+        return [(CounterKey(r[0], r[1], int(r[2]), r[3], r[4], int(r[5]), r[6]), float(r[7])) for r in rows]
+
+    async def _settle_retry(self) -> None:
+        """A failed flush may have landed (only its acknowledgement lost): the mark tells, and then its rows are
+        committed rather than unwritten. Call under the flush lock."""
+        retry = self._retry
+        if retry is None:
+            return
+        async with self._conn() as conn:
+            row = await (await conn.execute("SELECT batch FROM flush_marks WHERE replica = %s",
+                                            (self.replica,))).fetchone()
+        if row is not None and int(row[0]) >= retry.seq:
+            self._landed(retry)
+
+    async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
+                            schema_key: str | None = None) -> Counters:
+        async with self._flush_lock:  # no flush of this process commits between the two reads
+            await self._settle_retry()
+            stored = await self._select(hour_of(since), model, schema_key)
+            pending = [(k, v) for k, v in self.stats.unflushed().items()
+                       if (model is None or k.model == model) and (schema_key is None or k.schema_key == schema_key)]
+        return sum_counters(stored + pending, since, until)
+
+    async def refresh_stats(self) -> None:
+        async with self._flush_lock:
+            await self._settle_retry()
+            stored = await self._select(hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
+            self.stats.replace_persisted(stored)
+        async with self._conn() as conn:
+            latest = await (await conn.execute(
+                f"SELECT DISTINCT ON (model, schema_key, proposer) {_CHANGE_COLS} FROM policy_changes "
+                "ORDER BY model, schema_key, proposer, id DESC")).fetchall()
+        self.stats.policy.seed([_change(r) for r in latest])  # a restarted server knows each proposer's state
+
+    async def prune(self, before: float) -> int:
+        cutoff = hour_of(before)
+        async with self._conn() as conn, conn.transaction():
+            n = 0
+            for sql, arg in (("DELETE FROM counters WHERE hour < %s", cutoff),
+                             ("DELETE FROM rejected_drafts WHERE hour < %s", cutoff),
+                             ("DELETE FROM history WHERE created_at < %s", before),
+                             ("DELETE FROM policy_changes WHERE at < %s", before)):
+                n += (await conn.execute(sql, (arg,))).rowcount
+            # replicas that have not flushed since (stopped processes): their marks are not needed any more
+            await conn.execute("DELETE FROM flush_marks WHERE at < %s", (before,))
+        return n
+
+    def backlog(self) -> Backlog:
+        out = backlog_of(self.stats, self._history)
+        retry = self._retry
+        if retry is not None:  # taken by the failed flush, still unwritten
+            for kind, rows in (("history", retry.history), ("samples", retry.samples), ("policy_changes", retry.changes)):
+                out.unwritten[kind] += len(rows)
+        return out
+
+    # -- rejected drafts and the policy's changes ---------------------------------------------------
+
+    def _unwritten_samples(self) -> list[RejectedDraft]:
+        retry = self._retry
+        return (retry.samples if retry is not None else []) + self.stats.samples.pending()
+
+    async def read_rejected_drafts(self, model: str | None = None, schema_key: str | None = None,
+                                   proposer: str | None = None, limit: int = 100) -> list[RejectedDraft]:
+        cond, args = _where((("model", model), ("schema_key", schema_key), ("proposer", proposer)))
+        async with self._conn() as conn:
+            rows = await (await conn.execute(
+                f"SELECT {_SAMPLE_COLS} FROM rejected_drafts WHERE TRUE{cond} ORDER BY created_at DESC LIMIT %s",
+                [*args, limit])).fetchall()
+        merged = {r.key: r for r in map(_sample, rows)}
+        # an unwritten sample replaces its slot's stored one
+        merged.update({r.key: r for r in self._unwritten_samples()
+                       if _matches(r, model, schema_key) and (proposer is None or r.proposer == proposer)})
+        return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
+
+    async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
+        cond, args = _where((("model", model), ("schema_key", schema_key)))
+        async with self._conn() as conn:
+            rows = await (await conn.execute(
+                f"SELECT {_CHANGE_COLS} FROM policy_changes WHERE TRUE{cond} ORDER BY at, id", args)).fetchall()
+        retry = self._retry
+        unwritten = (retry.changes if retry is not None else []) + self.stats.policy.pending()
+        return [_change(r) for r in rows] + [r for r in unwritten if _matches(r, model, schema_key)]
+
+    # -- schema history ------------------------------------------------------------------------
+
+    def append_history(self, model: str, history_key: str, text: str, now: float) -> None:
+        self._history.append(model, history_key, text, now)
+
+    async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
+        async with self._conn() as conn:
+            rows = await (await conn.execute(
+                "SELECT history_key, text FROM (SELECT id, history_key, text, row_number() OVER (PARTITION BY "
+                "history_key ORDER BY id DESC) AS n FROM history WHERE model = %s AND history_key IN (SELECT "
+                "history_key FROM history WHERE model = %s GROUP BY history_key ORDER BY MAX(id) DESC LIMIT %s)) "
+                "recent WHERE n <= %s ORDER BY id", (model, model, max_keys, per_key))).fetchall()
+        return [(r[0], r[1]) for r in rows]
