@@ -26,7 +26,7 @@ from structspec.engine.types import (
     QueueFull,
 )
 from structspec.proto_gen.v1 import structspec_pb2 as pb
-from structspec.store.base import StoreError
+from structspec.store.base import StoreError, StoreUnavailable
 
 DETAILS_KEY = "structspec-error-details-bin"
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "seed", "max_tokens"})
@@ -119,6 +119,10 @@ def from_exception(exc: BaseException, schema_field: str = "json_schema") -> Ser
         return ServiceError(grpc.StatusCode.UNAVAILABLE, f"engine stopped: {exc}", "ENGINE_STOPPED")
     if isinstance(exc, EngineError):
         return ServiceError(grpc.StatusCode.INTERNAL, f"model failure: {exc}", "MODEL_FAILURE")
+    if isinstance(exc, StoreUnavailable):  # before StoreError, its base
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, "the schema store is unreachable: registry writes and "
+                            "statistics reads fail until it is back (extraction and tool calls keep serving); retry "
+                            "later", "STORE_UNAVAILABLE")
     if isinstance(exc, StoreError):
         return ServiceError(grpc.StatusCode.INTERNAL, "schema store failure", "STORE_FAILURE")
     return None

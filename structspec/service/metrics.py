@@ -7,7 +7,8 @@ list): requests by finish reason, output tokens, target passes, drafted and acce
 proposer and batch bucket, decisions by reason, the policy's state and switches. Server-wide:
 the queue, the running batch, KV-cache tokens in use and their peak, grammar compile times and
 the time requests wait for their grammar, the time to the first streamed delta and between
-deltas. The service README lists every series.
+deltas; the store: whether it can be reached, what waits to be written and what was dropped.
+The service README lists every series.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from structspec.stats.book import StatsBook
 from structspec.stats.counters import Series
 from structspec.stats.policy_states import OFF, ON
 from structspec.stats.totals import SWITCHES, schema_label
+from structspec.store.base import BACKLOG_KINDS, Store
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0)
@@ -87,6 +89,30 @@ class SchemaCollector(Collector):
         for labels, n in sorted(counts.items()):
             states.add_metric(list(labels), n)
         yield states
+
+
+class BacklogCollector(Collector):
+    """What the store has not written yet and what it dropped, per kind, read from ``Store.backlog`` at scrape time."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        backlog = self.store.backlog()
+        unwritten = GaugeMetricFamily("structspec_stats_unwritten", "statistics recorded but not yet written to the "
+                                      "store, by kind (counters: counter rows; history: outputs; samples; "
+                                      "policy_changes); grows while the store is unreachable", labels=("kind",))
+        dropped = CounterMetricFamily("structspec_stats_dropped", "statistics dropped because the store could not "
+                                      "be written for so long that a kind's bound was reached, by kind",
+                                      labels=("kind",))
+        for kind in BACKLOG_KINDS:
+            unwritten.add_metric([kind], backlog.unwritten.get(kind, 0))
+            dropped.add_metric([kind], backlog.dropped.get(kind, 0))
+        yield unwritten
+        yield dropped
 
 
 class DeltaTimer:
@@ -163,6 +189,8 @@ class ServiceMetrics:
                              "the model loaded", registry=r)
         self.kv_bytes = Gauge("structspec_kv_cache_allocated_bytes", "bytes of the KV-cache buffers", registry=r)
         self.serving = Gauge("structspec_serving", "1 while the server is SERVING (model loaded, not draining)", registry=r)
+        self.store_up = Gauge("structspec_store_up", "1 while the store can be reached (its last write or check "
+                              "succeeded); 0: registry writes are refused, statistics wait in memory", registry=r)
         self._http: tuple[object, threading.Thread] | None = None
 
     def bind_engine(self, engine: Callable[[], EngineAPI | None]) -> None:
@@ -187,6 +215,10 @@ class ServiceMetrics:
     def bind_stats(self, book: StatsBook) -> None:
         """The per-schema series, from the book the engine records into."""
         self.registry.register(SchemaCollector(book))
+
+    def bind_store(self, store: Store) -> None:
+        """The store's backlog series, read at scrape time."""
+        self.registry.register(BacklogCollector(store))
 
     def watch_engine(self, engine: EngineAPI) -> None:
         """Hear the engine's grammar compiles (an engine without a grammar cache has none to hear)."""

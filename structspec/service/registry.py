@@ -17,7 +17,7 @@ from structspec.engine.types import SchemaSpeculation
 from structspec.grammar import json_text
 from structspec.grammar.cache import canonical_json as grammar_canonical_json
 from structspec.service.errors import FieldViolation, ServiceError, invalid, not_found, schema_too_deep
-from structspec.store.base import SchemaRecord, Store
+from structspec.store.base import SchemaRecord, Store, StoreUnavailable
 
 SCHEMA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 MAX_METASCHEMA_ISSUES = 10
@@ -109,13 +109,55 @@ class ResolvedSchema:
 
 class SchemaRegistry:
     """Registers and resolves schemas. Versions are immutable, so parsed schemas are cached by
-    (id, version); "latest" lookups always ask the store (another replica may have registered)."""
+    (id, version); "latest" lookups always ask the store (another replica may have registered).
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time, cache_size: int = 256):
+    Every record read or written is remembered (at most ``known_size``, the least recently used
+    forgotten first; ``warm`` reads them all): while the store cannot be reached
+    (``StoreUnavailable``), ``get``, ``resolve`` and ``list`` answer from what is remembered (the
+    latest version this process knew, its drafting override as last read), so extraction by a
+    registered schema keeps working; what is not remembered, and every write, raises
+    ``StoreUnavailable`` (the servicer answers UNAVAILABLE ``STORE_UNAVAILABLE``)."""
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time, cache_size: int = 256,
+                 known_size: int = 4096):
         self.store = store
         self._clock = clock
         self._parsed: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
         self._cache_size = cache_size
+        self._known: OrderedDict[tuple[str, int], SchemaRecord] = OrderedDict()
+        self._known_size = known_size
+
+    # -- what this process knows, for an unreachable store ---------------------------------------
+
+    def _remember(self, *records: SchemaRecord) -> None:
+        for r in records:
+            self._known[(r.schema_id, r.version)] = r
+            self._known.move_to_end((r.schema_id, r.version))
+        while len(self._known) > self._known_size:
+            self._known.popitem(last=False)
+
+    def _forget(self, schema_id: str, versions: list[int] | None = None) -> None:
+        for key in [k for k in self._known if k[0] == schema_id and (versions is None or k[1] in versions)]:
+            del self._known[key]
+
+    def _remembered(self, schema_id: str | None, all_versions: bool) -> list[SchemaRecord]:
+        rows = sorted((r for r in self._known.values() if schema_id is None or r.schema_id == schema_id),
+                      key=lambda r: (r.schema_id, r.version))
+        if all_versions:
+            return rows
+        latest: dict[str, SchemaRecord] = {}
+        for r in rows:
+            latest[r.schema_id] = r  # sorted: the highest version last
+        return list(latest.values())
+
+    async def warm(self) -> int:
+        """Remember every live version the store holds (at start and on each statistics refresh); how many."""
+        records = await self.store.list_schemas(None, all_versions=True)
+        self._known.clear()
+        self._remember(*records[-self._known_size:])
+        return len(records)
+
+    # -- the registry ----------------------------------------------------------------------------
 
     async def register(
         self, schema_id: str, schema: Mapping[str, Any] | str, description: str = "", source: str = "api"
@@ -124,26 +166,44 @@ class SchemaRegistry:
         value = parse_schema_json(schema, "schema_json") if isinstance(schema, str) else dict(schema)
         check_schema(value, "schema_json")
         text = canonical_json(value)
-        return await self.store.put_schema(schema_id, text, content_hash(text), description, source, self._clock())
+        record, created = await self.store.put_schema(schema_id, text, content_hash(text), description, source,
+                                                      self._clock())
+        self._remember(record)
+        return record, created
 
     async def get(self, schema_id: str, version: int | None = None) -> SchemaRecord:
         check_schema_id(schema_id)
         if version is not None and version < 1:
             raise invalid("version", "versions start at 1")
-        record = await self.store.get_schema(schema_id, version)
+        try:
+            record = await self.store.get_schema(schema_id, version)
+        except StoreUnavailable:
+            known = self._remembered(schema_id, all_versions=version is not None)
+            record = next((r for r in known if version is None or r.version == version), None)
+            if record is None:
+                raise
+            return record
         if record is None:
+            self._forget(schema_id, None if version is None else [version])
             what = f"schema {schema_id!r}" + (f" version {version}" if version is not None else "")
             raise not_found(f"{what} is not registered", field="schema_id" if version is None else "version")
+        self._remember(record)
         return record
 
     async def list(self, schema_id: str | None = None, all_versions: bool = False) -> list[SchemaRecord]:
         if schema_id:
             check_schema_id(schema_id)
-        return await self.store.list_schemas(schema_id or None, all_versions)
+        try:
+            records = await self.store.list_schemas(schema_id or None, all_versions)
+        except StoreUnavailable:
+            return self._remembered(schema_id or None, all_versions)
+        self._remember(*records)
+        return records
 
     async def delete(self, schema_id: str, version: int | None = None) -> list[int]:
         check_schema_id(schema_id)
         deleted = await self.store.delete_schema(schema_id, version)
+        self._forget(schema_id, None if version is None else deleted)
         if not deleted:
             what = f"schema {schema_id!r}" + (f" version {version}" if version is not None else "")
             raise not_found(f"{what} is not registered")
@@ -157,6 +217,7 @@ class SchemaRegistry:
         updated = await self.store.set_schema_speculation(record.schema_id, record.version, mode.value)
         if updated is None:  # deleted between the two calls
             raise not_found(f"schema {schema_id!r} version {record.version} is not registered", field="version")
+        self._remember(updated)
         return updated
 
     async def resolve(self, schema_id: str, version: int | None = None) -> ResolvedSchema:

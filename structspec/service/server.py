@@ -1,6 +1,7 @@
 """The asyncio gRPC server and, beside it in the same loop, the OpenAI-compatible HTTP API: wiring (store,
 registry, servicer, health, reflection, auth, TLS, metrics) and the lifecycle (load the engine while
-NOT_SERVING, drain both on SIGTERM).
+NOT_SERVING, drain both on SIGTERM; write the statistics periodically and ride out a store that cannot be
+reached: health service ``structspec.store`` NOT_SERVING, everything else serving from memory).
 
     server = StructSpecServer(settings, engine=my_engine)   # dependency injection (tests)
     await server.start(); ...; await server.stop(grace=5)
@@ -40,11 +41,15 @@ from structspec.service.servicer import EngineSlot, StructSpecServicer
 from structspec.service.settings import ServiceSettings
 from structspec.service.tls import server_credentials
 from structspec.stats.book import StatsBook
-from structspec.store import Store, open_store
+from structspec.store import Store, StoreError, StoreUnavailable, open_store
 
 log = logging.getLogger("structspec.service")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StructSpec"].full_name
+# Its own health entry: NOT_SERVING while the store cannot be reached, when registry writes are refused (UNAVAILABLE
+# STORE_UNAVAILABLE) and statistics wait in memory; the server's own ("" and SERVICE_NAME) stays SERVING, since
+# extraction goes on.
+STORE_HEALTH_SERVICE = "structspec.store"
 DEFAULT_ENGINE_FACTORY = "structspec.assembly:build_engine"
 # gRPC itself refuses messages above this multiple of max_message_bytes (RESOURCE_EXHAUSTED);
 # between 1x and this, the servicer answers INVALID_ARGUMENT with a readable message.
@@ -140,11 +145,17 @@ class StructSpecServer:
         self._initial_engine = engine
         self._owns_store = store is None
         self.store: Store = store if store is not None else open_store(
-            settings.store_url, settings.data_dir, StatsBook(samples_per_hour=settings.rejection_samples_per_hour))
+            settings.store_url, settings.data_dir,
+            StatsBook(samples_per_hour=settings.rejection_samples_per_hour, max_unwritten=settings.stats_buffer_limit),
+            pool_size=settings.store_pool_size, timeout=settings.store_timeout_seconds,
+            history_limit=settings.stats_buffer_limit)
         self.registry = SchemaRegistry(self.store)
         self.metrics = metrics or ServiceMetrics()
         self.metrics.bind_engine(lambda: self._slot.engine)
         self.metrics.bind_stats(self.store.stats)
+        self.metrics.bind_store(self.store)
+        self.store_up = True  # the store's last write or check succeeded
+        self._dropped_seen = 0
         self._builtin_schemas = builtin_schemas
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
@@ -175,6 +186,7 @@ class StructSpecServer:
             for record, created in await register_builtins(self.registry, self._builtin_schemas):
                 if created:
                     log.info("built-in schema %s registered as version %d", record.schema_id, record.version)
+        await _logged("reading the registry", self.registry.warm())  # what extraction resolves during an outage
 
         auth = AuthConfig(s.tokens(), s.admin_tokens())
         # Auth first (a denied call is denied whatever its bytes), then the guard that answers
@@ -199,6 +211,8 @@ class StructSpecServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         await self._set_health(False)
+        await self._health.set(STORE_HEALTH_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        self.metrics.store_up.set(1)
 
         address = _bind_address(s.host, s.port)
         if s.tls_cert_file is not None and s.tls_key_file is not None:
@@ -287,20 +301,64 @@ class StructSpecServer:
         self.metrics.malformed.labels(rpc).inc()
 
     async def _flush_loop(self) -> None:
-        """Every interval, write what was recorded; every refresh period, reload the store's counters into
-        the book the drafting policy reads (every replica's traffic); hourly, prune past the retention."""
+        """Every interval, write what was recorded (or, with nothing to write, check that the store answers);
+        every refresh period, reload the store's counters into the book the drafting policy reads (every
+        replica's traffic) and the registry's records; hourly, prune past the retention. While the store
+        cannot be reached the loop keeps trying each interval and skips the rest."""
         s = self.settings
         last_refresh, last_prune = time.monotonic(), -math.inf  # start() loaded the counters already
         while True:
             await asyncio.sleep(s.stats_flush_interval_seconds)
-            await _logged("writing statistics", self.store.flush())
+            self._report_drops()
+            if not (await self._store_step("writing statistics", self.store.flush())
+                    and await self._store_step("checking the store", self.store.check())):
+                continue
             now = time.monotonic()
-            if now - last_refresh >= s.stats_refresh_seconds and await _logged("reloading statistics",
-                                                                                self.store.refresh_stats()):
+            if now - last_refresh >= s.stats_refresh_seconds and await self._store_step(
+                    "reloading statistics", self.store.refresh_stats()):
+                await self._store_step("reading the registry", self.registry.warm())
                 last_refresh = now
-            if now - last_prune >= PRUNE_INTERVAL_S and await _logged(
+            if now - last_prune >= PRUNE_INTERVAL_S and await self._store_step(
                     "pruning statistics", self.store.prune(time.time() - s.stats_retention_days * 86400)):
                 last_prune = now
+
+    async def _store_step(self, what: str, step: Awaitable[Any]) -> bool:
+        """Await one store step; an unreachable store is reported once (``_set_store_up``), another failure logged
+        each time (the next period retries). Whether it succeeded."""
+        try:
+            await step
+        except StoreUnavailable as exc:
+            await self._set_store_up(False, str(exc))
+            return False
+        except Exception:
+            log.exception("%s failed (will retry)", what)
+            return False
+        await self._set_store_up(True)
+        return True
+
+    async def _set_store_up(self, up: bool, why: str = "") -> None:
+        if up == self.store_up:
+            return
+        self.store_up = up
+        self.metrics.store_up.set(1 if up else 0)
+        if not self._stopping:
+            await self._health.set(STORE_HEALTH_SERVICE, health_pb2.HealthCheckResponse.SERVING if up
+                                   else health_pb2.HealthCheckResponse.NOT_SERVING)
+        if up:
+            log.info("store reachable again: the statistics kept meanwhile are written; registry writes accepted")
+        else:
+            log.warning("store unreachable (%s): serving from memory (known schemas, the policy's statistics), "
+                        "registry writes answer UNAVAILABLE, statistics wait in memory (at most %d counter rows; "
+                        "structspec_stats_unwritten)", why, self.settings.stats_buffer_limit)
+
+    def _report_drops(self) -> None:
+        """Log statistics dropped since the last report (a kind's bound reached while the store was unreachable)."""
+        dropped = self.store.backlog().dropped
+        total = sum(dropped.values())
+        if total > self._dropped_seen:
+            log.warning("statistics dropped, the store unreachable too long for the buffers: %s in all since start "
+                        "(structspec_stats_dropped_total)", {k: v for k, v in dropped.items() if v})
+            self._dropped_seen = total
 
     def cut_drain_short(self) -> None:
         """Cancel the in-flight requests now instead of at the end of the grace period (a second signal)."""
@@ -343,6 +401,9 @@ class StructSpecServer:
                     await self.store.close()
                 else:
                     await self.store.flush()
+            except StoreUnavailable as exc:
+                log.error("the store is unreachable at shutdown, so these statistics are lost: %s (%s)",
+                          {k: v for k, v in self.store.backlog().unwritten.items() if v}, exc)
             except Exception:
                 log.exception("flushing the store failed")
             self.metrics.stop_http()
@@ -369,7 +430,11 @@ async def serve(settings: ServiceSettings, engine_factory: EngineFactory | None 
     """Run until SIGTERM/SIGINT; 0 after a clean drain, 1 if the engine failed to load."""
     factory = engine_factory or default_engine_factory
     server = StructSpecServer(settings)
-    await server.start()
+    try:
+        await server.start()
+    except StoreError as exc:  # the store must be reachable at start: its schema is checked there
+        log.error("cannot open the store: %s", exc)
+        return 1
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits
 from structspec.speculation.configs import SPECULATION_CONFIGS
+from structspec.store import redact_url
 
 ENV_PREFIX = "STRUCTSPEC_"
 CONFIG_ENV = "STRUCTSPEC_CONFIG"
@@ -68,6 +69,10 @@ _POLICY_FIELDS = ("acceptance_threshold", "acceptance_guard", "min_evidence_toke
 class ServiceSettings:
     # -- model ---------------------------------------------------------------------------------
     profile: str = _opt(_ENGINE.profile, "model profile (structspec.models.profiles): gemma-3-270m | demo")
+    executor: str = _opt(_ENGINE.executor, "what runs the model: llamacpp (the GGUF as it is, llama-cpp-python's "
+                         "low-level API; CPU) or transformers (PyTorch); auto: llamacpp for gemma-3-270m on a CPU "
+                         "when llama-cpp-python is installed (pip install 'structspec[llamacpp]'), else transformers",
+                         ("auto", "llamacpp", "transformers"))
     device: str = _opt(_ENGINE.device, "device to run the model on", ("auto", "cpu", "cuda"))
     dtype: str = _opt(_ENGINE.dtype, "model weights' dtype", ("auto", "float32", "bfloat16", "float16"))
     engine_factory: str = _opt(
@@ -81,7 +86,15 @@ class ServiceSettings:
                           "/v1/models, GET /health; same engine, tokens and TLS as gRPC); 0 picks a free one, -1 disables")
     # -- storage -------------------------------------------------------------------------------
     data_dir: Path = _opt(help="directory for the embedded store and other state", factory=_default_data_dir)
-    store_url: str = _opt("", "store URL: sqlite:///path.db (empty: <data-dir>/structspec.db); postgresql:// later")
+    store_url: str = _opt("", "store URL: sqlite:///path.db (empty: <data-dir>/structspec.db), or "
+                          "postgresql://user@host:5432/db (libpq URL; the password from PGPASSWORD or ~/.pgpass, or in "
+                          "the URL) for replicas sharing one database (needs structspec[postgres])")
+    store_pool_size: int = _opt(4, "PostgreSQL store: connections this server keeps at most")
+    store_timeout_seconds: float = _opt(5.0, "PostgreSQL store: how long to wait for a connection or a statement "
+                                        "before the store counts as unreachable")
+    stats_buffer_limit: int = _opt(100_000, "while the store cannot be written: unwritten counter rows (and, "
+                                   "separately, history outputs) kept in memory; past it new ones are dropped and "
+                                   "counted (structspec_stats_dropped_total), never silently")
     register_builtin_schemas: bool = _opt(True, "register the built-in schemas (schemas/*.json) at start-up")
     stats_flush_interval_seconds: float = _opt(1.0, "how often the statistics recorded in memory are written to the "
                                                "store: a SIGKILL loses at most one interval's, a SIGTERM none (the "
@@ -188,7 +201,7 @@ class ServiceSettings:
             if not -1 <= getattr(self, name) <= 65535:
                 problems.append(f"{name}: must be -1 (off) or in [0, 65535]")
         for name in ("max_queue", "max_batch", "max_tokens_cap", "max_message_bytes", "max_batch_for_speculation",
-                     "kv_budget_tokens"):
+                     "kv_budget_tokens", "store_pool_size", "stats_buffer_limit"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
         for name in ("max_concurrent_rpcs", "prefix_cache_tokens", "rejection_samples_per_hour"):
@@ -197,7 +210,7 @@ class ServiceSettings:
         for name in ("drain_grace_seconds", "stats_retention_days"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
-        for name in ("stats_flush_interval_seconds", "stats_refresh_seconds"):
+        for name in ("stats_flush_interval_seconds", "stats_refresh_seconds", "store_timeout_seconds"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name}: must be > 0")
         problems += self._policy_problems()
@@ -231,7 +244,8 @@ class ServiceSettings:
                                  max_spec_batch=self.max_batch_for_speculation,
                                  prefix_cache_tokens=self.prefix_cache_tokens)
         return EngineConfig(
-            profile=self.profile, device=self.device, dtype=self.dtype, grammar_backend=self.grammar_backend,
+            profile=self.profile, executor=self.executor, device=self.device, dtype=self.dtype,
+            grammar_backend=self.grammar_backend,
             speculation=self.speculation, max_tokens_cap=self.max_tokens_cap, limits=limits,
             policy=self._policy(limits.max_draft),
         )
@@ -241,7 +255,11 @@ class ServiceSettings:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = ("***" if value is not None else None) if f.name in SECRET_FIELDS else (str(value) if isinstance(value, Path) else value)
+            if f.name in SECRET_FIELDS:
+                value = "***" if value is not None else None
+            elif f.name == "store_url":
+                value = redact_url(value)  # a password in the URL
+            out[f.name] = str(value) if isinstance(value, Path) else value
         return out
 
 

@@ -75,6 +75,9 @@ class Store(Protocol):
     async def close(self) -> None:
         """Flush buffered statistics and release the connection."""
 
+    async def check(self) -> None:
+        """Reach the store once (a trivial query); raises ``StoreUnavailable`` when it cannot be reached now."""
+
     # -- schema registry -------------------------------------------------------------------
 
     async def put_schema(

@@ -214,6 +214,10 @@ class PostgresStore:
             pool, self._pool, self._loop = self._pool, None, None
             await pool.close()
 
+    async def check(self) -> None:
+        async with self._conn() as conn:
+            await conn.execute("SELECT 1")
+
     # -- schema registry -------------------------------------------------------------------
 
     async def put_schema(self, schema_id: str, schema_json: str, sha256: str, description: str, source: str,

@@ -188,6 +188,9 @@ class SQLiteStore:
             if conn is not None:
                 conn.close()
 
+    async def check(self) -> None:
+        await self._run(lambda c: c.execute("SELECT 1").fetchone())
+
     # -- schema registry -----------------------------------------------------------------------
 
     async def put_schema(
