@@ -43,7 +43,7 @@ class Connection:
     here only); a command without an option gets the field's default (a token then comes from the
     environment)."""
 
-    target: Annotated[str, typer.Option("--target", "-t", envvar="STRUCTSPEC_TARGET", help="server host:port")] = DEFAULT_TARGET
+    target: Annotated[str, typer.Option("--target", "-t", envvar="STRUCTSPEC_TARGET", help="server host:port, or dns:///name:port for every replica behind a name (calls balanced round-robin)")] = DEFAULT_TARGET
     token_file: Annotated[Optional[Path], typer.Option("--token-file", help="file holding the bearer token (else env STRUCTSPEC_TOKEN)")] = None
     admin_token_file: Annotated[Optional[Path], typer.Option("--admin-token-file", help="file holding the admin token (else env STRUCTSPEC_ADMIN_TOKEN)")] = None
     tls: Annotated[bool, typer.Option("--tls/--no-tls", help="connect with TLS")] = False

@@ -10,7 +10,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from structspec.client import convert
-from structspec.client.channel import RetryPolicy, TLSConfig, auth_metadata, channel_options, resolve_tls
+from structspec.client.channel import (RetryPolicy, TLSConfig, auth_metadata, channel_options, channel_target,
+                                       resolve_tls)
 from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
 from structspec.client.results import (ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats, TextDelta,
                                        ToolCallResult)
@@ -25,18 +26,20 @@ class AsyncClient:
 
     def __init__(
         self,
-        target: str = "localhost:50051",
+        target: str | Sequence[str] = "localhost:50051",
         *,
         token: str | None = None,
         admin_token: str | None = None,
         tls: bool | TLSConfig | None = None,
         timeout: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
+        load_balancing: str = "round_robin",
     ):
-        self.target = target
+        self.target = channel_target(target)
         cfg = resolve_tls(tls)
-        opts = channel_options(cfg)
-        self._channel = grpc.aio.secure_channel(target, cfg.credentials(), opts) if cfg else grpc.aio.insecure_channel(target, opts)
+        opts = channel_options(cfg, load_balancing)
+        self._channel = (grpc.aio.secure_channel(self.target, cfg.credentials(), opts) if cfg
+                         else grpc.aio.insecure_channel(self.target, opts))
         self._stub = pb_grpc.StructSpecStub(self._channel)
         self._metadata = auth_metadata(token)
         self._admin_metadata = auth_metadata(admin_token or token)

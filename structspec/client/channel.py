@@ -1,11 +1,24 @@
-"""Channel options shared by the clients: TLS, tokens, retry policy."""
+"""Channel options shared by the clients: the target (one address or several replicas), TLS, tokens, retry policy.
+
+Several replicas: gRPC keeps one long-lived HTTP/2 connection per channel, so a plain Kubernetes
+ClusterIP Service (one virtual IP, balanced per connection) pins a client to one pod. The
+clients instead balance each call over every address (``round_robin``): give them a
+``dns:///name:port`` target (every address the name resolves to, e.g. a headless Service's pods;
+re-resolved when connections fail, so new pods join) or a list of ``host:port`` addresses (one
+channel over all of them). A call that fails UNAVAILABLE is retried (``RetryPolicy``), and the
+balancer sends the retry to another replica: it picks the next address for each call and skips
+those whose connection is down.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import random
+import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import grpc
 
@@ -48,10 +61,58 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
-def channel_options(tls: TLSConfig | None) -> list[tuple[str, object]]:
+LOAD_BALANCING = ("round_robin", "pick_first")
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"address {address!r} must be host:port")
+    return host.strip("[]"), int(port)
+
+
+def channel_target(target: str | Sequence[str]) -> str:
+    """The gRPC target for ``target``.
+
+    A string is used as given: ``host:port``, ``dns:///name:port``, ``ipv4:a:p,b:p``, ``unix:/path``. A sequence
+    of ``host:port`` addresses becomes one ``ipv4:`` (or ``ipv6:``) target listing their addresses; a host name in
+    it is resolved once, here (for a set of replicas that changes, use ``dns:///``). Raises ``ValueError`` for an
+    empty list, a malformed address, or a mix of IPv4-only and IPv6-only hosts."""
+    if isinstance(target, str):
+        return target
+    addresses = list(target)
+    if not addresses:
+        raise ValueError("no address given")
+    if len(addresses) == 1:
+        return addresses[0]
+    v4: list[str] = []
+    v6: list[str] = []
+    for address in addresses:
+        host, port = _host_port(address)
+        try:
+            ips = [ipaddress.ip_address(host)]
+        except ValueError:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            ips = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
+        four = [ip for ip in ips if ip.version == 4]
+        if four:  # IPv4 where a host has it: one target holds one family
+            v4 += [f"{ip}:{port}" for ip in four]
+        else:
+            v6 += [f"[{ip}]:{port}" for ip in ips]
+    if v4 and v6:
+        raise ValueError(f"addresses {addresses} mix IPv4-only and IPv6-only hosts: one channel holds one family")
+    return ("ipv4:" + ",".join(dict.fromkeys(v4))) if v4 else ("ipv6:" + ",".join(dict.fromkeys(v6)))
+
+
+def channel_options(tls: TLSConfig | None, load_balancing: str = "round_robin") -> list[tuple[str, object]]:
+    """``load_balancing``: ``round_robin`` (each call to the next address: replicas share the load) or
+    ``pick_first`` (gRPC's default: one address until it fails)."""
+    if load_balancing not in LOAD_BALANCING:
+        raise ValueError(f"load_balancing must be one of {', '.join(LOAD_BALANCING)}, got {load_balancing!r}")
     opts: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.service_config", json.dumps({"loadBalancingConfig": [{load_balancing: {}}]})),
     ]
     if tls is not None and tls.server_name:
         opts.append(("grpc.ssl_target_name_override", tls.server_name))
