@@ -168,9 +168,12 @@ class LLGuidanceMatcher:
         self._eos = frozenset(view.eos_token_ids)
         self._ended = False  # EOS consumed
         self._error: str | None = None
-        # see ``rollback``: a copy no mask is ever computed on, and the tokens consumed since its state
+        # see ``rollback``: a copy no mask is ever computed on, and the tokens consumed since its state;
+        # the state before any token and every token since, for a rollback deeper than that
         self._clean: llguidance.LLMatcher | None = None
         self._since: list[int] = []
+        self._origin = matcher.deep_copy()
+        self._log: list[int] = []
 
     @property
     def error(self) -> str | None:
@@ -221,6 +224,7 @@ class LLGuidanceMatcher:
             _ = self.error  # kept: sticky, whatever is rolled back later
             return False
         self._since.extend(tokens)
+        self._log.extend(tokens)
         return True
 
     def rollback(self, n: int) -> None:
@@ -232,8 +236,11 @@ class LLGuidanceMatcher:
         (``"}}`` closing the call), so decoding is steered off the target's choice and can end with a
         token the grammar then rejects. The clean copy has never computed a mask, so it holds no such
         state. Cost: one copy of the parser state per rollback (tens of microseconds at a thousand
-        tokens) and the tokens committed since the last rollback consumed twice; a rollback past the
-        copy's state (into tokens it has not seen) falls back to llguidance's.
+        tokens) and the tokens committed since the last rollback consumed twice. A rollback past the
+        copy's state (into tokens it has not seen: a proposer that rolled part of its own draft back,
+        then failed) rebuilds from the state before any token, consuming the whole kept output again
+        (rare; linear in the output). Raises: Never (a re-consume the grammar refuses, which would be a
+        bug, becomes the matcher's sticky error, failing that request alone).
         """
         if n <= 0:
             return
@@ -242,14 +249,16 @@ class LLGuidanceMatcher:
             n -= 1
         if not n:
             return
+        n = min(n, len(self._log))
+        del self._log[len(self._log) - n:]
         if self._clean is not None and n <= len(self._since):
-            keep = self._since[: len(self._since) - n]
-            if keep and not self._clean.consume_tokens(keep):
-                raise RuntimeError(f"the grammar refused tokens it accepted before: {self._clean.get_error()}")
-            self._m, self._since = self._clean.deep_copy(), []
+            base, keep = self._clean, self._since[: len(self._since) - n]
+        else:
+            base, keep = self._origin.deep_copy(), list(self._log)
+        if keep and not base.consume_tokens(keep):
+            self._error = f"internal: the grammar refused tokens it accepted before ({_first_line(base.get_error())})"
             return
-        self._m.rollback(n)
-        self._clean, self._since = None, []
+        self._clean, self._m, self._since = base, base.deep_copy(), []
 
     def forced_tokens(self) -> list[int]:
         if self.error or self._ended:

@@ -65,7 +65,7 @@ TWO_TOOLS = [
 ]
 
 
-@pytest.mark.parametrize("partial", [False, True])
+@pytest.mark.parametrize("partial", [False, True, "deep"])
 def test_rollback_leaves_no_mask_of_the_walked_draft_behind(demo_compiler, partial):
     """A draft walked (a mask after every token, as the step and the draft model walk one) into one tool's string
     value and rolled back must leave the masks of another tool's string value as a fresh matcher has them. With
@@ -80,7 +80,12 @@ def test_rollback_leaves_no_mask_of_the_walked_draft_behind(demo_compiler, parti
     for token in draft:
         assert token in allowed(walked, view) and walked.consume([token])
     allowed(walked, view)  # the mask at the start of the city's value
-    if partial:  # and undo part of one multi-token consume call
+    if partial == "deep":  # undo one token, walk it again (a mask inside the string), then undo the whole draft:
+        walked.rollback(1)  # deeper than the tokens consumed since that rollback
+        assert walked.consume(draft[-1:])
+        allowed(walked, view)
+        walked.rollback(len(draft))
+    elif partial:  # and undo part of one multi-token consume call
         tail = view.encode('Dublin","unit":"')
         assert walked.consume(tail)
         allowed(walked, view)
