@@ -78,8 +78,8 @@ def authorize_token(token: str | None, config: AuthConfig, admin: bool = False) 
         if token is None or not (_matches(token, config.tokens)):
             return ServiceError(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid admin token (authorization: Bearer <token>)", "UNAUTHENTICATED")
         if not config.admin_tokens:
-            return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "registry writes need an admin token and none is configured", "ADMIN_TOKEN_REQUIRED")
-        return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "registry writes need the admin token", "ADMIN_TOKEN_REQUIRED")
+            return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "this call (a registry write, or reading rejected-draft samples, which hold callers' input) needs an admin token and none is configured", "ADMIN_TOKEN_REQUIRED")
+        return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "this call (a registry write, or reading rejected-draft samples, which hold callers' input) needs the admin token", "ADMIN_TOKEN_REQUIRED")
     if not config.tokens or is_admin or (token is not None and _matches(token, config.tokens)):
         return None
     return ServiceError(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid token (authorization: Bearer <token>)", "UNAUTHENTICATED")

@@ -248,6 +248,8 @@ def test_bad_schema_is_400_with_pointer_and_keyword(sdk: OpenAI) -> None:
     ({"max_tokens": 10**6}, "max_tokens"),
     ({"response_format": {"type": "text"}}, "response_format"),
     ({"tools": TOOLS, "response_format": contact_format()}, "response_format"),
+    ({"tools": TOOLS, "response_format": {"type": "text", "json_schema": contact_format()["json_schema"]}},
+     "response_format.json_schema"),  # a schema beside type text would otherwise be dropped
     ({"tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0].type"),
@@ -410,3 +412,38 @@ def test_the_readme_example_runs(tmp_path: Path) -> None:
     assert 0 < passes <= tokens
     assert lines[2].startswith("tool_calls get_weather {")
     assert "invoice_number" in json.loads(lines[3])  # the registered invoice schema's keys
+
+
+def test_a_client_gone_mid_upload_is_cancelled_not_a_server_failure() -> None:
+    """The body arrives in part, then the connection drops: counted CANCELLED, never INTERNAL (no 500)."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from structspec.service.auth import AuthConfig
+    from structspec.service.convert import Limits
+    from structspec.service.http.app import OpenAIApp
+    from structspec.service.metrics import ServiceMetrics
+
+    metrics = ServiceMetrics()
+    app = OpenAIApp(None, None, None, metrics, Limits(), AuthConfig(), "demo").build()
+    incoming = [{"type": "http.request", "body": b'{"model":', "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "scheme": "http", "server": ("127.0.0.1", 8000),
+             "client": ("127.0.0.1", 1234), "headers": [(b"content-type", b"application/json"),
+                                                         (b"content-length", b"100")]}
+    asyncio.run(app(scope, receive, send))
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] != [500]
+    counted = [line for line in generate_latest(metrics.registry).decode().splitlines()
+               if line.startswith("structspec_requests_total")]
+    assert counted and all('code="INTERNAL"' not in line for line in counted)
+    assert any('code="CANCELLED"' in line for line in counted)

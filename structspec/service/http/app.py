@@ -31,6 +31,7 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from structspec.engine.api import EngineAPI, ExtractionRequest
 from structspec.engine.types import GenerationResult, TextDelta
@@ -236,11 +237,14 @@ class OpenAIApp:
         if declared.isdigit() and int(declared) > limit:
             raise too_large(int(declared))
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large(limit, exact=False)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit, exact=False)
+                chunks.append(chunk)
+        except ClientDisconnect as exc:  # gone mid-upload: a cancelled request, not a server failure
+            raise ClientGone() from exc
         return b"".join(chunks)
 
     # -- chat completions ---------------------------------------------------------------------------

@@ -218,6 +218,8 @@ def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
     if body.response_format is not None and body.response_format.type != "text":
         raise invalid("response_format", f"{body.response_format.type} together with tools is not supported: one "
                                          "output is constrained either to calls (or a text answer) or to one schema")
+    if body.response_format is not None and body.response_format.json_schema is not None:
+        raise invalid("response_format.json_schema", "only with type json_schema (never ignored)")
     if body.structspec is not None and body.structspec.schema_id is not None:
         raise invalid("structspec.schema_id", "not with tools")
     tools = []
