@@ -1,0 +1,393 @@
+"""Forward steps on llama.cpp (``ForwardStep`` over a ``LlamaCppModel``), GGUF weights as stored.
+
+Layout: one llama.cpp context with a *unified* KV cache (``kv_unified``): a pool of cells
+that any sequence may use, each structspec sequence being one llama.cpp sequence id.
+
+  step         one ``llama_batch`` carrying every input's tokens (absolute positions, the
+               sequence id per token) with the logits flag set only at the requested
+               positions: llama.cpp runs the output layer on those rows alone. Logits are
+               copied out per row (``llama_get_logits_ith``). A step larger than
+               ``batch_tokens`` tokens or ``max_outputs`` logit rows is cut into several
+               ``llama_decode`` calls (each counts in ``forward_calls``).
+  rollback     ``llama_memory_seq_rm(seq, len - n, -1)``.
+  copy_prefix  ``llama_memory_seq_cp(src, dst, 0, n)``: in a unified cache the cells are
+               shared, no K/V is copied; either sequence may then roll back or grow alone.
+  free         ``llama_memory_seq_rm(seq, -1, -1)``.
+
+Sliding-window layers (Gemma 3): llama.cpp treats a cell whose position has left the
+window of its sequence's last position as free. By default it also sizes those layers'
+cache to the window (plus a batch); with ``swa_full`` (used here) the cache is full-size,
+but a new token may still be written over such a cell, and llama.cpp then drops every
+older position of that sequence (its cache keeps positions contiguous). Rolling the
+sequence back would bring those positions back into the window: wrong logits, no error.
+Two defences: (1) on a model with a window, each sequence has a second, *guard* sequence
+id that shares its cells up to ``len - window`` (``llama_memory_seq_cp``, extended 256
+positions at a time): llama.cpp reuses a window-masked cell only while one sequence owns
+it, so guarded cells are never overwritten; (2) every rollback, copy and context move is
+checked against llama.cpp's own record of the sequence (``llama_memory_seq_pos_min/max``):
+a cache that does not hold exactly positions 0..len-1 raises ``LlamaCppError`` rather than
+returning wrong logits. (llama.cpp's per-sequence state save likewise keeps only the
+window's cells, so contexts are moved whole: see Capacity.)
+
+Capacity: cells and sequence ids are sized in powers of two. When a step needs more cells
+than the pool has (counted as the sum of the sequences' lengths: shared prefix cells
+count once per sequence, so the count is an upper bound), or a new sequence finds no
+free id, the context is rebuilt at the new size and the whole cache moved into it
+(``llama_state_get_data``/``set_data``: one copy of the used cells, shared ones once).
+The pool shrinks the same way when a ``free`` leaves it under a quarter used.
+``footprint`` is ``max(cells, pow2(sequences x longest))``.
+
+Numerics: llama.cpp's CPU kernels are chosen by the shape of a forward, and their rounding
+differs. With weight repacking off (``llamacpp_model``), on a short cache, a forward of up
+to 7 tokens (a decode, a verification of up to 6 drafted tokens, a batch of up to 7
+decodes) gives logits bit-identical to feeding the same tokens one at a time. Beyond that
+the kernels change: matrix products from 8 tokens; attention for one query once the cache
+view spans 512 cells; attention tiled by 64 cache cells from 64 queries (so a prompt
+chunk's result also depends on where its cells sit in the pool). On a quantized model the
+logits then move by up to a few logits (Gemma 3 270M Q4_K_M: median ~1, about its own
+distance from the fp32 model); on F32 weights by ~1e-3. That is llama.cpp's evaluation,
+not an error of this executor (which matches llama.cpp fed the same forwards exactly);
+greedy outputs can then differ between batch compositions, or with speculation on and
+off, where the top two logits are that close.
+
+Not available here: scoring a small allowed set alone (``restricted_logits_max`` is 0:
+llama.cpp's graph runs the whole output layer for every flagged row).
+
+Raises: ``ContextOverflow`` (before running), ``ValueError`` (bad arguments), ``KeyError``
+(unknown sequence), ``LlamaCppError`` (llama.cpp refused a decode, a state move, a
+context). A failed step leaves every sequence as it was before the step.
+Cost notes: a decode step of Gemma 3 270M Q4_K_M takes ~10.5 ms on 2 cores, of which the
+262k-row output layer is ~6 ms per flagged row; K/V in f16 take 18 KB per token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from structspec.models.executor import ContextOverflow, StepInput
+from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel, lib
+from structspec.models.threads import cpu_budget
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ (a model with a sliding window uses two ids a sequence)
+GUARD_STRIDE = 256  # positions a guard sequence is extended by at a time (module doc: sliding-window layers)
+KV_TYPES = {"f16": (1, 2), "f32": (0, 4)}  # name -> (ggml_type, bytes per element)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One flagged token of a step: where it sits in the packed tokens, and the output row it fills."""
+
+    token: int  # index into the packed tokens of the step
+    out: int  # row of the step's logits tensor
+
+
+class _Batch:
+    """A ``llama_batch`` over numpy arrays this object owns (never ``llama_batch_free``d)."""
+
+    def __init__(self, llama_cpp, capacity: int):
+        c_int_p = ctypes.POINTER(ctypes.c_int32)
+        self.tokens = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        base = self.seq.ctypes.data
+        self._seq_ptrs = (c_int_p * capacity)(*[ctypes.cast(base + 4 * i, c_int_p) for i in range(capacity)])
+        self.struct = llama_cpp.llama_batch(
+            n_tokens=0, token=self.tokens.ctypes.data_as(c_int_p), embd=None, pos=self.pos.ctypes.data_as(c_int_p),
+            n_seq_id=self.n_seq.ctypes.data_as(c_int_p), seq_id=self._seq_ptrs,
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)))
+
+
+class LlamaCppExecutor:
+    """``ForwardStep`` over a GGUF model run by llama.cpp on the CPU."""
+
+    restricted_logits_max = 0  # every flagged row gets the whole output layer (module doc)
+
+    def __init__(self, model: LlamaCppModel, max_context: int | None = None, threads: int = 0,
+                 initial_tokens: int = 1024, initial_sequences: int = 8, max_outputs: int = 64,
+                 batch_tokens: int = 512, kv_type: str = "f16"):
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+        if max_outputs < 1 or batch_tokens < 1:
+            raise ValueError("max_outputs and batch_tokens must be >= 1")
+        self._lib = lib()
+        self.model = model
+        self.vocab_size = model.info.n_vocab
+        self.max_context = int(min(max_context or model.info.n_ctx_train, model.info.n_ctx_train))
+        self.forward_calls = 0
+        self.eval_seconds = 0.0  # time spent inside llama_decode (the rest of a step is this executor's)
+        self.threads = threads if threads > 0 else cpu_budget()
+        self._kv_type, self._kv_elem = KV_TYPES[kv_type]
+        self._max_outputs = max_outputs
+        self._batch_tokens = batch_tokens
+        self._initial = (_pow2(max(256, initial_tokens)), _pow2(max(1, initial_sequences)))
+        self._batch = _Batch(self._lib, batch_tokens)
+        self._ctx = None
+        self._cells, self._n_seq = 0, 0
+        self._lseq: dict[int, int] = {}  # structspec sequence id -> llama.cpp sequence id
+        self._swa = model.info.n_swa
+        self._guard: dict[int, int] = {}  # structspec sequence id -> its guard's llama.cpp id (models with a window)
+        self._guarded: dict[int, int] = {}  # leading positions its guard shares
+        self._len: dict[int, int] = {}
+        self._free_ids: list[int] = []
+        self._next_id = 0
+        self._peak_tokens = 0
+        self._ctx, self._mem = self._new_context(*self._initial)
+        self._cells, self._n_seq = self._initial
+        self._free_ids = list(range(self._n_seq))
+
+    # -- the context -------------------------------------------------------------------------------
+    def _new_context(self, cells: int, n_seq: int):
+        llama_cpp = self._lib
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = cells
+        p.n_batch = p.n_ubatch = self._batch_tokens
+        p.n_seq_max = n_seq
+        p.n_outputs_max = max(self._max_outputs, n_seq)  # llama.cpp asserts the output buffer holds n_seq_max rows
+        p.n_threads = p.n_threads_batch = self.threads
+        p.kv_unified = True
+        p.swa_full = True
+        p.type_k = p.type_v = self._kv_type
+        p.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self.model.handle, p)
+        if not ctx:
+            raise LlamaCppError(f"llama.cpp could not create a context of {cells} cells and {n_seq} sequences "
+                                "(out of memory?)")
+        return ctx, llama_cpp.llama_get_memory(ctx)
+
+    def _rebuild(self, cells: int, n_seq: int) -> None:
+        """Move every sequence into a new context of ``cells`` cells and ``n_seq`` ids (module doc: capacity).
+
+        The whole context's state moves (``llama_state_get_data``/``set_data``): the per-sequence state functions
+        save only the cells inside the sliding window of a sequence's last position, which would drop the history
+        a rollback needs on Gemma 3's sliding-window layers."""
+        llama_cpp = self._lib
+        ctx, mem = self._new_context(cells, n_seq)
+        try:
+            if self._lseq:
+                size = llama_cpp.llama_state_get_size(self._ctx)
+                buf = (ctypes.c_uint8 * size)()
+                got = llama_cpp.llama_state_get_data(self._ctx, buf, size)
+                if got == 0 or llama_cpp.llama_state_set_data(ctx, buf, got) != got:
+                    raise LlamaCppError(f"llama.cpp could not move {len(self._lseq)} sequences "
+                                        f"({self.cached_tokens()} tokens) into a context of {cells} cells")
+                for sid in self._lseq:
+                    self._check(sid, mem)
+        except BaseException:
+            llama_cpp.llama_free(ctx)
+            raise
+        llama_cpp.llama_free(self._ctx)
+        self._ctx, self._mem = ctx, mem
+        self._free_ids = sorted(set(self._free_ids) | set(range(self._n_seq, n_seq)))
+        self._cells, self._n_seq = cells, n_seq
+
+    def _check(self, sid: int, mem=None) -> None:
+        """Raise unless llama.cpp holds exactly positions 0..len-1 of ``sid`` (nothing pruned, nothing left over)."""
+        llama_cpp, mem = self._lib, mem if mem is not None else self._mem
+        lseq, n = self._lseq[sid], self._len[sid]
+        lo, hi = llama_cpp.llama_memory_seq_pos_min(mem, lseq), llama_cpp.llama_memory_seq_pos_max(mem, lseq)
+        if (lo, hi) != ((0, n - 1) if n else (-1, -1)):
+            raise LlamaCppError(f"llama.cpp's cache holds positions {lo}..{hi} of sequence {sid}, not 0..{n - 1}")
+
+    def close(self) -> None:
+        ctx, self._ctx = self._ctx, None
+        if ctx:
+            self._lib.llama_free(ctx)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- accounting --------------------------------------------------------------------------------
+    @property
+    def cells(self) -> int:
+        """KV cells of the pool (every sequence draws from it)."""
+        return self._cells
+
+    def cached_tokens(self) -> int:
+        """Tokens held across all live sequences (a shared prefix counts once per sequence)."""
+        return sum(self._len.values())
+
+    def peak_cached_tokens(self) -> int:
+        return self._peak_tokens
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the K/V pool (every layer at full size)."""
+        return self._cells * self.model.kv_bytes_per_token(self._kv_elem)
+
+    def footprint(self, sequences: int, longest: int) -> int:
+        """Cells of the pool after growing for ``sequences`` sequences up to ``longest`` tokens (an upper bound:
+        the pool grows to the power of two over the sum of the lengths, never shrinking below its size now)."""
+        return max(self._cells, _pow2(max(1, sequences) * max(1, longest)))
+
+    # -- ForwardStep -------------------------------------------------------------------------------
+    def new_sequence(self) -> int:
+        ids = 2 if self._swa else 1
+        if len(self._free_ids) < ids:
+            if self._n_seq >= MAX_SEQUENCES:
+                raise LlamaCppError(f"llama.cpp holds at most {MAX_SEQUENCES // ids} sequences per context "
+                                    f"({MAX_SEQUENCES} ids, {ids} a sequence)")
+            self._rebuild(self._cells, min(MAX_SEQUENCES, 2 * self._n_seq))
+        sid = self._next_id
+        self._next_id += 1
+        self._lseq[sid] = heapq.heappop(self._free_ids)
+        self._len[sid] = 0
+        if self._swa:
+            self._guard[sid] = heapq.heappop(self._free_ids)
+            self._guarded[sid] = 0
+        return sid
+
+    def _protect(self, sid: int, length: int) -> None:
+        """Let the guard share the positions of ``sid`` that have left (or will soon leave) the window."""
+        need = length - self._swa + 1
+        if not self._swa or need <= self._guarded[sid]:
+            return
+        upto = min(length, need + GUARD_STRIDE)
+        self._lib.llama_memory_seq_cp(self._mem, self._lseq[sid], self._guard[sid], self._guarded[sid], upto)
+        self._guarded[sid] = upto
+
+    def _forget(self, sid: int, keep: int) -> None:
+        """Remove positions >= ``keep`` of ``sid`` from llama.cpp's cache (and from its guard)."""
+        ok = self._lib.llama_memory_seq_rm(self._mem, self._lseq[sid], keep, -1)
+        if self._swa:
+            self._lib.llama_memory_seq_rm(self._mem, self._guard[sid], keep, -1)
+            self._guarded[sid] = min(self._guarded[sid], keep)
+        if not ok:
+            raise LlamaCppError(f"llama.cpp refused to remove positions >= {keep} of sequence {sid}")
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._len[seq_id]
+
+    def rollback(self, seq_id: int, n: int) -> None:
+        have = self._len[seq_id]
+        if n < 0 or n > have:
+            raise ValueError(f"cannot roll back {n} tokens of a {have}-token sequence")
+        if n == 0:
+            return
+        self._forget(seq_id, have - n)
+        self._len[seq_id] = have - n
+        self._check(seq_id)
+
+    def copy_prefix(self, seq_id: int, source_id: int, n: int) -> None:
+        if self._len[seq_id] != 0:
+            raise ValueError(f"sequence {seq_id} is not empty")
+        if n < 0 or n > self._len[source_id]:
+            raise ValueError(f"sequence {source_id} holds {self._len[source_id]} tokens, not {n}")
+        if n == 0:
+            return
+        self._lib.llama_memory_seq_cp(self._mem, self._lseq[source_id], self._lseq[seq_id], 0, n)
+        self._len[seq_id] = n
+        self._protect(seq_id, n)
+        self._check(seq_id)
+        self._grow_for(0)  # the copy is counted in full (an upper bound); keep the pool above the count
+        self._peak_tokens = max(self._peak_tokens, self.cached_tokens())
+
+    def free(self, seq_id: int) -> None:
+        self._forget(seq_id, 0)
+        heapq.heappush(self._free_ids, self._lseq.pop(seq_id))
+        if self._swa:
+            heapq.heappush(self._free_ids, self._guard.pop(seq_id))
+            del self._guarded[seq_id]
+        del self._len[seq_id]
+        cells = max(self._initial[0], _pow2(max(1, self.cached_tokens())))
+        if 4 * cells <= self._cells:
+            self._rebuild(cells, self._n_seq)
+
+    def _grow_for(self, new_tokens: int) -> None:
+        need = self.cached_tokens() + new_tokens
+        if need > self._cells:
+            self._rebuild(_pow2(need), self._n_seq)
+
+    def step(self, inputs: Sequence[StepInput]) -> list[torch.Tensor]:
+        if not inputs:
+            return []
+        if len({x.seq_id for x in inputs}) != len(inputs):
+            raise ValueError("a step takes each sequence at most once")
+        lens = [self._len[x.seq_id] for x in inputs]
+        counts = [len(x.tokens) for x in inputs]
+        if min(counts) < 1:
+            raise ValueError("every StepInput needs at least one token")
+        for x, n, c in zip(inputs, lens, counts):
+            if n + c > self.max_context:
+                raise ContextOverflow(f"sequence {x.seq_id} would hold {n + c} tokens; the context is {self.max_context}")
+        tokens = np.fromiter((t for x in inputs for t in x.tokens), dtype=np.int64, count=sum(counts))
+        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+        self._grow_for(len(tokens))
+        rows, splits, offset = [], [], 0
+        for x, c in zip(inputs, counts):
+            splits.append(len(x.logits_at))
+            for t in x.logits_at:
+                if not -c <= t < c:
+                    raise ValueError(f"logits_at {t} is outside the {c} new tokens of sequence {x.seq_id}")
+                rows.append(_Row(offset + t % c, len(rows)))
+            offset += c
+        positions = np.concatenate([np.arange(n, n + c, dtype=np.int32) for n, c in zip(lens, counts)])
+        seqs = np.concatenate([np.full(c, self._lseq[x.seq_id], dtype=np.int32) for x, c in zip(inputs, counts)])
+        owners = np.concatenate([np.full(c, x.seq_id, dtype=np.int64) for x, c in zip(inputs, counts)])
+        out = torch.empty((len(rows), self.vocab_size), dtype=torch.float32)
+        try:
+            self._decode_all(tokens.astype(np.int32), positions, seqs, owners, rows, out)
+        except BaseException:
+            for x, n in zip(inputs, lens):  # whatever llama.cpp took in of this step goes again
+                self._forget(x.seq_id, n)
+            raise
+        for x, n, c in zip(inputs, lens, counts):
+            self._len[x.seq_id] = n + c
+        self._peak_tokens = max(self._peak_tokens, self.cached_tokens())
+        return list(out.split(splits))
+
+    def _decode_all(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, owners: np.ndarray,
+                    rows: list[_Row], out: torch.Tensor) -> None:
+        """Run the packed tokens in as few ``llama_decode`` calls as the batch and output limits allow."""
+        by_token: dict[int, list[int]] = {}
+        for r in rows:
+            by_token.setdefault(r.token, []).append(r.out)
+        flagged = np.zeros(len(tokens), dtype=np.int8)
+        flagged[list(by_token)] = 1
+        start, total = 0, len(tokens)
+        while start < total:
+            end = min(total, start + self._batch_tokens)
+            marks = np.flatnonzero(flagged[start:end])
+            if len(marks) > self._max_outputs:
+                end = start + int(marks[self._max_outputs - 1]) + 1
+            self._decode(start, end, tokens, positions, seqs, flagged, by_token, out)
+            if self._swa:  # before any other forward: the cells that just left a window get their guard
+                for sid in np.unique(owners[start:end]).tolist():
+                    self._protect(sid, int(positions[start:end][owners[start:end] == sid].max()) + 1)
+            start = end
+
+    def _decode(self, start: int, end: int, tokens, positions, seqs, flagged, by_token, out: torch.Tensor) -> None:
+        llama_cpp, b, n = self._lib, self._batch, end - start
+        b.tokens[:n], b.pos[:n], b.seq[:n], b.logits[:n] = tokens[start:end], positions[start:end], \
+            seqs[start:end], flagged[start:end]
+        b.struct.n_tokens = n
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ctx, b.struct)
+        self.eval_seconds += time.perf_counter() - t0
+        self.forward_calls += 1
+        if rc != 0:
+            why = {1: "no KV cell free for the batch", 2: "aborted"}.get(rc, "invalid batch or internal error")
+            raise LlamaCppError(f"llama_decode returned {rc} ({why}) for {n} tokens")
+        row_bytes = 4 * self.vocab_size
+        base = out.data_ptr()
+        for i in np.flatnonzero(flagged[start:end]):
+            src = llama_cpp.llama_get_logits_ith(self._ctx, int(i))
+            if not src:
+                raise LlamaCppError(f"llama.cpp returned no logits for token {int(i)} of the batch")
+            for r in by_token[start + int(i)]:
+                ctypes.memmove(base + r * row_bytes, src, row_bytes)
