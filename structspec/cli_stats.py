@@ -137,12 +137,14 @@ class StoreSource:
 
         return asyncio.run(self._with_store(read))
 
-    def rejected(self, schema: str | None, model: str | None, proposer: str | None, limit: int) -> list[Any]:
+    def rejected(self, schema: str | None, model: str | None, proposer: str | None, limit: int,
+                 schema_key: str | None = None) -> list[Any]:
+        """``schema_key``: a statistics key as it is (a schema deleted since still has its samples)."""
         from structspec.client.results import RejectedDraft
         from structspec.service import stats_views
 
         async def read(store: Any) -> list[Any]:
-            key = await self._key(store, schema)
+            key = schema_key or await self._key(store, schema)
             found = await stats_views.read_rejected_drafts(store, model=model, schema_key=key, proposer=proposer,
                                                            limit=limit)
             return [RejectedDraft.from_pb(r) for r in found]
@@ -171,8 +173,9 @@ class ServerSource:
                 _fail(exc)
         raise AssertionError("unreachable")
 
-    def rejected(self, schema: str | None, model: str | None, proposer: str | None, limit: int) -> list[Any]:
-        sid, version, key = _split_schema(schema)
+    def rejected(self, schema: str | None, model: str | None, proposer: str | None, limit: int,
+                 schema_key: str | None = None) -> list[Any]:
+        sid, version, key = (None, None, schema_key) if schema_key else _split_schema(schema)
         with self.conn.client() as client:
             try:
                 return client.list_rejected_drafts(sid, version, schema_key=key, model=model, proposer=proposer,
@@ -387,8 +390,9 @@ def report(
     note = ""
     if samples:
         try:
-            for entry in stats:
-                rejected[(entry.model, entry.schema_key)] = source.rejected(entry.schema_key, entry.model, None, samples)
+            for entry in stats:  # by the statistics key itself: a schema deleted since still has its samples
+                rejected[(entry.model, entry.schema_key)] = source.rejected(None, entry.model, None, samples,
+                                                                            schema_key=entry.schema_key)
         except typer.Exit:
             note = "Rejected drafts not read: the server refused (they need the admin token: --admin-token-file)."
             rejected = {}

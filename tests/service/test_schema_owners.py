@@ -229,3 +229,28 @@ def test_the_service_readme_documents_every_series(served):
     families = {f.name + ("_total" if f.type == "counter" else "") for f in srv.server.metrics.registry.collect()
                 if f.name.startswith("structspec_")}
     assert len(families) > 25 and families == documented, (families - documented, documented - families)
+
+
+def test_the_report_keeps_a_deleted_schemas_statistics_and_samples(tmp_path):
+    """A schema deleted since its traffic still has statistics under its key: the report reads its samples by
+    that key instead of failing on the missing registration."""
+    import asyncio
+
+    from structspec.store import open_store
+
+    data = tmp_path / "gone"
+    data.mkdir()
+
+    async def record() -> None:
+        store = open_store("", data)
+        await store.open()
+        await store.put_schema("gone", '{"type":"object"}', "abc", "", "test", 0.0)
+        store.stats.recorder("demo").record_request("gone@1", 10, 5, 2, "stop", 100.0)
+        await store.delete_schema("gone")
+        await store.close()
+
+    asyncio.run(record())
+    out = tmp_path / "r.html"
+    result = runner.invoke(app, ["stats", "report", "--data-dir", str(data), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "gone@1" in out.read_text()
