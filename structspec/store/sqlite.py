@@ -134,7 +134,23 @@ class SQLiteStore:
                 except sqlite3.Error as exc:
                     raise StoreError(f"sqlite: {exc}") from exc
 
-        return await asyncio.to_thread(call)
+        work = asyncio.ensure_future(asyncio.to_thread(call))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: the call runs on and may commit. Wait for its outcome, so a caller
+            # that puts back what it took when a write fails (a flush) does so only when nothing was written.
+            while not work.done():
+                try:
+                    await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    continue
+                except BaseException:  # noqa: BLE001 - its outcome is read below
+                    break
+            if work.exception() is not None:
+                raise
+            asyncio.current_task().cancel()  # written: the cancellation lands at the caller's next await
+            return work.result()
 
     async def open(self) -> None:
         if self._conn is not None:

@@ -409,3 +409,29 @@ async def test_a_newer_store_is_refused_and_leaves_the_store_closed(tmp_path: Pa
             await s.open()
     with pytest.raises(StoreError, match="not open"):
         await s.get_schema("x")
+
+
+async def test_a_flush_cancelled_mid_write_counts_once(tmp_path):
+    """The server's stop cancels the flusher; a write already in its worker thread commits anyway. The rows it
+    took must not also be put back (the final flush would write them twice)."""
+    import asyncio
+    import threading
+
+    from structspec.store.sqlite import SQLiteStore
+
+    path = tmp_path / "s.db"
+    store = SQLiteStore(str(path))
+    await store.open()
+    store.stats.recorder("m").record_request("k@1", 10, 5, 0, "stop", 1.0)
+    store._lock.acquire()  # the worker thread waits here, as on a slow disk
+    threading.Timer(0.3, store._lock.release).start()
+    flushing = asyncio.create_task(store.flush())
+    await asyncio.sleep(0.1)
+    flushing.cancel()
+    await asyncio.gather(flushing, return_exceptions=True)
+    await store.close()  # its own final flush
+    again = SQLiteStore(str(path))
+    await again.open()
+    counted = await again.read_counters(since=0)
+    await again.close()
+    assert sum(v for k, v in counted.items() if k.series == "requests") == 1
