@@ -201,6 +201,9 @@ class StructSpecServer:
             ("grpc.max_send_message_length", transport_limit),
             ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
         ]
+        if s.max_connection_age_seconds > 0:  # clients reconnect, and re-resolve a dns:/// target, this often
+            options += [("grpc.max_connection_age_ms", int(s.max_connection_age_seconds * 1000)),
+                        ("grpc.max_connection_age_grace_ms", int(s.drain_grace_seconds * 1000))]
         server = grpc.aio.server(
             interceptors=interceptors, options=options, maximum_concurrent_rpcs=s.max_concurrent_rpcs or None
         )

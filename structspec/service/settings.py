@@ -84,6 +84,10 @@ class ServiceSettings:
     metrics_port: int = _opt(9464, "Prometheus /metrics HTTP port on the same host; 0 picks a free one, -1 disables")
     http_port: int = _opt(8000, "OpenAI-compatible HTTP API port on the same host (POST /v1/chat/completions, GET "
                           "/v1/models, GET /health; same engine, tokens and TLS as gRPC); 0 picks a free one, -1 disables")
+    max_connection_age_seconds: float = _opt(0.0, "close each gRPC client connection after this long (a GOAWAY; "
+                                             "calls in flight get drain_grace_seconds to finish), so clients of a "
+                                             "dns:/// name resolve it again and spread over replicas started since; "
+                                             "0 = never")
     # -- storage -------------------------------------------------------------------------------
     data_dir: Path = _opt(help="directory for the embedded store and other state", factory=_default_data_dir)
     store_url: str = _opt("", "store URL: sqlite:///path.db (empty: <data-dir>/structspec.db), or "
@@ -207,7 +211,7 @@ class ServiceSettings:
         for name in ("max_concurrent_rpcs", "prefix_cache_tokens", "rejection_samples_per_hour"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
-        for name in ("drain_grace_seconds", "stats_retention_days"):
+        for name in ("drain_grace_seconds", "stats_retention_days", "max_connection_age_seconds"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
         for name in ("stats_flush_interval_seconds", "stats_refresh_seconds", "store_timeout_seconds"):

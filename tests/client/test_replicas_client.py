@@ -79,3 +79,18 @@ def test_a_dns_target_and_the_async_client(replicas) -> None:
 
     asyncio.run(run())
     assert len(ea.requests) - before[0] >= 2 and len(eb.requests) - before[1] >= 2
+
+
+def test_connections_closed_at_their_age_are_reopened_without_failing_a_call(tmp_path: Path) -> None:
+    """max_connection_age_seconds: the server closes each connection after that long (so a dns:/// client resolves
+    again and reaches replicas started since); calls go on over a new connection."""
+    import time
+
+    with ServerThread(settings_for(tmp_path, max_connection_age_seconds=0.3), FakeEngine()) as st, \
+            Client(st.target, retry=FAST_RETRY, timeout=20) as c:
+        end, n = time.monotonic() + 1.5, 0
+        while time.monotonic() < end:
+            assert c.extract("INVOICE 7", schema_id="invoice")
+            n += 1
+            time.sleep(0.05)
+        assert n >= 10
