@@ -394,7 +394,10 @@ class PostgresStore:
             for sql, arg in (("DELETE FROM counters WHERE hour < %s", cutoff),
                              ("DELETE FROM rejected_drafts WHERE hour < %s", cutoff),
                              ("DELETE FROM history WHERE created_at < %s", before),
-                             ("DELETE FROM policy_changes WHERE at < %s", before)):
+                             # past retention but each key's newest: a state unchanged since is still its state
+                             ("DELETE FROM policy_changes WHERE at < %s AND id <> (SELECT MAX(q.id) FROM policy_changes q "
+                              "WHERE q.model = policy_changes.model AND q.schema_key = policy_changes.schema_key "
+                              "AND q.proposer = policy_changes.proposer)", before)):
                 n += (await conn.execute(sql, (arg,))).rowcount
             # replicas that have not flushed since (stopped processes): their marks are not needed any more
             await conn.execute("DELETE FROM flush_marks WHERE at < %s", (before,))

@@ -373,7 +373,10 @@ class SQLiteStore:
             n = c.execute("DELETE FROM counters WHERE hour < ?", (cutoff,)).rowcount
             n += c.execute("DELETE FROM rejected_drafts WHERE hour < ?", (cutoff,)).rowcount
             n += c.execute("DELETE FROM history WHERE created_at < ?", (before,)).rowcount
-            return n + c.execute("DELETE FROM policy_changes WHERE at < ?", (before,)).rowcount
+            # every change past retention but each key's newest: a state that has not changed since is still its state
+            return n + c.execute("DELETE FROM policy_changes WHERE at < ? AND id <> (SELECT MAX(q.id) FROM policy_changes q "
+                                 "WHERE q.model = policy_changes.model AND q.schema_key = policy_changes.schema_key "
+                                 "AND q.proposer = policy_changes.proposer)", (before,)).rowcount
 
         return await self._run(prune)
 

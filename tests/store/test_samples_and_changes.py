@@ -85,9 +85,13 @@ async def test_policy_changes_persist_and_seed_a_restarted_server(backend) -> No
     rec2.record_policy("inv@1", {"ngram": Reason.DRAFTED}, 1, {"ngram": 0.7}, 0.55)
     (back_on,) = s2.stats.policy.pending()
     assert (back_on.previous, back_on.state) == (OFF, ON)
-    assert await s2.prune(clock.t - 30) == 2  # the changes before are gone, the unwritten one stays
+    # Past retention, all but the key's newest stored change go (a state unchanged since is still its state);
+    # the unwritten one stays.
+    assert await s2.prune(clock.t - 30) == 1
     await s2.close()
     s3 = await backend.open(clock=clock)
+    assert [c.reason for c in await s3.read_policy_changes()] == [Reason.LOW_ACCEPTANCE, Reason.DRAFTED]
+    assert await s3.prune(clock.t + 30) == 1  # now DRAFTED is the newest: LOW_ACCEPTANCE goes, DRAFTED stays
     assert [c.reason for c in await s3.read_policy_changes()] == [Reason.DRAFTED]
     await s3.close()
 
