@@ -189,3 +189,28 @@ async def test_calls_from_another_event_loop_use_their_own_connection(postgres) 
     thread.join(30)
     assert got == [[("k", '{"a":1}')]]
     await s.close()
+
+
+@pytest.mark.parametrize("when", ["before the commit", "after the commit"])
+async def test_a_flush_cancelled_mid_write_counts_once(postgres, monkeypatch, when: str) -> None:
+    """The server's stop cancels the flusher wherever it is; the final flush (close) writes the kept batch, or sees
+    by the mark that it had landed."""
+    url = postgres.new_database()
+    s = await store(url)
+    s.stats.recorder("m").record_request("k@1", 10, 5, 0, "stop", 1.0)
+    real_write = PostgresStore._write
+
+    async def slow_write(self, batch):
+        if when == "before the commit":
+            await asyncio.sleep(5)
+        await real_write(self, batch)
+        await asyncio.sleep(5)
+
+    monkeypatch.setattr(PostgresStore, "_write", slow_write)
+    flushing = asyncio.create_task(s.flush())
+    await asyncio.sleep(0.3)
+    flushing.cancel()
+    await asyncio.gather(flushing, return_exceptions=True)
+    monkeypatch.setattr(PostgresStore, "_write", real_write)
+    await s.close()
+    assert await scalar(url, "SELECT value FROM counters WHERE series = 'requests'") == 1
