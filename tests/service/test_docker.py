@@ -50,7 +50,7 @@ def test_dockerfile_commands(path: Path) -> None:
     assert ins[0] == ("FROM", "python:3.11-slim")
     runs = " ".join(rest for word, rest in ins if word == "RUN")
     assert "--index-url https://download.pytorch.org/whl/" in runs or "TORCH_INDEX_URL" in runs
-    assert "torch==${TORCH_VERSION}" in runs and "pip install -e ." in runs
+    assert "torch==${TORCH_VERSION}" in runs and 'pip install -e ".[postgres]"' in runs  # the shared store's driver
     entry = json.loads(next(rest for word, rest in ins if word == "ENTRYPOINT"))
     cmd = json.loads(next(rest for word, rest in ins if word == "CMD"))
     assert entry == ["structspec"] and cmd[0] == "serve"
