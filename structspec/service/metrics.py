@@ -58,10 +58,15 @@ _SCHEMA_COUNTERS = (
 
 
 class SchemaCollector(Collector):
-    """The per-schema series, read from a ``StatsBook`` at scrape time (its totals only grow)."""
+    """The per-schema series, read from a ``StatsBook`` at scrape time (its totals only grow).
 
-    def __init__(self, book: StatsBook):
+    ``model``: the serving engine's model key (None while it loads). The policy's states come from the
+    store too (every replica's, every model's: benchmark runs, other draft versions); only this model's
+    are this server's state."""
+
+    def __init__(self, book: StatsBook, model: Callable[[], str | None] = lambda: None):
         self.book = book
+        self.model = model
 
     def describe(self) -> list:
         return []  # collected at scrape time only (the label values are not known before)
@@ -81,7 +86,13 @@ class SchemaCollector(Collector):
             "structspec_schema_policy_state", "schemas under the label whose proposer the drafting policy has in this "
             "state (a registered schema: 1 for its current state, 0 for the other)", labels=("schema", "proposer", "state"))
         counts: dict[tuple[str, str, str], int] = {}
-        for (_, schema_key, proposer), change in self.book.policy.latest().items():
+        try:
+            serving = self.model()
+        except Exception:  # noqa: BLE001 - a scrape never fails because the engine is loading or stopping
+            serving = None
+        for (model, schema_key, proposer), change in self.book.policy.latest().items():
+            if model != serving:
+                continue
             label = schema_label(schema_key)
             for state in (ON, OFF):
                 counts.setdefault((label, proposer, state), 0)
@@ -212,9 +223,9 @@ class ServiceMetrics:
         self.kv_peak.set_function(read(lambda e: e.core.executor.peak_cached_tokens()))  # type: ignore[attr-defined]
         self.kv_bytes.set_function(read(lambda e: e.core.executor.allocated_bytes()))  # type: ignore[attr-defined]
 
-    def bind_stats(self, book: StatsBook) -> None:
-        """The per-schema series, from the book the engine records into."""
-        self.registry.register(SchemaCollector(book))
+    def bind_stats(self, book: StatsBook, model: Callable[[], str | None] = lambda: None) -> None:
+        """The per-schema series, from the book the engine records into; ``model``: the engine's model key."""
+        self.registry.register(SchemaCollector(book, model))
 
     def bind_store(self, store: Store) -> None:
         """The store's backlog series, read at scrape time."""

@@ -152,7 +152,8 @@ class StructSpecServer:
         self.registry = SchemaRegistry(self.store)
         self.metrics = metrics or ServiceMetrics()
         self.metrics.bind_engine(lambda: self._slot.engine)
-        self.metrics.bind_stats(self.store.stats)
+        self.metrics.bind_stats(self.store.stats,
+                                lambda: self._slot.engine.model_key if self._slot.engine is not None else None)
         self.metrics.bind_store(self.store)
         self.store_up = True  # the store's last write or check succeeded
         self._dropped_seen = 0
