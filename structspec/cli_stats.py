@@ -90,7 +90,9 @@ class StoreSource:
     store_url: Optional[str]
 
     def describe(self) -> str:
-        return self.store_url or str(self._path())
+        from structspec.store import redact_url
+
+        return redact_url(self.store_url) if self.store_url else str(self._path())
 
     def _settings(self) -> Any:
         from structspec.service.settings import load_settings

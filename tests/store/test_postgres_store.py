@@ -214,3 +214,29 @@ async def test_a_flush_cancelled_mid_write_counts_once(postgres, monkeypatch, wh
     monkeypatch.setattr(PostgresStore, "_write", real_write)
     await s.close()
     assert await scalar(url, "SELECT value FROM counters WHERE series = 'requests'") == 1
+
+
+def test_structspec_stats_reads_a_postgres_store(postgres) -> None:
+    """`structspec stats --store-url postgresql://...`: what schema owners read, from the shared database."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from structspec.cli import app
+
+    url = postgres.new_database()
+
+    async def record() -> None:
+        s = PostgresStore(url)  # the real clock: the CLI reads the last day
+        await s.open()
+        await s.put_schema("inv", "{}", "h", "", "api", 1.0)
+        s.stats.recorder("m").record_request("inv@1", 30, 12, 4, "stop", 250.0)
+        await s.close()
+
+    asyncio.run(record())
+    result = CliRunner().invoke(app, ["stats", "inv", "--store-url", url, "--model", "m", "--json"])
+    assert result.exit_code == 0, result.output
+    (stats,) = json.loads(result.output)
+    assert stats["schema_key"] == "inv@1" and next(iter(stats["windows"].values()))["requests"] == 1
+    missing = CliRunner().invoke(app, ["stats", "nope", "--store-url", url.replace("postgres@", "postgres:pw@")])
+    assert missing.exit_code != 0 and "pw" not in missing.output and "***" in missing.output
