@@ -1,5 +1,8 @@
 """Wire the engine: models -> executors, grammar compiler, speculation, core -> ``Engine``.
 
+The executor follows the loaded models (``LoadedModels.executor``): ``TransformersExecutor``
+or ``LlamaCppExecutor``, for the target and the draft alike.
+
 The one module that knows every package the engine is built from (the engine itself
 knows only the ``Speculator`` protocol). ``build_engine`` is the server's default engine
 factory; ``assemble_engine`` wires already-loaded models (tests, benchmarks).
@@ -20,6 +23,7 @@ from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
 from structspec.grammar import GrammarCompiler, TokenizerView
+from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.speculation.configs import ProposerSet, speculation_config
 from structspec.speculation.draft_model import DraftModelProposer
@@ -45,7 +49,7 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
     proposer always (a fixed configuration). ``examples``: worked examples added to requests that bring
     none (``build_engine`` builds them for base-model profiles). ``seed`` seeds the policy's probes.
     """
-    executor = TransformersExecutor(models.target, max_context=max_context)
+    executor = make_executor(models, models.target, max_context)
     if compiler is None:
         compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size), backend=grammar_backend)
     eos = models.tokenizer.eos_token_id
@@ -53,12 +57,21 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
     if proposers is not None:
         draft = None
         if proposers.draft and models.draft is not None:
-            draft = DraftModelProposer(TransformersExecutor(models.draft, max_context=executor.max_context), eos)
+            draft = DraftModelProposer(make_executor(models, models.draft, executor.max_context), eos)
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=history, draft=draft,
                             stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft)
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)
     return Engine(core, models.tokenizer, compiler, executor.max_context, max_tokens_cap, examples, fast_forward,
                   engine_model_key(models))
+
+
+def make_executor(models, model: Any, max_context: int | None = None) -> ForwardStep:
+    """The forward-step executor of ``model`` (the target or the draft of ``models``) for ``models.executor``."""
+    if getattr(models, "executor", "transformers") == "llamacpp":
+        from structspec.models.llamacpp_executor import LlamaCppExecutor
+
+        return LlamaCppExecutor(model, max_context=max_context)
+    return TransformersExecutor(model, max_context=max_context)
 
 
 def engine_model_key(models) -> str:
@@ -98,7 +111,7 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     spec = speculation_config(config.speculation)
     # Model work off the main thread, so the engine thread computes at full speed (see worker_thread).
     models = run_in_worker(load_profile, config.profile, device=device, dtype=config.resolved_dtype(device),
-                           with_draft=bool(spec.proposers and spec.proposers.draft))
+                           with_draft=bool(spec.proposers and spec.proposers.draft), executor=config.executor)
     examples = build_example_book(get_profile(models.profile).few_shot)
     model = engine_model_key(models)
     recorder = store.stats.recorder(model) if store is not None else None
@@ -108,6 +121,6 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
                            fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None,
                            history=history)
     engine.start()
-    log.info("engine ready in %.1fs (profile %s, statistics under model %s)", time.monotonic() - t0, models.profile,
-             model)
+    log.info("engine ready in %.1fs (profile %s on %s, statistics under model %s)", time.monotonic() - t0,
+             models.profile, models.executor, model)
     return engine

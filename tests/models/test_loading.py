@@ -102,3 +102,65 @@ def test_drop_quantization_config_rewrites_only_when_present(tmp_path):
     assert drop_quantization_config(path) is True
     assert json.loads(path.read_text()) == {"model_type": "gemma3_text"}
     assert drop_quantization_config(path) is False
+
+
+def test_executor_choice_auto_and_refusals(monkeypatch):
+    """auto: the profile's CPU choice where llama-cpp-python is installed, else transformers; llamacpp is refused
+    off the CPU or without the package, each with one line saying why."""
+    import structspec.models.llamacpp_model as llamacpp_model
+    from structspec.models.loading import resolve_executor
+
+    gemma, demo = get_profile("gemma-3-270m"), get_profile("demo")
+    monkeypatch.setattr(llamacpp_model, "llamacpp_available", lambda: True)
+    assert resolve_executor("auto", gemma, "cpu") == "llamacpp"
+    assert resolve_executor("auto", demo, "cpu") == "transformers"
+    assert resolve_executor("auto", gemma, "cuda") == "transformers"
+    assert resolve_executor("transformers", gemma, "cpu") == "transformers"
+    assert resolve_executor("llamacpp", demo, "cpu") == "llamacpp"
+    with pytest.raises(ModelLoadError, match="runs on the CPU"):
+        resolve_executor("llamacpp", gemma, "cuda")
+    with pytest.raises(ModelLoadError, match="unknown executor"):
+        resolve_executor("vllm", gemma, "cpu")
+    monkeypatch.setattr(llamacpp_model, "llamacpp_available", lambda: False)
+    assert resolve_executor("auto", gemma, "cpu") == "transformers"
+    with pytest.raises(ModelLoadError, match=r"structspec\[llamacpp\]"):
+        resolve_executor("llamacpp", gemma, "cpu")
+
+
+def test_settings_carry_the_executor_to_the_engine():
+    from structspec.service.settings import SettingsError, load_settings
+
+    assert load_settings(env={}).engine_config().executor == "auto"
+    assert load_settings(overrides={"executor": "llamacpp"}, env={}).engine_config().executor == "llamacpp"
+    assert load_settings(env={"STRUCTSPEC_EXECUTOR": "transformers"}).engine_config().executor == "transformers"
+    with pytest.raises(SettingsError, match="executor"):
+        load_settings(overrides={"executor": "onnx"}, env={})
+
+
+def test_demo_pair_on_llamacpp_is_written_to_gguf_once(demo_llamacpp_models):
+    """The demo folders become F32 GGUFs in the cache, named by weights version; a second load reuses them."""
+    from structspec.models.loading import gguf_for, weights_version
+
+    models = demo_llamacpp_models
+    assert models.executor == "llamacpp" and models.draft is not None
+    assert models.target.info.architecture == "llama" and models.target.info.n_vocab == len(models.tokenizer)
+    path = gguf_for(str(DEMO_DIR / "target"))
+    assert path == Path(models.target.info.path) and weights_version(DEMO_DIR / "target") in path.name
+    before = path.stat().st_mtime_ns
+    assert gguf_for(str(DEMO_DIR / "target")).stat().st_mtime_ns == before
+    assert 15e6 <= models.parameter_count() <= 25e6
+    assert models.draft_version == weights_version(DEMO_DIR / "draft")
+
+
+def test_gemma_on_llamacpp_loads_the_shipped_gguf_without_converting(monkeypatch):
+    """No dequantization: the profile's prepare (the safetensors conversion) is never called."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'structspec[llamacpp]')")
+    from structspec.models import gemma
+    from structspec.models.loading import load_profile
+
+    monkeypatch.setattr(gemma, "ensure_converted", lambda *a, **k: pytest.fail("converted for llama.cpp"))
+    models = load_profile("gemma-3-270m", executor="llamacpp", with_draft=False)
+    info = models.target.info
+    assert info.path.endswith(gemma.GGUF_NAME) and info.architecture == "gemma3" and info.n_swa == 512
+    assert info.n_vocab == 262_144 >= len(models.tokenizer) >= 262_000
+    assert 250e6 <= models.parameter_count() <= 300e6 and info.file_bytes < 300 * 2**20

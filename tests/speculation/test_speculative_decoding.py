@@ -13,6 +13,7 @@ from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallReques
 from structspec.engine.core import run_until_idle
 from structspec.engine.types import FinishReason, SamplingParams
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
+from structspec.models.executor import StepInput
 from structspec.speculation.base import Draft
 from structspec.speculation.configs import ProposerSet, speculation_config
 from tests.engine.fakes import AlwaysDrafts
@@ -35,15 +36,20 @@ def sequences(engine, items, max_tokens=200):
 
 
 def assert_same_or_near_tie(engine, ref, got):
-    """Identical tokens, or a first divergence at a floating-point near-tie of the masked target logits."""
+    """Identical tokens, or a first divergence at a floating-point near-tie of the masked target logits (the
+    executor's own evaluation of the whole prefix, in a sequence of its own)."""
     if ref.output == got.output:
         return
     d = next(i for i, (a, b) in enumerate(zip(ref.output, got.output)) if a != b)
-    model = engine.core.executor.model
+    executor = engine.core.executor
     matcher = ref.grammar.matcher()
     assert matcher.consume(ref.output[:d])
-    with torch.no_grad():
-        logits = model(torch.tensor([ref.prompt + ref.output[:d]])).logits[0, -1].float()
+    sid = executor.new_sequence()
+    try:
+        (logits,) = executor.step([StepInput(sid, ref.prompt + ref.output[:d], logits_at=(-1,))])
+    finally:
+        executor.free(sid)
+    logits = logits[0]
     bitmask = allocate_bitmask(1, logits.shape[-1])
     matcher.fill_mask(bitmask, 0)
     top2 = torch.topk(apply_token_bitmask(logits[None], bitmask)[0], 2).values
