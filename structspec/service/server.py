@@ -428,6 +428,9 @@ def configure_logging(level: str) -> None:
     if not root.handlers:
         logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("structspec").setLevel(level)
+    # psycopg's pool warns at each reconnection attempt while the database is away; the server says so once
+    # ("store unreachable", then "store reachable again") and structspec_store_up shows it
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 async def serve(settings: ServiceSettings, engine_factory: EngineFactory | None = None) -> int:
