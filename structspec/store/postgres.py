@@ -290,7 +290,6 @@ class PostgresStore:
             batch = _Batch(self._seq + 1, self.stats.take(), self._history.take(), self.stats.samples.take(),
                            self.stats.policy.take())
             if batch.empty():
-                self.stats.committed(batch.counters)
                 return
             self._seq, self._retry = batch.seq, batch
             await self._write(batch)
