@@ -41,17 +41,20 @@ def models_list() -> None:
 
 
 @models_app.command("prepare")
-def models_prepare(profile: str = typer.Argument(..., help="profile name, e.g. gemma-3-270m")) -> None:
-    """Make a profile ready (Gemma: assemble the GGUF, convert and cache it), then load it once."""
+def models_prepare(profile: str = typer.Argument(..., help="profile name, e.g. gemma-3-270m"),
+                   executor: str = typer.Option("auto", help="auto | llamacpp | transformers (as structspec serve)")
+                   ) -> None:
+    """Make a profile ready for an executor, then load it once (Gemma: assemble the GGUF; transformers also converts
+    and caches it as safetensors)."""
     from structspec.models.loading import ModelLoadError, load_profile
 
     try:
-        models = load_profile(profile, with_draft=True)
+        models = load_profile(profile, with_draft=True, executor=executor)
     except ModelLoadError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1)
-    n = sum(p.numel() for p in models.target.parameters())
-    console.print(f"{profile}: ready ({n / 1e6:.1f} M parameters, vocab {len(models.tokenizer)})")
+    n = models.parameter_count()
+    console.print(f"{profile}: ready for {models.executor} ({n / 1e6:.1f} M parameters, vocab {len(models.tokenizer)})")
 
 
 @models_app.command("train-demo")
@@ -102,9 +105,14 @@ def bench_decode(
                                               "run only at 1)"),
     requests: int = typer.Option(20, help="measured requests per configuration (after 2 warm-up ones)"),
     max_tokens: int = typer.Option(256, help="output cap per request"),
-    configs: str = typer.Option(",".join(("off", "ff", "ff+ngram", "ff+ngram+history", "all", "policy",
-                                          "hf_outlines", "hf_generate", "hf_assisted")),
-                                help="comma-separated configurations to run, on the same prompts"),
+    configs: Optional[str] = typer.Option(None, help="comma-separated configurations to run, on the same prompts "
+                                                     "(default: off, ff, ff+ngram, ff+ngram+history, all, policy and "
+                                                     "the executor's baselines: hf_outlines, hf_generate, hf_assisted "
+                                                     "on transformers; llamacpp_grammar, llamacpp_grammar_lookup, "
+                                                     "llamacpp_generate on llamacpp)"),
+    executor: str = typer.Option("auto", help="auto | llamacpp | transformers: what runs the engine configurations "
+                                              "(auto: as structspec serve would; llamacpp for gemma-3-270m on a CPU "
+                                              "where llama-cpp-python is installed)"),
     few_shot: Optional[int] = typer.Option(None, help="worked examples per prompt (default: 0 demo, 3 gemma)"),
     examples: str = typer.Option("shipped", help="shipped (the server's examples of the built-in schemas) | "
                                                  "synthesized (what a schema or tool list of one's own gets)"),
@@ -129,12 +137,13 @@ def bench_decode(
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
 
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
-    names = tuple(c.strip() for c in configs.split(",") if c.strip())
+    names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
     with _request_progress() as progress:
         report = run_decode_bench(profile, workload, levels, requests, max_tokens, names, few_shot, device,
                                   dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress,
                                   warmup_requests=warmup_requests, interleave=interleave, examples=examples,
-                                  policy={"acceptance_threshold": acceptance_threshold}, data_dir=data_dir)
+                                  policy={"acceptance_threshold": acceptance_threshold}, data_dir=data_dir,
+                                  executor=executor)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))

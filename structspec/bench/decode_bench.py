@@ -8,11 +8,14 @@ Engine configurations (structspec's decode loop, grammar-constrained):
   all                + the draft model (profiles that have one)
   policy             every proposer, as the drafting policy decides per schema and batch size from the
                      statistics this run records (the server's default)
-Baselines (HF transformers ``generate``, batch 1):
+Baselines (HF transformers ``generate``, batch 1; with ``--executor transformers``):
   hf_outlines        constrained by outlines' logits processor
   hf_generate        unconstrained greedy
   hf_assisted        unconstrained, HF assisted generation (the draft model where the profile has one,
                      else prompt lookup)
+Baselines (llama.cpp's own generation on the same GGUF, batch 1; with ``--executor llamacpp``;
+``structspec.bench.llamacpp_baselines``):
+  llamacpp_grammar, llamacpp_grammar_lookup, llamacpp_generate
 
 Per configuration: tokens/s (output tokens / wall time), request latency p50/p99,
 time per output token, target forward passes per output token (counted where
@@ -20,7 +23,9 @@ the model runs), validity, share finished by ``stop``, field accuracy against th
 ground truth, and acceptance per proposer (accepted / drafted; the mean accepted
 length per drafting step includes the bonus/recovered token). The same per schema
 (``by_schema``) and, on the ``shift`` workload, per phase (``by_phase``), with the
-drafting decisions by reason. On ``shift`` the policy's statistics run on a simulated
+drafting decisions by reason. Engine rows also say where the time went (``executor``): forward calls,
+milliseconds per forward inside the model (llama.cpp's ``llama_decode``; transformers: not split) and the
+rest of each step (grammar masks, verification, bookkeeping). On ``shift`` the policy's statistics run on a simulated
 clock (``SHIFT_MINUTES_PER_REQUEST`` a request), so its hourly windows turn over
 within the run. With ``data_dir`` every engine configuration records its traffic in the store
 there, under the model key ``<model>/bench:<config>``, so ``structspec stats --data-dir`` shows a
@@ -40,6 +45,7 @@ from typing import Any, Callable
 
 import torch
 
+from structspec.bench.llamacpp_baselines import LLAMACPP_BASELINES, run_llamacpp_baseline
 from structspec.bench.workloads import WorkItem, build_workload, shift_phases
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
 from structspec.engine.postcheck import check_json_text
@@ -50,7 +56,13 @@ from structspec.speculation.configs import SPECULATION_CONFIGS, ProposerSet, spe
 ENGINE_CONFIGS = tuple(SPECULATION_CONFIGS)  # off, ff, ff+ngram, ff+ngram+history, all, policy
 SHIFT_MINUTES_PER_REQUEST = 15.0
 INTERLEAVE_BLOCK = 10  # requests each configuration serves before the next one takes its turn
-BASELINES = ("hf_outlines", "hf_generate", "hf_assisted")
+HF_BASELINES = ("hf_outlines", "hf_generate", "hf_assisted")
+BASELINES = HF_BASELINES + LLAMACPP_BASELINES  # one request at a time, concurrency 1 only
+
+
+def default_configs(executor: str) -> tuple[str, ...]:
+    """Every engine configuration and the baselines that run on ``executor``'s model files."""
+    return ENGINE_CONFIGS + (LLAMACPP_BASELINES if executor == "llamacpp" else HF_BASELINES)
 
 
 @dataclass
@@ -133,6 +145,36 @@ def _grouped(records: list[Record], key: Callable[[Record], str]) -> dict[str, A
     for r in records:
         groups.setdefault(key(r), []).append(r)
     return {name: group_summary(rs) for name, rs in groups.items()}
+
+
+@dataclass
+class ExecutorTime:
+    """An executor's counters over a measured run (``forward_calls``; ``eval_seconds`` where it splits them out)."""
+
+    forward_calls: int = 0
+    eval_s: float | None = None
+
+    @staticmethod
+    def read(executor) -> "ExecutorTime":
+        return ExecutorTime(executor.forward_calls, getattr(executor, "eval_seconds", None))
+
+    def since(self, before: "ExecutorTime") -> "ExecutorTime":
+        ev = None if self.eval_s is None or before.eval_s is None else self.eval_s - before.eval_s
+        return ExecutorTime(self.forward_calls - before.forward_calls, ev)
+
+    def plus(self, other: "ExecutorTime") -> "ExecutorTime":
+        ev = None if self.eval_s is None or other.eval_s is None else self.eval_s + other.eval_s
+        return ExecutorTime(self.forward_calls + other.forward_calls, ev)
+
+
+def executor_summary(time_: ExecutorTime, wall_s: float) -> dict[str, Any]:
+    """Where the time of a run went: per forward, inside the model and around it (the engine's own work)."""
+    out: dict[str, Any] = {"forward_calls": time_.forward_calls}
+    if time_.eval_s is not None and time_.forward_calls:
+        out["eval_ms_per_forward"] = 1000 * time_.eval_s / time_.forward_calls
+        out["overhead_ms_per_forward"] = 1000 * max(0.0, wall_s - time_.eval_s) / time_.forward_calls
+        out["overhead_share_of_eval"] = max(0.0, wall_s - time_.eval_s) / time_.eval_s if time_.eval_s else 0.0
+    return out
 
 
 def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) -> dict[str, Any]:
@@ -250,6 +292,8 @@ def _tool_schema(item: WorkItem) -> dict[str, Any]:
 
 def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress: Progress | None = None
             ) -> tuple[list[Record], float]:
+    if getattr(models, "executor", "transformers") != "transformers":
+        raise ValueError(f"{mode} runs transformers generate: use --executor transformers")
     tok, model = models.tokenizer, models.target
     counter = _CountCalls(model)
     if mode == "hf_outlines":
@@ -305,13 +349,16 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress:
 
 # -- the run -------------------------------------------------------------------------------------
 def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, ...] = 1, requests: int = 20,
-                     max_tokens: int = 256, configs: tuple[str, ...] = ENGINE_CONFIGS + BASELINES,
+                     max_tokens: int = 256, configs: tuple[str, ...] | None = None,
                      few_shot: int | None = None, device: str = "cpu", warmup: int = 2,
                      dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0,
                      progress: Callable[[str, int, int, int, int], None] | None = None, warmup_requests: int = 0,
                      policy: Any = None, interleave: bool = False, examples: str = "shipped",
-                     data_dir: Any = None) -> dict[str, Any]:
+                     data_dir: Any = None, executor: str = "auto") -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
+
+    ``executor``: what runs the engine configurations (auto | llamacpp | transformers, as ``structspec serve``);
+    ``configs`` None: every engine configuration and that executor's baselines (``default_configs``).
 
     HF baselines serve one request at a time, so they run at concurrency 1 only. Ratios are taken
     within this run: ``speedup_vs_off`` / ``speedup_vs_hf_outlines`` against those rows at the same
@@ -339,7 +386,8 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
         policy = PolicyConfig(**policy)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
-    models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True)
+    models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True, executor=executor)
+    configs = tuple(configs) if configs is not None else default_configs(models.executor)
     shots = few_shot if few_shot is not None else get_profile(profile).few_shot
     pool = build_workload(workload, requests + 24 + warmup_requests, few_shot=shots, examples=examples)
     items, spare = pool[:requests], pool[requests:]
@@ -357,7 +405,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
         "warmup_requests": warmup_requests, "policy": asdict(policy) if policy is not None else None,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
-                    "dtype": dtype},
+                    "dtype": dtype if models.executor == "transformers" else "gguf", "executor": models.executor},
         "runs": [],
     }
     compiler = None
@@ -399,9 +447,22 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
             continue
         for key, ref in (("speedup_vs_off", rate("off", row["concurrency"])),
                          ("speedup_vs_hf_outlines", rate("hf_outlines", 1)),
+                         ("speedup_vs_llamacpp_grammar", rate("llamacpp_grammar", 1)),
+                         ("speedup_vs_llamacpp_generate", rate("llamacpp_generate", 1)),
                          ("speedup_vs_c1", rate(row["config"], 1))):
             if ref:
                 row[key] = row["tokens_per_s"] / ref
+
+
+def _run_baseline(models, items: list[WorkItem], max_tokens: int, mode: str, progress: Progress | None = None
+                  ) -> tuple[list[Record], float]:
+    if mode in LLAMACPP_BASELINES:
+        if getattr(models, "executor", "transformers") != "llamacpp":
+            raise ValueError(f"{mode} runs llama.cpp on the profile's GGUF: use --executor llamacpp")
+        return run_llamacpp_baseline(models, items, max_tokens, mode, progress,
+                                     schema_of=lambda i: i.schema if i.kind == "extract" else _tool_schema(i),
+                                     prompt_of=_prompt_for, record=Record)
+    return _run_hf(models, items, max_tokens, mode, progress)
 
 
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False,
@@ -410,10 +471,10 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
     from structspec.models.worker_thread import run_in_worker
 
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
-        run_in_worker(_run_hf, models, warm, max_tokens, name)
+        run_in_worker(_run_baseline, models, warm, max_tokens, name)
         if progress is not None:
             progress(0, len(items), 0)  # the measured run starts
-        records, wall = run_in_worker(_run_hf, models, items, max_tokens, name, progress)
+        records, wall = run_in_worker(_run_baseline, models, items, max_tokens, name, progress)
         return summarize(records, wall, save_outputs)
     prepared = _start_engine(name, models, items, concurrency, compiler, policy, data_dir)
     engine, spec, speculate, tick, store = prepared
@@ -421,13 +482,16 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
         _warm(prepared, warm, extra_warm, concurrency, max_tokens, temperature)
         if progress is not None:
             progress(0, len(items), 0)  # the measured run starts
+        before = ExecutorTime.read(engine.core.executor)
         records, wall = asyncio.run(_run_engine(engine, items, concurrency, max_tokens, spec.fast_forward,
                                                 speculate, temperature, progress, tick))
+        spent = ExecutorTime.read(engine.core.executor).since(before)
     finally:
         engine.stop()
         if store is not None:
             asyncio.run(store.close())  # writes what the configuration recorded
-    return {**summarize(records, wall, save_outputs), "_compiler": engine.compiler}  # grammars shared across configurations
+    return {**summarize(records, wall, save_outputs), "executor": executor_summary(spent, wall),
+            "_compiler": engine.compiler}  # grammars shared across configurations
 
 
 def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=None):
@@ -487,16 +551,19 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
             _warm(prepared, warm, extra_warm, 1, max_tokens, temperature)
             prepared[0].stop()
         records: dict[str, list[Record]] = {name: [] for name in names}
+        spent = {name: ExecutorTime(0, 0.0) for name in names}
         for b, start in enumerate(range(0, len(items), block)):
             chunk = items[start: start + block]
             for name in names[b % len(names):] + names[: b % len(names)]:
                 engine, spec, speculate, tick, _ = engines[name]
                 engine.start()
+                before = ExecutorTime.read(engine.core.executor)
                 try:
                     done, _ = asyncio.run(_run_engine(engine, chunk, 1, max_tokens, spec.fast_forward, speculate,
                                                       temperature, None, tick))
                 finally:
                     engine.stop()
+                spent[name] = spent[name].plus(ExecutorTime.read(engine.core.executor).since(before))
                 records[name] += done
                 if progress is not None:
                     progress(name, 1, len(records[name]), len(items), sum(r.output_tokens for r in records[name]))
@@ -505,7 +572,11 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
             engine.stop()
             if store is not None:
                 asyncio.run(store.close())
-    return {name: summarize(rs, sum(r.latency_s for r in rs), save_outputs) for name, rs in records.items()}
+    out = {}
+    for name, rs in records.items():
+        wall = sum(r.latency_s for r in rs)
+        out[name] = {**summarize(rs, wall, save_outputs), "executor": executor_summary(spent[name], wall)}
+    return out
 
 
 def _add_identity(runs: list[dict[str, Any]]) -> None:
@@ -557,9 +628,12 @@ def format_table(report: dict[str, Any]) -> str:
     temperature = report.get("temperature") or 0.0
     mode = f"temperature {temperature:g}" if temperature else "greedy"
     t = Table(title=f"decode: {report['profile']} / {report['workload']} / {report['requests']} requests, {mode}, "
-                    f"max_tokens {report['max_tokens']}, {report.get('few_shot', 0)}-shot ({report.get('examples', 'shipped')}) / {m['processor']} x{m['cpus']}, {m['device']}, {m.get('dtype', 'float32')}")
-    for col in ("config", "conc", "tok/s", "x off", "x hf+outl", "x c1", "p50 ms", "p99 ms", "ms/tok",
-                "passes/tok", "forced", "valid", "stop", "fields", "copied", "= off", "acceptance (mean accepted length)"):
+                    f"max_tokens {report['max_tokens']}, {report.get('few_shot', 0)}-shot ({report.get('examples', 'shipped')}) / {m['processor']} x{m['cpus']}, {m['device']}, {m.get('executor', 'transformers')} {m.get('dtype', 'float32')}")
+    llamacpp = any(r["config"] in LLAMACPP_BASELINES for r in report["runs"])
+    vs = ("x l.cpp+gram", "x l.cpp") if llamacpp else ("x hf+outl",)
+    for col in ("config", "conc", "tok/s", "x off", *vs, "x c1", "p50 ms", "p99 ms", "ms/tok",
+                "passes/tok", "eval ms/fwd", "other ms/fwd", "forced", "valid", "stop", "fields", "copied", "= off",
+                "acceptance (mean accepted length)"):
         t.add_column(col)
     for r in report["runs"]:
         if "error" in r:
@@ -568,10 +642,15 @@ def format_table(report: dict[str, Any]) -> str:
         acc = ", ".join(f"{k} {v:.2f} ({r['mean_accepted_length'].get(k, 0):.1f})"
                         for k, v in r["acceptance"].items()) or "-"
         ratio = lambda key: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
+        ex = r.get("executor", {})
+        ms = lambda key: f"{ex[key]:.1f}" if key in ex else "-"  # noqa: E731
+        ratios = (ratio("speedup_vs_llamacpp_grammar"), ratio("speedup_vs_llamacpp_generate")) if llamacpp else \
+            (ratio("speedup_vs_hf_outlines"),)
         t.add_row(r["config"], str(r["concurrency"]), f"{r['tokens_per_s']:.1f}", ratio("speedup_vs_off"),
-                  ratio("speedup_vs_hf_outlines"), ratio("speedup_vs_c1"), f"{r['latency_ms_p50']:.0f}",
+                  *ratios, ratio("speedup_vs_c1"), f"{r['latency_ms_p50']:.0f}",
                   f"{r['latency_ms_p99']:.0f}", f"{r['ms_per_output_token']:.1f}",
-                  f"{r['forward_passes_per_token']:.2f}", f"{r['forced_share']:.2f}", f"{r['valid_rate']:.2f}",
+                  f"{r['forward_passes_per_token']:.2f}", ms("eval_ms_per_forward"), ms("overhead_ms_per_forward"),
+                  f"{r['forced_share']:.2f}", f"{r['valid_rate']:.2f}",
                   f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}", f"{r.get('copy_rate', 0.0):.3f}",
                   f"{r['same_as_off']:.2f}" if "same_as_off" in r else "-", acc)
     buf = StringIO()

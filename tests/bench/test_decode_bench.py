@@ -71,3 +71,54 @@ def test_interleaved_policy_rows_per_schema_and_phase():
     assert off["outputs"] == policy["outputs"]  # greedy: the policy changes the speed, never the text
     table = format_table(report)
     assert "per phase" in table and "per schema" in table
+
+
+def test_llamacpp_executor_rows_say_where_the_time_goes():
+    """--executor llamacpp: engine rows split each forward's time into llama.cpp's and the engine's; llama.cpp's own
+    baselines refuse a GGUF without a vocabulary (the demo pair's), in their row, naming why."""
+    from tests.conftest import need_llamacpp
+
+    need_llamacpp()
+    report = run_decode_bench("demo", "extraction", requests=2, max_tokens=96, executor="llamacpp",
+                              configs=("off", "ff", "llamacpp_generate", "hf_generate"))
+    assert report["machine"]["executor"] == "llamacpp"
+    off, ff, generate, hf = report["runs"]
+    for row in (off, ff):
+        assert "error" not in row and row["valid_rate"] == 1.0
+        ex = row["executor"]
+        assert ex["forward_calls"] >= row["forward_passes_per_token"] * row["output_tokens"] * 0.9
+        assert ex["eval_ms_per_forward"] > 0 and ex["overhead_ms_per_forward"] >= 0
+    assert ff["executor"]["forward_calls"] < off["executor"]["forward_calls"]
+    assert "no vocabulary" in generate["error"] and "--executor transformers" in hf["error"]
+    assert "eval ms/fwd" in format_table(report)
+
+
+def test_llamacpp_baselines_on_gemma_and_their_ratios():
+    """llama.cpp's own grammar-constrained, prompt-lookup and unconstrained generation on the profile's GGUF, from
+    the prompt token ids the engine gets; the engine rows' ratios against them."""
+    from tests.conftest import need_llamacpp
+
+    need_llamacpp()
+    from structspec.bench import decode_bench
+    from structspec.bench.llamacpp_baselines import run_llamacpp_baseline
+    from structspec.bench.workloads import build_workload
+    from structspec.models.loading import load_profile
+
+    models = load_profile("gemma-3-270m", executor="llamacpp", with_draft=False)
+    item = build_workload("extraction", 1, few_shot=3)[0]
+    for mode in ("llamacpp_grammar", "llamacpp_grammar_lookup", "llamacpp_generate"):
+        (rec,), wall = run_llamacpp_baseline(models, [item], 32, mode, schema_of=lambda i: i.schema,
+                                             prompt_of=decode_bench._prompt_for, record=decode_bench.Record)
+        assert rec.output_tokens == 32 and not rec.stop and wall >= rec.latency_s > 0  # cut by the cap
+        assert rec.prompt_tokens > 400 and rec.text
+        if mode == "llamacpp_grammar_lookup":
+            assert 2 < rec.forward_passes < 32  # the prompt in batches of 512, then drafts of up to 10 tokens
+        else:
+            assert 32 <= rec.forward_passes <= 34  # the prompt in batches of 512, then one decode per token
+        if mode != "llamacpp_generate":
+            assert rec.text.lstrip().startswith("{")  # its grammar holds from the first token
+    runs = [{"config": "off", "concurrency": 1, "tokens_per_s": 60.0},
+            {"config": "llamacpp_grammar", "concurrency": 1, "tokens_per_s": 20.0},
+            {"config": "llamacpp_generate", "concurrency": 1, "tokens_per_s": 80.0}]
+    decode_bench._add_ratios(runs)
+    assert runs[0]["speedup_vs_llamacpp_grammar"] == 3.0 and runs[0]["speedup_vs_llamacpp_generate"] == 0.75
