@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'structspec[llamacpp]')")
+from tests.conftest import need_llamacpp
+
+need_llamacpp()
 
 from structspec.models.executor import ContextOverflow, StepInput  # noqa: E402
 from structspec.models.gguf_export import export_gguf  # noqa: E402

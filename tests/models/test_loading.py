@@ -154,7 +154,9 @@ def test_demo_pair_on_llamacpp_is_written_to_gguf_once(demo_llamacpp_models):
 
 def test_gemma_on_llamacpp_loads_the_shipped_gguf_without_converting(monkeypatch):
     """No dequantization: the profile's prepare (the safetensors conversion) is never called."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install 'structspec[llamacpp]')")
+    from tests.conftest import need_llamacpp
+
+    need_llamacpp()
     from structspec.models import gemma
     from structspec.models.loading import load_profile
 
