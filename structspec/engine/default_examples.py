@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from structspec.engine.synthetic_examples import synthesize_extraction_examples, synthesize_tool_examples
 from structspec.grammar.cache import schema_digest
-from structspec.prompts import FewShotExample, schema_title
+from structspec.prompts import FewShotExample, compact_json, schema_title
 
 MAX_SYNTHESIZED = 1024  # schemas and tool lists whose synthesised example is kept (each a few hundred bytes)
 
@@ -54,7 +54,8 @@ class ExampleBook:
             return self._by_schema.get(key, ())
         if self.foreign is None:
             return self._synthesized("s:" + key, lambda: synthesize_extraction_examples(schema, self.synthesize))
-        return self._synthesized("s:" + key, lambda: (*synthesize_extraction_examples(schema, 1), self.foreign))
+        return self._synthesized("s:" + key, lambda: (*synthesize_extraction_examples(schema, 1),
+                                                       _cut_to(self.foreign, schema)))
 
     def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tuple[FewShotExample, ...]:
         key = schema_digest(list(tools))
@@ -73,6 +74,17 @@ class ExampleBook:
             while len(self._made) > MAX_SYNTHESIZED:
                 self._made.popitem(last=False)
         return made
+
+
+def _cut_to(example: FewShotExample, schema: dict[str, Any]) -> FewShotExample:
+    """The other schema's example with its object cut to as many keys as ``schema`` has properties: a model
+    shown eight keys before a three-key object whose grammar forbids a fourth runs on inside the third
+    string instead of closing it."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    value = json.loads(example.output)
+    if not isinstance(props, dict) or not props or not isinstance(value, dict) or len(props) >= len(value):
+        return example
+    return FewShotExample(example.text, compact_json(dict(list(value.items())[: len(props)])), example.title)
 
 
 def build_example_book(shots: int) -> ExampleBook:

@@ -88,6 +88,9 @@ def test_the_book_synthesises_for_unknown_schemas_only_and_keeps_a_bounded_numbe
     made, real = book.for_schema(own)  # a placeholder example, then a real one of another schema under its title
     assert made.output == '{"city":"sample city"}' and book.for_schema(own) is book.for_schema(own)
     assert real.title == "Contact" and real.text in {e.text for e in book.for_schema(load_builtin_schemas()["contact"])}
+    # cut to the schema's one key: shown eight keys, a model runs on inside the last string of a one-key object
+    # whose grammar forbids a second key
+    assert list(json.loads(real.output)) == ["name"]
     assert book.for_tools(load_builtin_tools()[:2])  # a tool list of one's own: one call per tool
     assert ExampleBook().for_schema(own) == ()  # a profile that needs no examples gets none
     small = ExampleBook(synthesize=True)
