@@ -50,8 +50,14 @@ not an error of this executor (which matches llama.cpp fed the same forwards exa
 greedy outputs can then differ between batch compositions, or with speculation on and
 off, where the top two logits are that close.
 
-Not available here: scoring a small allowed set alone (``restricted_logits_max`` is 0:
-llama.cpp's graph runs the whole output layer for every flagged row).
+Small allowed sets: llama.cpp's graph runs the whole output layer for every flagged row.
+When every flagged row of a forward has an allowed set of at most ``restricted_logits_max``
+ids (``StepInput.allowed``), the executor stops the graph once the final norm is computed
+(llama.cpp's eval callback, on ``result_norm``: the hidden states of the flagged rows; the
+K/V of every token is written before it) and scores just those ids from the GGUF's own
+output rows (``restricted_head``, equal to llama.cpp's logits up to summation order), -inf
+elsewhere. A forward with any other row runs in full. At start-up one probe forward checks
+the restricted logits against llama.cpp's own; a mismatch turns the path off.
 
 Raises: ``ContextOverflow`` (before running), ``ValueError`` (bad arguments), ``KeyError``
 (unknown sequence), ``LlamaCppError`` (llama.cpp refused a decode, a state move, a
@@ -64,8 +70,11 @@ from __future__ import annotations
 
 import ctypes
 import heapq
+import logging
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -73,11 +82,34 @@ import torch
 
 from structspec.models.executor import ContextOverflow, StepInput
 from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel, lib
+from structspec.models.restricted_head import RestrictedHead
 from structspec.models.threads import cpu_budget
+
+log = logging.getLogger(__name__)
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ (a model with a sliding window uses two ids a sequence)
 GUARD_STRIDE = 256  # positions a guard sequence is extended by at a time (module doc: sliding-window layers)
 KV_TYPES = {"f16": (1, 2), "f32": (0, 4)}  # name -> (ggml_type, bytes per element)
+RESTRICTED_LOGITS_MAX = 1024  # allowed ids a row may have to be scored alone (~0.4 ms against ~6 ms of output layer)
+HIDDEN_NODE = b"result_norm"  # llama.cpp's name for the final norm's output (the output layer's input)
+
+
+def _ggml_base():
+    """libggml-base beside llama-cpp-python's libllama (tensor names and data for the eval callback), or None."""
+    import llama_cpp
+
+    folder = Path(llama_cpp.__file__).resolve().parent / "lib"
+    for path in sorted(folder.glob("libggml-base.*")) + sorted(folder.glob("ggml-base.*")):
+        try:
+            base = ctypes.CDLL(os.fspath(path))
+        except OSError:
+            continue
+        base.ggml_get_name.restype, base.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        base.ggml_get_data_f32.restype, base.ggml_get_data_f32.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+        base.ggml_nelements.restype, base.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+        base.ggml_is_contiguous.restype, base.ggml_is_contiguous.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+        return base
+    return None
 
 
 def _pow2(n: int) -> int:
@@ -90,6 +122,7 @@ class _Row:
 
     token: int  # index into the packed tokens of the step
     out: int  # row of the step's logits tensor
+    allowed: torch.Tensor | None = None  # the only ids to score (restricted output layer), or None for all
 
 
 class _Batch:
@@ -113,11 +146,9 @@ class _Batch:
 class LlamaCppExecutor:
     """``ForwardStep`` over a GGUF model run by llama.cpp on the CPU."""
 
-    restricted_logits_max = 0  # every flagged row gets the whole output layer (module doc)
-
     def __init__(self, model: LlamaCppModel, max_context: int | None = None, threads: int = 0,
                  initial_tokens: int = 1024, initial_sequences: int = 8, max_outputs: int = 64,
-                 batch_tokens: int = 512, kv_type: str = "f16"):
+                 batch_tokens: int = 512, kv_type: str = "f16", restricted: bool = True):
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
         if max_outputs < 1 or batch_tokens < 1:
@@ -144,9 +175,69 @@ class LlamaCppExecutor:
         self._free_ids: list[int] = []
         self._next_id = 0
         self._peak_tokens = 0
+        self.restricted_logits_max = 0  # set below once the restricted path has passed its probe
+        self._head, self._ggml, self._callback = None, None, None
+        self._capturing, self._hidden = False, None
+        if restricted:
+            self._head = RestrictedHead.for_model(model.info)
+            self._ggml = _ggml_base() if self._head is not None else None
+            if self._ggml is not None:
+                self._callback = self._lib.ggml_backend_sched_eval_callback(self._on_tensor)
         self._ctx, self._mem = self._new_context(*self._initial)
         self._cells, self._n_seq = self._initial
         self._free_ids = list(range(self._n_seq))
+        if self._callback is not None:
+            self.restricted_logits_max = RESTRICTED_LOGITS_MAX if self._probe_restricted() else 0
+
+    # -- the restricted output layer ---------------------------------------------------------------
+    def _on_tensor(self, tensor: int, ask: bool, _user) -> bool:
+        """llama.cpp's eval callback: while capturing, observe ``result_norm``, keep it and stop the graph there."""
+        if not self._capturing:
+            return False
+        try:
+            base = self._ggml
+            if base.ggml_get_name(tensor) != HIDDEN_NODE:
+                return not ask  # asked: not needed; observed (cannot happen): go on
+            if ask:
+                return True
+            n, width = base.ggml_nelements(tensor), self.model.info.n_embd
+            if ctypes.c_int.from_address(tensor).value == 0 and base.ggml_is_contiguous(tensor) and n % width == 0:
+                data = (ctypes.c_float * n).from_address(base.ggml_get_data_f32(tensor))
+                self._hidden = np.ctypeslib.as_array(data).reshape(-1, width).copy()
+        except Exception:  # noqa: BLE001 - a C callback cannot raise; a missing capture is caught after the decode
+            log.exception("capturing the hidden states failed")
+        return False  # the output layer is not needed: stop the graph here
+
+    def _probe_restricted(self) -> bool:
+        """A few tokens through both paths on a scratch sequence id: do the restricted logits equal llama.cpp's?"""
+        llama_cpp, lseq = self._lib, self._free_ids[0]
+        b, v = self._batch, self.vocab_size
+        probe = [1 + v // 7, 1 + v // 3, 1 + v // 2]  # not id 0: a padding id's embedding may be all zeros
+        n = len(probe)
+        b.tokens[:n], b.pos[:n], b.seq[:n], b.logits[:n] = probe, range(n), lseq, (0,) * (n - 1) + (1,)
+        b.struct.n_tokens = n
+        ids = torch.arange(0, v, max(1, v // 512))
+        try:
+            if llama_cpp.llama_decode(self._ctx, b.struct) != 0:
+                return False
+            full = torch.from_numpy(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, n - 1),
+                                                          shape=(v,)).copy())
+            llama_cpp.llama_memory_seq_rm(self._mem, lseq, -1, -1)
+            self._capturing, self._hidden = True, None
+            try:
+                if llama_cpp.llama_decode(self._ctx, b.struct) != 0 or self._hidden is None:
+                    return False
+            finally:
+                self._capturing = False
+            got = self._head.logits(self._hidden[0], ids)
+            scale = float(full[ids].abs().max())
+            ok = scale > 0 and bool((got - full[ids]).abs().max() <= 1e-4 * max(1.0, scale))
+            if not ok:
+                log.warning("restricted scoring disagrees with llama.cpp on %s: scoring every row in full",
+                            self.model.info.path)
+            return ok
+        finally:
+            llama_cpp.llama_memory_seq_rm(self._mem, lseq, -1, -1)
 
     # -- the context -------------------------------------------------------------------------------
     def _new_context(self, cells: int, n_seq: int):
@@ -161,6 +252,8 @@ class LlamaCppExecutor:
         p.swa_full = True
         p.type_k = p.type_v = self._kv_type
         p.no_perf = True
+        if self._callback is not None:
+            p.cb_eval = self._callback
         ctx = llama_cpp.llama_init_from_model(self.model.handle, p)
         if not ctx:
             raise LlamaCppError(f"llama.cpp could not create a context of {cells} cells and {n_seq} sequences "
@@ -329,12 +422,14 @@ class LlamaCppExecutor:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")
         self._grow_for(len(tokens))
         rows, splits, offset = [], [], 0
+        limit = self.restricted_logits_max
         for x, c in zip(inputs, counts):
             splits.append(len(x.logits_at))
-            for t in x.logits_at:
+            for j, t in enumerate(x.logits_at):
                 if not -c <= t < c:
                     raise ValueError(f"logits_at {t} is outside the {c} new tokens of sequence {x.seq_id}")
-                rows.append(_Row(offset + t % c, len(rows)))
+                ids = x.allowed[j] if x.allowed is not None else None
+                rows.append(_Row(offset + t % c, len(rows), ids if ids is not None and len(ids) <= limit else None))
             offset += c
         positions = np.concatenate([np.arange(n, n + c, dtype=np.int32) for n, c in zip(lens, counts)])
         seqs = np.concatenate([np.full(c, self._lseq[x.seq_id], dtype=np.int32) for x, c in zip(inputs, counts)])
@@ -354,9 +449,9 @@ class LlamaCppExecutor:
     def _decode_all(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, owners: np.ndarray,
                     rows: list[_Row], out: torch.Tensor) -> None:
         """Run the packed tokens in as few ``llama_decode`` calls as the batch and output limits allow."""
-        by_token: dict[int, list[int]] = {}
+        by_token: dict[int, list[_Row]] = {}
         for r in rows:
-            by_token.setdefault(r.token, []).append(r.out)
+            by_token.setdefault(r.token, []).append(r)
         flagged = np.zeros(len(tokens), dtype=np.int8)
         flagged[list(by_token)] = 1
         start, total = 0, len(tokens)
@@ -376,18 +471,34 @@ class LlamaCppExecutor:
         b.tokens[:n], b.pos[:n], b.seq[:n], b.logits[:n] = tokens[start:end], positions[start:end], \
             seqs[start:end], flagged[start:end]
         b.struct.n_tokens = n
+        marks = np.flatnonzero(flagged[start:end])
+        capture = self.restricted_logits_max > 0 and len(marks) > 0 and all(
+            r.allowed is not None for i in marks for r in by_token[start + int(i)])
+        self._capturing, self._hidden = capture, None
         t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ctx, b.struct)
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, b.struct)
+        finally:
+            self._capturing = False
         self.eval_seconds += time.perf_counter() - t0
         self.forward_calls += 1
         if rc != 0:
             why = {1: "no KV cell free for the batch", 2: "aborted"}.get(rc, "invalid batch or internal error")
             raise LlamaCppError(f"llama_decode returned {rc} ({why}) for {n} tokens")
+        if capture:
+            hidden = self._hidden
+            if hidden is None or hidden.shape[0] != len(marks):
+                raise LlamaCppError(f"llama.cpp did not expose the hidden states of the {len(marks)} scored rows")
+            for j, i in enumerate(marks):
+                for r in by_token[start + int(i)]:
+                    out[r.out].fill_(float("-inf"))
+                    out[r.out, r.allowed] = self._head.logits(hidden[j], r.allowed)
+            return
         row_bytes = 4 * self.vocab_size
         base = out.data_ptr()
-        for i in np.flatnonzero(flagged[start:end]):
+        for i in marks:
             src = llama_cpp.llama_get_logits_ith(self._ctx, int(i))
             if not src:
                 raise LlamaCppError(f"llama.cpp returned no logits for token {int(i)} of the batch")
             for r in by_token[start + int(i)]:
-                ctypes.memmove(base + r * row_bytes, src, row_bytes)
+                ctypes.memmove(base + r.out * row_bytes, src, row_bytes)

@@ -78,10 +78,8 @@ def test_fast_forward_on_off_identical_greedy(make_engine):
         assert b.usage.forced_tokens == 0
 
 
-def test_scoring_small_allowed_sets_alone_keeps_greedy_outputs(make_engine, executor_kind):
+def test_scoring_small_allowed_sets_alone_keeps_greedy_outputs(make_engine):
     """The executor may score only the ids a position allows (large vocabularies do): same greedy text."""
-    if executor_kind != "transformers":
-        pytest.skip("scoring an allowed set alone is the transformers executor's (llama.cpp scores every row in full)")
     full = run(make_engine(), *[request_for(it) for it in ITEMS])
     engine = make_engine()
     engine.core.executor.restricted_logits_max = 64  # the demo's 4k vocabulary would not use it by itself

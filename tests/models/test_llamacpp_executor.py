@@ -302,6 +302,45 @@ def test_rollback_bounds_and_a_cache_that_lost_positions_is_refused(model):
         ex.rollback(seq, 1)
 
 
+def test_small_allowed_sets_are_scored_alone(model):
+    """A forward whose every scored row allows a few ids stops before the output layer: exactly those logits (the
+    whole sequence's), -inf elsewhere; a forward with any other row is scored in full; the cache is untouched."""
+    ex = LlamaCppExecutor(model)
+    assert ex.restricted_logits_max == 1024  # F32 output rows: scored here
+    rng = random.Random(12)
+    a_tokens, b_tokens = [rng.randrange(VOCAB) for _ in range(12)], [rng.randrange(VOCAB) for _ in range(7)]
+    a, b = ex.new_sequence(), ex.new_sequence()
+    ids_a, ids_b = torch.tensor([3, 40, 96]), torch.tensor([0, 1, 2, 50, 51, 52, 53, 90])
+    got_a, got_b = ex.step([StepInput(a, a_tokens, logits_at=(-3, -1), allowed=(ids_a, ids_a)),
+                            StepInput(b, b_tokens, logits_at=(-1,), allowed=(ids_b,))])
+    ref_a, ref_b = whole(model, a_tokens), whole(model, b_tokens)
+    for row, ref, ids in ((got_a[0], ref_a[-3], ids_a), (got_a[1], ref_a[-1], ids_a), (got_b[0], ref_b[-1], ids_b)):
+        assert (row[ids] - ref[ids]).abs().max() <= TOL
+        rest = torch.ones(VOCAB, dtype=torch.bool)
+        rest[ids] = False
+        assert torch.isneginf(row[rest]).all()
+    more = rng.randrange(VOCAB)
+    mixed_a, mixed_b = ex.step([StepInput(a, [more], logits_at=(0,), allowed=(None,)),
+                                StepInput(b, [more], logits_at=(0,), allowed=(ids_b,))])
+    assert (mixed_a[0] - whole(model, a_tokens + [more])[-1]).abs().max() <= TOL  # all of it: one row is wide
+    assert (mixed_b[0] - whole(model, b_tokens + [more])[-1]).abs().max() <= TOL
+    wide = torch.arange(VOCAB)
+    ex.restricted_logits_max = 32
+    (too_many,) = ex.step([StepInput(a, [more], logits_at=(0,), allowed=(wide,))])  # over the limit: in full
+    assert (too_many[0] - whole(model, a_tokens + [more, more])[-1]).abs().max() <= TOL
+
+
+def test_a_restricted_path_that_disagrees_with_llama_cpp_is_turned_off(model, monkeypatch):
+    from structspec.models.restricted_head import RestrictedHead
+
+    monkeypatch.setattr(RestrictedHead, "logits", lambda self, hidden, ids: torch.zeros(len(ids)))
+    ex = LlamaCppExecutor(model)
+    assert ex.restricted_logits_max == 0
+    seq = ex.new_sequence()
+    (got,) = ex.step([StepInput(seq, [1, 2, 3], logits_at=(-1,), allowed=(torch.tensor([4, 5]),))])
+    assert (got[0] - whole(model, [1, 2, 3])[-1]).abs().max() <= TOL  # every row in full
+
+
 # -- Gemma 3 270M Q4_K_M, the profile's own GGUF ---------------------------------------------------------------
 
 
@@ -344,6 +383,25 @@ def test_gemma_pieces_rollbacks_and_copies_equal_llama_cpp_fed_the_same_forwards
     want = llama_reference(gemma, [kept[:256], kept[256:512], kept[512:600], tail], [[], [], [], [0, 1, 2]],
                            drop={2: 40})  # positions 512..559 were computed by the 88-token chunk
     assert torch.equal(cont, want)
+
+
+def test_gemma_restricted_rows_equal_llama_cpp_and_leave_the_cache_as_a_full_forward_does(gemma):
+    """Q8_0 output rows scored from the file equal llama.cpp's own logits for those ids (up to summation order),
+    and a restricted forward leaves exactly the cache a full one does."""
+    rng = random.Random(13)
+    prompt = [rng.randrange(1000, 50000) for _ in range(300)]
+    ids = torch.tensor(sorted(rng.sample(range(262_144), 300)))
+    ex = LlamaCppExecutor(gemma)
+    assert ex.restricted_logits_max == 1024
+    seq = ex.new_sequence()
+    ex.step([StepInput(seq, prompt, logits_at=())])
+    (full,) = ex.step([StepInput(seq, [5000, 6000], logits_at=(0, 1))])
+    ex.rollback(seq, 2)
+    (restricted,) = ex.step([StepInput(seq, [5000, 6000], logits_at=(0, 1), allowed=(ids, ids))])
+    assert (restricted[:, ids] - full[:, ids]).abs().max() <= 1e-4
+    assert torch.isneginf(restricted).sum() == 2 * (262_144 - len(ids))
+    (after,) = ex.step([StepInput(seq, [7000], logits_at=(0,))])
+    assert torch.equal(after, llama_reference(gemma, [prompt, [5000, 6000], [7000]], [[], [], [0]]))
 
 
 def test_gemma_several_sequences_in_one_forward_equal_each_alone(gemma):
