@@ -126,9 +126,10 @@ def bench_decode(
     warmup_requests: int = typer.Option(0, help="unmeasured requests (other items of the workload) each engine "
                                                "configuration serves first: the policy then starts from statistics"),
     acceptance_threshold: float = typer.Option(0.55, help="the policy configuration's acceptance guard"),
-    interleave: bool = typer.Option(False, help="run the engine configurations side by side, request by request "
-                                               "(concurrency 1): per-schema comparisons the machine's drift does "
-                                               "not bias"),
+    interleave: bool = typer.Option(False, help="run the engine configurations (and llama.cpp's baselines) side by "
+                                               "side, request by request (concurrency 1): comparisons the "
+                                               "machine's drift does not bias"),
+    interleave_block: int = typer.Option(10, help="with --interleave: requests each configuration serves a turn"),
     data_dir: Optional[Path] = typer.Option(None, help="record every engine configuration's traffic in the store "
                                                        "there (model <model>/bench:<config>), for `structspec stats "
                                                        "--data-dir`"),
@@ -143,7 +144,7 @@ def bench_decode(
                                   dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress,
                                   warmup_requests=warmup_requests, interleave=interleave, examples=examples,
                                   policy={"acceptance_threshold": acceptance_threshold}, data_dir=data_dir,
-                                  executor=executor)
+                                  executor=executor, block=interleave_block)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))

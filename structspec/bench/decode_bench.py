@@ -45,7 +45,8 @@ from typing import Any, Callable
 
 import torch
 
-from structspec.bench.llamacpp_baselines import LLAMACPP_BASELINES, run_llamacpp_baseline
+from structspec.bench.llamacpp_baselines import (LLAMACPP_BASELINES, LlamaCppBaseline, context_for,
+                                                 run_llamacpp_baseline)
 from structspec.bench.workloads import WorkItem, build_workload, shift_phases
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
 from structspec.engine.postcheck import check_json_text
@@ -153,23 +154,35 @@ class ExecutorTime:
 
     forward_calls: int = 0
     eval_s: float | None = None
+    tokens: int = 0  # tokens through the model (llama.cpp: counted; transformers: 0, not split out)
+    rows: int = 0  # logit rows returned
+    restricted: int = 0  # ... scored on their allowed ids alone
 
     @staticmethod
     def read(executor) -> "ExecutorTime":
-        return ExecutorTime(executor.forward_calls, getattr(executor, "eval_seconds", None))
+        return ExecutorTime(executor.forward_calls, getattr(executor, "eval_seconds", None),
+                            getattr(executor, "tokens_evaluated", 0), getattr(executor, "rows_scored", 0),
+                            getattr(executor, "rows_restricted", 0))
+
+    def _combine(self, other: "ExecutorTime", sign: int) -> "ExecutorTime":
+        ev = None if self.eval_s is None or other.eval_s is None else self.eval_s + sign * other.eval_s
+        return ExecutorTime(self.forward_calls + sign * other.forward_calls, ev, self.tokens + sign * other.tokens,
+                            self.rows + sign * other.rows, self.restricted + sign * other.restricted)
 
     def since(self, before: "ExecutorTime") -> "ExecutorTime":
-        ev = None if self.eval_s is None or before.eval_s is None else self.eval_s - before.eval_s
-        return ExecutorTime(self.forward_calls - before.forward_calls, ev)
+        return self._combine(before, -1)
 
     def plus(self, other: "ExecutorTime") -> "ExecutorTime":
-        ev = None if self.eval_s is None or other.eval_s is None else self.eval_s + other.eval_s
-        return ExecutorTime(self.forward_calls + other.forward_calls, ev)
+        return self._combine(other, 1)
 
 
 def executor_summary(time_: ExecutorTime, wall_s: float) -> dict[str, Any]:
     """Where the time of a run went: per forward, inside the model and around it (the engine's own work)."""
     out: dict[str, Any] = {"forward_calls": time_.forward_calls}
+    if time_.tokens and time_.forward_calls:
+        out["tokens_per_forward"] = time_.tokens / time_.forward_calls
+        out["rows_per_forward"] = time_.rows / time_.forward_calls
+        out["restricted_row_share"] = time_.restricted / max(1, time_.rows)
     if time_.eval_s is not None and time_.forward_calls:
         out["eval_ms_per_forward"] = 1000 * time_.eval_s / time_.forward_calls
         out["overhead_ms_per_forward"] = 1000 * max(0.0, wall_s - time_.eval_s) / time_.forward_calls
@@ -354,7 +367,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                      dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0,
                      progress: Callable[[str, int, int, int, int], None] | None = None, warmup_requests: int = 0,
                      policy: Any = None, interleave: bool = False, examples: str = "shipped",
-                     data_dir: Any = None, executor: str = "auto") -> dict[str, Any]:
+                     data_dir: Any = None, executor: str = "auto", block: int = INTERLEAVE_BLOCK) -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     ``executor``: what runs the engine configurations (auto | llamacpp | transformers, as ``structspec serve``);
@@ -372,7 +385,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     ``policy``: the ``policy`` configuration's ``PolicyConfig``, or a dict of its fields that differ from the
     server's defaults.
     ``interleave``: the engine configurations run side by side, request by request (``run_interleaved``; at
-    concurrency 1 only), for per-schema comparisons that the machine's drift does not bias.
+    concurrency 1 only), for per-schema comparisons that the machine's drift does not bias; ``block`` requests a turn.
     ``data_dir``: where the engine configurations record their statistics (a server's data directory layout).
     """
     from structspec.models.loading import load_profile
@@ -410,10 +423,10 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     }
     compiler = None
     if interleave:
-        if levels != (1,) or any(c in BASELINES for c in configs):
-            raise ValueError("interleave runs engine configurations at concurrency 1 only")
+        if levels != (1,) or any(c in HF_BASELINES for c in configs):
+            raise ValueError("interleave runs engine configurations and llama.cpp's baselines at concurrency 1 only")
         results = run_interleaved(list(configs), models, items, warm, extra_warm, max_tokens, save_outputs,
-                                  temperature, policy, progress, data_dir=data_dir)
+                                  temperature, policy, progress, block=block, data_dir=data_dir)
         report["interleaved"] = True
         report["runs"] = [{"profile": profile, "workload": workload, "config": name, "concurrency": 1, **result}
                           for name, result in results.items()]
@@ -537,15 +550,24 @@ def _warm(prepared, warm, extra_warm, concurrency, max_tokens, temperature) -> N
 def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_outputs=False, temperature=0.0,
                     policy: Any = None, progress: Callable[[str, int, int, int, int], None] | None = None,
                     block: int = INTERLEAVE_BLOCK, data_dir: Any = None) -> dict[str, dict[str, Any]]:
-    """Every engine configuration in blocks of ``block`` requests, at concurrency 1: each block goes to every
-    configuration in turn (the order rotating with the block) before the next block, so a slow minute of the
-    machine falls on all of them alike. One engine thread is alive at a time (stopped and restarted between
-    blocks, its state kept): a second live thread owning an OpenMP pool would slow every step.
+    """Every engine configuration (and llama.cpp baseline) in blocks of ``block`` requests, at concurrency 1: each
+    block goes to every configuration in turn (the order rotating with the block) before the next block, so a slow
+    minute of the machine falls on all of them alike. One engine thread is alive at a time (stopped and restarted
+    between blocks, its state kept): a second live thread owning an OpenMP pool would slow every step; a baseline
+    runs each block on a thread of its own that exits after.
     Each configuration's wall time is the sum of its requests' latencies."""
+    from structspec.models.worker_thread import run_in_worker
+
     compiler = None
-    engines = {}
+    engines, baselines = {}, {}
+    schema_of = lambda i: i.schema if i.kind == "extract" else _tool_schema(i)  # noqa: E731
     try:
         for name in names:
+            if name in LLAMACPP_BASELINES:
+                n_ctx = context_for(models, [*items, *warm], max_tokens, _prompt_for)
+                baselines[name] = baseline = run_in_worker(LlamaCppBaseline, models, name, n_ctx)
+                run_in_worker(baseline.run, warm, max_tokens, schema_of, _prompt_for, Record)
+                continue
             engines[name] = prepared = _start_engine(name, models, items, 1, compiler, policy, data_dir)
             compiler = prepared[0].compiler
             _warm(prepared, warm, extra_warm, 1, max_tokens, temperature)
@@ -555,6 +577,13 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
         for b, start in enumerate(range(0, len(items), block)):
             chunk = items[start: start + block]
             for name in names[b % len(names):] + names[: b % len(names)]:
+                if name in baselines:
+                    done, _ = run_in_worker(baselines[name].run, chunk, max_tokens, schema_of, _prompt_for, Record)
+                    records[name] += done
+                    if progress is not None:
+                        progress(name, 1, len(records[name]), len(items),
+                                 sum(r.output_tokens for r in records[name]))
+                    continue
                 engine, spec, speculate, tick, _ = engines[name]
                 engine.start()
                 before = ExecutorTime.read(engine.core.executor)
@@ -572,10 +601,14 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
             engine.stop()
             if store is not None:
                 asyncio.run(store.close())
+        for baseline in baselines.values():
+            baseline.close()
     out = {}
     for name, rs in records.items():
         wall = sum(r.latency_s for r in rs)
-        out[name] = {**summarize(rs, wall, save_outputs), "executor": executor_summary(spent[name], wall)}
+        out[name] = summarize(rs, wall, save_outputs)
+        if name in engines:
+            out[name]["executor"] = executor_summary(spent[name], wall)
     return out
 
 

@@ -10,6 +10,8 @@ reuses the prefix a request shares with the previous one, as structspec's prefix
   llamacpp_generate        unconstrained, stopping at the first newline (as ``hf_generate`` does)
 
 Forward passes are llama.cpp decode calls (counted by wrapping the context's ``decode``).
+``LlamaCppBaseline`` keeps one baseline open across calls, so an interleaved benchmark can give
+it its turn block by block beside the engine configurations.
 Raises ``ValueError`` for a GGUF without a vocabulary (the ones structspec writes for its
 own models: llama.cpp's samplers need the token strings). Cost: one model load per
 baseline (~1 s), one grammar conversion per schema (kept across requests).
@@ -29,76 +31,96 @@ LLAMACPP_BASELINES = ("llamacpp_grammar", "llamacpp_grammar_lookup", "llamacpp_g
 LOOKUP_TOKENS = 10  # llama-cpp-python's default draft length for prompt lookup
 
 
-def _open(models, mode: str, n_ctx: int):
-    from llama_cpp import Llama
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+class LlamaCppBaseline:
+    """One baseline's ``Llama`` (model, context, prompt cache, grammars), kept across calls of ``run``: an
+    interleaved benchmark serves it block by block, like the engine configurations beside it."""
 
-    from structspec.models.llamacpp_model import lib
+    def __init__(self, models, mode: str, n_ctx: int):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    llama_cpp = lib()
-    vocab = llama_cpp.llama_model_get_vocab(models.target.handle)
-    if llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_NONE:
-        raise ValueError(f"{models.target.info.path} has no vocabulary (written by structspec for its own executor); "
-                         "llama.cpp's own generation needs one")
-    from structspec.models.threads import cpu_budget
+        from structspec.models.llamacpp_model import lib
+        from structspec.models.threads import cpu_budget
 
-    threads = cpu_budget()
-    draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if mode == "llamacpp_grammar_lookup" else None
-    # llama-cpp-python keeps logits for every context position with a draft model (n_ctx x 262k floats for Gemma):
-    # the context is sized to the longest request, not to the model's window
-    # (logits_all given with the draft: llama-cpp-python sizes its logits store by the argument, not by the draft)
-    return Llama(model_path=models.target.info.path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                 n_threads_batch=threads, seed=0, verbose=False, draft_model=draft, logits_all=draft is not None)
+        if mode not in LLAMACPP_BASELINES:
+            raise ValueError(f"unknown llama.cpp baseline {mode!r}")
+        llama_cpp = lib()
+        vocab = llama_cpp.llama_model_get_vocab(models.target.handle)
+        if llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_NONE:
+            raise ValueError(f"{models.target.info.path} has no vocabulary (written by structspec for its own "
+                             "executor); llama.cpp's own generation needs one")
+        self.models, self.mode = models, mode
+        threads = cpu_budget()
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if mode == "llamacpp_grammar_lookup" else None
+        # llama-cpp-python keeps logits for every context position with a draft model (n_ctx x 262k floats for
+        # Gemma): the context is sized to the longest request, not to the model's window; logits_all is given with
+        # the draft because it sizes that store by the argument, not by the draft
+        self.llm = Llama(model_path=models.target.info.path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                         n_threads_batch=threads, seed=0, verbose=False, draft_model=draft,
+                         logits_all=draft is not None)
+        self.calls = 0
+        decode = self.llm._ctx.decode
+
+        def counted(batch):
+            self.calls += 1
+            return decode(batch)
+
+        self.llm._ctx.decode = counted
+        self._grammars: dict[str, Any] = {}
+
+    def run(self, items: list, max_tokens: int, schema_of: Callable[[Any], dict], prompt_of: Callable[[Any], str],
+            record: Callable[..., Any], progress: Callable[[int, int, int], None] | None = None) -> tuple[list, float]:
+        """(records, wall seconds) for ``items``, one at a time."""
+        from llama_cpp import LlamaGrammar
+
+        records = []
+        t_all = time.perf_counter()
+        for item in items:
+            schema = schema_of(item)
+            ids = encode_prompt(self.models.tokenizer, prompt_of(item))
+            before = self.calls
+            t0 = time.perf_counter()
+            kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "repeat_penalty": 1.0}
+            if self.mode == "llamacpp_generate":
+                kwargs["stop"] = ["\n"]
+            else:
+                key = json.dumps(schema, sort_keys=True)
+                if key not in self._grammars:
+                    self._grammars[key] = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+                kwargs["grammar"] = self._grammars[key]
+            out = self.llm.create_completion(ids, **kwargs)
+            latency = time.perf_counter() - t0
+            text = out["choices"][0]["text"].strip()
+            n_out = int(out["usage"]["completion_tokens"])
+            checked = check_json_text(text, schema)
+            right, total = item.score(checked.value)
+            copied, counted_values = item.copied(checked.value)
+            records.append(record(latency, n_out, self.calls - before, out["choices"][0]["finish_reason"] == "stop",
+                                  checked.outcome is Outcome.VALID, right, total, prompt_tokens=len(ids), text=text,
+                                  token_ids=[], schema=item.schema_name, phase=item.phase, copied=copied,
+                                  copy_counted=counted_values))
+            if progress is not None:
+                progress(len(records), len(items), sum(r.output_tokens for r in records))
+        return records, time.perf_counter() - t_all
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def context_for(models, items: list, max_tokens: int, prompt_of: Callable[[Any], str]) -> int:
+    """A context that holds the longest prompt of ``items`` and ``max_tokens`` more (in cells of 256)."""
+    longest = max((len(encode_prompt(models.tokenizer, prompt_of(i))) for i in items), default=0)
+    return 256 * -(-(longest + max_tokens + 16) // 256)
 
 
 def run_llamacpp_baseline(models, items: list, max_tokens: int, mode: str,
                           progress: Callable[[int, int, int], None] | None = None,
                           schema_of: Callable[[Any], dict] | None = None, prompt_of: Callable[[Any], str] | None = None,
                           record: Callable[..., Any] | None = None) -> tuple[list, float]:
-    """(records, wall seconds) for ``items``; ``schema_of``/``prompt_of``/``record`` come from ``decode_bench``."""
-    from llama_cpp import LlamaGrammar
-
-    if mode not in LLAMACPP_BASELINES:
-        raise ValueError(f"unknown llama.cpp baseline {mode!r}")
-    tok = models.tokenizer
-    prompts = [encode_prompt(tok, prompt_of(item)) for item in items]
-    llm = _open(models, mode, 256 * -(-(max(map(len, prompts), default=0) + max_tokens + 16) // 256))
-    calls = {"n": 0}
-    decode = llm._ctx.decode
-
-    def counted(batch):
-        calls["n"] += 1
-        return decode(batch)
-
-    llm._ctx.decode = counted
-    grammars: dict[str, Any] = {}
-    records = []
-    t_all = time.perf_counter()
-    for item, ids in zip(items, prompts):
-        schema = schema_of(item)
-        before = calls["n"]
-        t0 = time.perf_counter()
-        kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "repeat_penalty": 1.0}
-        if mode == "llamacpp_generate":
-            kwargs["stop"] = ["\n"]
-        else:
-            key = json.dumps(schema, sort_keys=True)
-            if key not in grammars:
-                grammars[key] = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
-            kwargs["grammar"] = grammars[key]
-        out = llm.create_completion(ids, **kwargs)
-        latency = time.perf_counter() - t0
-        text = out["choices"][0]["text"].strip()
-        n_out = int(out["usage"]["completion_tokens"])
-        checked = check_json_text(text, schema)
-        right, total = item.score(checked.value)
-        copied, counted_values = item.copied(checked.value)
-        records.append(record(latency, n_out, calls["n"] - before, out["choices"][0]["finish_reason"] == "stop",
-                              checked.outcome is Outcome.VALID, right, total, prompt_tokens=len(ids), text=text,
-                              token_ids=[], schema=item.schema_name, phase=item.phase, copied=copied,
-                              copy_counted=counted_values))
-        if progress is not None:
-            progress(len(records), len(items), sum(r.output_tokens for r in records))
-    wall = time.perf_counter() - t_all
-    llm.close()
-    return records, wall
+    """(records, wall seconds) for ``items`` on a fresh ``LlamaCppBaseline``; the callables come from
+    ``decode_bench``."""
+    baseline = LlamaCppBaseline(models, mode, context_for(models, items, max_tokens, prompt_of))
+    try:
+        return baseline.run(items, max_tokens, schema_of, prompt_of, record, progress)
+    finally:
+        baseline.close()

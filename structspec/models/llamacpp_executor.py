@@ -159,6 +159,9 @@ class LlamaCppExecutor:
         self.max_context = int(min(max_context or model.info.n_ctx_train, model.info.n_ctx_train))
         self.forward_calls = 0
         self.eval_seconds = 0.0  # time spent inside llama_decode (the rest of a step is this executor's)
+        self.tokens_evaluated = 0  # tokens through llama_decode (drafts rolled back afterwards included)
+        self.rows_scored = 0  # logit rows returned
+        self.rows_restricted = 0  # ... of which scored on their allowed ids alone (no output layer)
         self.threads = threads if threads > 0 else cpu_budget()
         self._kv_type, self._kv_elem = KV_TYPES[kv_type]
         self._max_outputs = max_outputs
@@ -482,6 +485,9 @@ class LlamaCppExecutor:
             self._capturing = False
         self.eval_seconds += time.perf_counter() - t0
         self.forward_calls += 1
+        self.tokens_evaluated += n
+        self.rows_scored += len(marks)
+        self.rows_restricted += len(marks) if capture else 0
         if rc != 0:
             why = {1: "no KV cell free for the batch", 2: "aborted"}.get(rc, "invalid batch or internal error")
             raise LlamaCppError(f"llama_decode returned {rc} ({why}) for {n} tokens")
