@@ -245,7 +245,7 @@ class EngineCore:
         allowed = None
         limit = self.executor.restricted_logits_max
         if limit:  # let the executor score a small allowed set alone (the rest would be masked out anyway)
-            allowed = tuple(small_allowed_set(row, limit) for row in plan.bitmask)
+            allowed = plan.allowed = tuple(small_allowed_set(row, limit) for row in plan.bitmask)
         return StepInput(plan.seq.seq_id, tokens, logits_at=tuple(range(first, first + len(draft) + 1)),
                          allowed=allowed)
 
@@ -275,11 +275,13 @@ class EngineCore:
         """The verdict on the draft (and the next token); None when the grammar allows nothing (the request ends)."""
         seq = plan.seq
         draft = plan.draft.tokens if plan.draft else []
-        if not bool(plan.bitmask[0].any()):
+        if not plan.bitmask[0].numpy().any():
             self.executor.rollback(seq.seq_id, len(draft))
             self._grammar_failed(seq, "grammar allows no token here (dead end)")
             return None
-        rows = apply_token_bitmask(logits, plan.bitmask, inplace=True)  # [k+1, V]; this step's logits are ours
+        # [k+1, V]; this step's logits are ours. Rows whose allowed set was listed for the executor are masked
+        # from that list (the same ids as the bitmask's), not by unpacking the whole bitmask.
+        rows = apply_token_bitmask(logits, plan.bitmask, inplace=True, allowed=plan.allowed)
         q = plan.draft.q if plan.draft else None
         verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output), plan.tail)
         if plan.draft is not None:
@@ -337,7 +339,7 @@ class EngineCore:
 
     # -- finishing -----------------------------------------------------------------------------------
     def _emit(self, seq: EngineSequence, final: bool = False) -> None:
-        if seq.detok is not None:
+        if seq.detok is not None and seq.deltas:
             text = seq.detok.delta(seq.output, final=final)
             if text:
                 seq.on_event("delta", text)

@@ -59,9 +59,17 @@ def keyed_uniform(seed: int, position: int, salt: str = "accept") -> float:
     return float(keyed_generator(seed, position, salt).random())
 
 
+def argmax(row: torch.Tensor) -> int:
+    """The first index of the largest value of a 1-D row (``torch.argmax``'s result). On the CPU through numpy:
+    ~13 us for Gemma's 262k logits where ``torch.argmax`` takes ~150 us (a decode step on llama.cpp is ~11 ms)."""
+    if row.device.type == "cpu" and row.dtype in (torch.float32, torch.float64) and row.dim() == 1:
+        return int(np.argmax(row.detach().numpy()))
+    return int(torch.argmax(row))
+
+
 def choose(masked: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
     """The token at ``position``: masked argmax when greedy, else a keyed Gumbel-max sample of the target distribution."""
     if params.greedy:
-        return int(torch.argmax(masked))
+        return argmax(masked)
     logp = target_logprobs(masked, params)
-    return int(torch.argmax(logp + keyed_gumbel(seed, position, logp.shape[-1])))
+    return argmax(logp + keyed_gumbel(seed, position, logp.shape[-1]))

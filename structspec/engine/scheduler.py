@@ -48,6 +48,7 @@ class StepPlan:
     drafted: int = 0  # proposer tokens before the grammatical cut (stats)
     drafted_tokens: list[int] = field(default_factory=list)  # those tokens (rejected-draft samples)
     bitmask: torch.Tensor | None = None  # [len(draft)+1, W] grammar masks of the scored positions
+    allowed: tuple[torch.Tensor | None, ...] | None = None  # per scored position, its allowed ids when few (or None)
 
 
 class Scheduler:

@@ -51,6 +51,7 @@ class EngineSequence:
     schema_key: str
     schema: dict[str, Any] | None  # the JSON Schema being decoded (None for tool calls)
     on_event: Callable[[str, Any], None]  # ("delta", text) / ("done", None), called from the engine thread
+    deltas: bool = True  # text deltas wanted (a stream): without, the output is detokenized once at the end
     status: SequenceStatus = SequenceStatus.WAITING
     submitted: bool = False  # handed to an engine (once: a second submit would double its reservation)
     history_scope: str = ""  # whose earlier outputs of this schema speculation may draft from ("": everyone's)

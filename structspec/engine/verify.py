@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from structspec.engine.sampling import choose, keyed_gumbel, keyed_uniform, target_logprobs
+from structspec.engine.sampling import argmax, choose, keyed_gumbel, keyed_uniform, target_logprobs
 from structspec.engine.types import SamplingParams
 
 
@@ -74,7 +74,7 @@ def verify(
     if tail is not None:
         x, q_tail = tail
         return Verdict(k, _test_one(p[k], x, q_tail, seed, position + k))
-    return Verdict(k, int(torch.argmax(logp[k] + keyed_gumbel(seed, position + k, logp.shape[-1]))))
+    return Verdict(k, argmax(logp[k] + keyed_gumbel(seed, position + k, logp.shape[-1])))
 
 
 def _test_one(p: torch.Tensor, x: int, q: torch.Tensor, seed: int, position: int) -> int:
@@ -85,4 +85,4 @@ def _test_one(p: torch.Tensor, x: int, q: torch.Tensor, seed: int, position: int
     residual = (p - q).clamp_min(0.0)
     if float(residual.sum()) <= 1e-12:
         residual = p
-    return int(torch.argmax(torch.log(residual) + keyed_gumbel(seed, position, residual.shape[-1])))
+    return argmax(torch.log(residual) + keyed_gumbel(seed, position, residual.shape[-1]))

@@ -163,17 +163,35 @@ def bitmask_to_bool(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return _unpack(bitmask_row[None], vocab_size)[0]
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, inplace: bool = False,
+                        allowed: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
     """Set disallowed logits to -inf. logits [N, V'] (V' may exceed the tokenizer's V), bitmask [N, W].
 
     Ids past the mask (model-only padding rows of the output layer) are disallowed. ``inplace`` writes
-    into ``logits`` (the engine owns its step's logits) instead of returning a masked copy.
+    into ``logits`` (the engine owns its step's logits) instead of returning a masked copy. ``allowed``:
+    per row, the ids its bitmask allows when already listed (``small_allowed_set``), or None; a listed row
+    is masked from its list (a fill and a scatter) rather than from the unpacked bitmask.
     """
+    out = logits if inplace else logits.clone()
+    if allowed is not None and any(ids is not None for ids in allowed):
+        wide = [i for i, ids in enumerate(allowed) if ids is None]
+        for i, ids in enumerate(allowed):
+            if ids is not None:
+                kept = out[i, ids]
+                out[i].fill_(float("-inf"))
+                out[i, ids] = kept
+        if wide:
+            out[wide] = apply_token_bitmask(out[wide], bitmask[wide], inplace=True)
+        return out
     vocab = logits.shape[-1]
     width = min(vocab, 32 * bitmask.shape[-1])
-    allowed = _unpack(bitmask, width).to(logits.device, non_blocking=True)  # [N, width]
-    out = logits if inplace else logits.clone()
-    out[:, :width].masked_fill_(~allowed, float("-inf"))
+    if out.device.type == "cpu" and out.dtype == torch.float32 and not out.requires_grad:
+        # one C pass over numpy views (~90 us for Gemma's 262k ids, ~130 us through torch's bool temporaries)
+        bits = np.unpackbits(_words(bitmask).view(np.uint8), axis=-1, count=width, bitorder="little")  # [N, width]
+        out.detach().numpy()[:, :width][bits == 0] = -np.inf
+    else:
+        allowed = _unpack(bitmask, width).to(out.device, non_blocking=True)  # [N, width]
+        out[:, :width].masked_fill_(~allowed, float("-inf"))
     if width < vocab:
         out[:, width:] = float("-inf")
     return out

@@ -420,8 +420,9 @@ class LlamaCppExecutor:
         for x, n, c in zip(inputs, lens, counts):
             if n + c > self.max_context:
                 raise ContextOverflow(f"sequence {x.seq_id} would hold {n + c} tokens; the context is {self.max_context}")
-        tokens = np.fromiter((t for x in inputs for t in x.tokens), dtype=np.int64, count=sum(counts))
-        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
+        # plain lists: a decode step packs a few tokens, where numpy's per-call cost would show (module doc)
+        tokens = [int(t) for x in inputs for t in x.tokens]
+        if min(tokens) < 0 or max(tokens) >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")
         self._grow_for(len(tokens))
         rows, splits, offset = [], [], 0
@@ -434,12 +435,12 @@ class LlamaCppExecutor:
                 ids = x.allowed[j] if x.allowed is not None else None
                 rows.append(_Row(offset + t % c, len(rows), ids if ids is not None and len(ids) <= limit else None))
             offset += c
-        positions = np.concatenate([np.arange(n, n + c, dtype=np.int32) for n, c in zip(lens, counts)])
-        seqs = np.concatenate([np.full(c, self._lseq[x.seq_id], dtype=np.int32) for x, c in zip(inputs, counts)])
-        owners = np.concatenate([np.full(c, x.seq_id, dtype=np.int64) for x, c in zip(inputs, counts)])
+        positions = [p for n, c in zip(lens, counts) for p in range(n, n + c)]
+        seqs = [self._lseq[x.seq_id] for x, c in zip(inputs, counts) for _ in range(c)]
+        segments = [(x.seq_id, n, c) for x, n, c in zip(inputs, lens, counts)]  # in packing order
         out = torch.empty((len(rows), self.vocab_size), dtype=torch.float32)
         try:
-            self._decode_all(tokens.astype(np.int32), positions, seqs, owners, rows, out)
+            self._decode_all(tokens, positions, seqs, segments, rows, out)
         except BaseException:
             for x, n in zip(inputs, lens):  # whatever llama.cpp took in of this step goes again
                 self._forget(x.seq_id, n)
@@ -449,34 +450,42 @@ class LlamaCppExecutor:
         self._peak_tokens = max(self._peak_tokens, self.cached_tokens())
         return list(out.split(splits))
 
-    def _decode_all(self, tokens: np.ndarray, positions: np.ndarray, seqs: np.ndarray, owners: np.ndarray,
-                    rows: list[_Row], out: torch.Tensor) -> None:
+    def _decode_all(self, tokens: list[int], positions: list[int], seqs: list[int],
+                    segments: list[tuple[int, int, int]], rows: list[_Row], out: torch.Tensor) -> None:
         """Run the packed tokens in as few ``llama_decode`` calls as the batch and output limits allow."""
         by_token: dict[int, list[_Row]] = {}
         for r in rows:
             by_token.setdefault(r.token, []).append(r)
-        flagged = np.zeros(len(tokens), dtype=np.int8)
-        flagged[list(by_token)] = 1
-        start, total = 0, len(tokens)
+        marks_all = sorted(by_token)
+        start, total, m = 0, len(tokens), 0
         while start < total:
             end = min(total, start + self._batch_tokens)
-            marks = np.flatnonzero(flagged[start:end])
-            if len(marks) > self._max_outputs:
-                end = start + int(marks[self._max_outputs - 1]) + 1
-            self._decode(start, end, tokens, positions, seqs, flagged, by_token, out)
+            m_end = m
+            while m_end < len(marks_all) and marks_all[m_end] < end:
+                m_end += 1
+            if m_end - m > self._max_outputs:
+                m_end = m + self._max_outputs
+                end = marks_all[m_end - 1] + 1
+            self._decode(start, end, tokens, positions, seqs, marks_all[m:m_end], by_token, out)
             if self._swa:  # before any other forward: the cells that just left a window get their guard
-                for sid in np.unique(owners[start:end]).tolist():
-                    self._protect(sid, int(positions[start:end][owners[start:end] == sid].max()) + 1)
-            start = end
+                at = 0
+                for sid, n, c in segments:
+                    if at < end and at + c > start:
+                        self._protect(sid, n + min(end, at + c) - at)
+                    at += c
+            start, m = end, m_end
 
-    def _decode(self, start: int, end: int, tokens, positions, seqs, flagged, by_token, out: torch.Tensor) -> None:
+    def _decode(self, start: int, end: int, tokens: list[int], positions: list[int], seqs: list[int],
+                marks: list[int], by_token: dict[int, list[_Row]], out: torch.Tensor) -> None:
+        """One ``llama_decode`` of tokens [start, end); ``marks`` are the flagged ones (indices into the step)."""
         llama_cpp, b, n = self._lib, self._batch, end - start
-        b.tokens[:n], b.pos[:n], b.seq[:n], b.logits[:n] = tokens[start:end], positions[start:end], \
-            seqs[start:end], flagged[start:end]
+        b.tokens[:n], b.pos[:n], b.seq[:n] = tokens[start:end], positions[start:end], seqs[start:end]
+        b.logits[:n] = 0
+        for i in marks:
+            b.logits[i - start] = 1
         b.struct.n_tokens = n
-        marks = np.flatnonzero(flagged[start:end])
         capture = self.restricted_logits_max > 0 and len(marks) > 0 and all(
-            r.allowed is not None for i in marks for r in by_token[start + int(i)])
+            r.allowed is not None for i in marks for r in by_token[i])
         self._capturing, self._hidden = capture, None
         t0 = time.perf_counter()
         try:
@@ -496,15 +505,15 @@ class LlamaCppExecutor:
             if hidden is None or hidden.shape[0] != len(marks):
                 raise LlamaCppError(f"llama.cpp did not expose the hidden states of the {len(marks)} scored rows")
             for j, i in enumerate(marks):
-                for r in by_token[start + int(i)]:
+                for r in by_token[i]:
                     out[r.out].fill_(float("-inf"))
                     out[r.out, r.allowed] = self._head.logits(hidden[j], r.allowed)
             return
         row_bytes = 4 * self.vocab_size
         base = out.data_ptr()
         for i in marks:
-            src = llama_cpp.llama_get_logits_ith(self._ctx, int(i))
+            src = llama_cpp.llama_get_logits_ith(self._ctx, i - start)
             if not src:
-                raise LlamaCppError(f"llama.cpp returned no logits for token {int(i)} of the batch")
-            for r in by_token[start + int(i)]:
+                raise LlamaCppError(f"llama.cpp returned no logits for token {i - start} of the batch")
+            for r in by_token[i]:
                 ctypes.memmove(base + r.out * row_bytes, src, row_bytes)

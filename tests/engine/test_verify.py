@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from structspec.engine.sampling import choose, target_logprobs
+from structspec.engine.sampling import argmax, choose, target_logprobs
 from structspec.engine.types import SamplingParams
 from structspec.engine.verify import verify
 
@@ -116,3 +116,13 @@ def test_top_k_top_p(top_k, top_p, support):
     logp = target_logprobs(torch.log(P), SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p))
     assert {i for i in range(5) if logp[i] > float("-inf")} == support
     assert torch.isclose(logp.exp().sum(), torch.tensor(1.0))
+
+
+def test_argmax_is_torchs_first_maximum():
+    """The numpy path greedy decoding uses on CPU rows gives torch.argmax's answer, ties to the first index."""
+    row = torch.full((262_144,), float("-inf"))
+    row[[7, 100, 200_000]] = torch.tensor([1.5, 2.5, 2.5])
+    assert argmax(row) == int(torch.argmax(row)) == 100
+    batch = torch.randn(3, 50)
+    assert [argmax(r) for r in batch] == torch.argmax(batch, dim=-1).tolist()  # rows of a batch (views)
+    assert argmax(torch.tensor([1.0, 3.0], dtype=torch.bfloat16)) == 1  # other dtypes: torch itself

@@ -186,6 +186,24 @@ def test_padding_ids_of_the_model_vocabulary_are_never_allowed(compiler, view, t
     assert max(allowed(matcher, view)) < len(tokenizer)
 
 
+def test_listed_allowed_sets_mask_as_the_bitmask_does():
+    """Rows whose allowed ids are listed (the executor's restricted rows) are masked from the list: the same
+    result as unpacking their bitmask; unlisted rows still go through the bitmask."""
+    from structspec.grammar.base import small_allowed_set
+
+    vocab = 300
+    logits = torch.randn(3, vocab + 4)
+    bitmask = allocate_bitmask(3, vocab)
+    bitmask[0, 0] = 0b1011
+    bitmask[1, :] = -1
+    bitmask[2, 9] = 1 << 3
+    listed = tuple(small_allowed_set(row, 16) for row in bitmask)
+    assert listed[1] is None and listed[0].tolist() == [0, 1, 3] and listed[2].tolist() == [9 * 32 + 3]
+    want = apply_token_bitmask(logits, bitmask)
+    assert torch.equal(apply_token_bitmask(logits, bitmask, allowed=listed), want)
+    assert torch.equal(apply_token_bitmask(logits, bitmask, allowed=(None, None, None)), want)
+
+
 def test_apply_token_bitmask_vectorised():
     vocab, width = 70, 3
     logits = torch.randn(4, vocab + 6)  # logits wider than the mask: the tail is disallowed
