@@ -23,6 +23,7 @@ from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
 from structspec.grammar import GrammarCompiler, TokenizerView
+from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
 from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.speculation.configs import ProposerSet, speculation_config
@@ -57,7 +58,7 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
     if proposers is not None:
         draft = None
         if proposers.draft and models.draft is not None:
-            draft = DraftModelProposer(make_executor(models, models.draft, executor.max_context), eos)
+            draft = DraftModelProposer(make_draft_executor(models, models.draft, models.draft_vocab, executor), eos)
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=history, draft=draft,
                             stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft)
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)
@@ -72,6 +73,17 @@ def make_executor(models, model: Any, max_context: int | None = None) -> Forward
 
         return LlamaCppExecutor(model, max_context=max_context)
     return TransformersExecutor(model, max_context=max_context)
+
+
+def make_draft_executor(models, draft: Any, vocab: DraftVocab | None, target: ForwardStep) -> ForwardStep:
+    """The forward-step executor of a draft model beside ``target``'s executor: over the target's ids, the
+    draft's restricted vocabulary (``vocab``) mapped onto them. Raises: ValueError (the widths disagree)."""
+    executor = make_executor(models, draft, target.max_context)
+    if vocab is not None:
+        executor = VocabMappedExecutor(executor, vocab)
+    if executor.vocab_size != target.vocab_size:
+        raise ValueError(f"the draft returns {executor.vocab_size} logits per row, the target {target.vocab_size}")
+    return executor
 
 
 def engine_model_key(models) -> str:

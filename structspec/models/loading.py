@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from structspec.models.draft_vocab import VOCAB_FILE, DraftVocab, vocabulary_hash
 from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, get_profile
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class LoadedModels:
     dtype: torch.dtype  # the weights' dtype (transformers); float32, the logits', on llama.cpp
     draft_version: str = ""  # ``weights_version`` of the loaded draft ("" without one)
     executor: str = "transformers"  # transformers | llamacpp
+    draft_vocab: DraftVocab | None = None  # a restricted draft's vocabulary map (``draft_vocab``); None: full
 
     def parameter_count(self) -> int:
         if self.executor == "llamacpp":
@@ -76,7 +78,8 @@ def weights_version(path: str | Path) -> str:
     Cost: reads the weight files once (a few MB for a draft model)."""
     digest = hashlib.sha256()
     folder = Path(path)
-    for file in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")) + [folder / "config.json"]:
+    for file in (sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+                 + [folder / "config.json", folder / VOCAB_FILE]):
         if file.is_file():
             digest.update(file.name.encode())
             with file.open("rb") as fh:
@@ -144,6 +147,31 @@ def check_shared_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTok
                              f"({draft.eos_token_id} vs {target.eos_token_id})")
 
 
+@dataclass(frozen=True)
+class LoadedDraft:
+    model: Any  # a PreTrainedModel or LlamaCppModel (None: no draft)
+    version: str  # ``weights_version`` of its folder
+    vocab: DraftVocab | None  # a restricted draft's vocabulary map; None: the draft covers the target's ids
+
+
+def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: str, executor: str,
+               device: torch.device, dtype: torch.dtype) -> LoadedDraft:
+    """The draft model in folder ``path`` for ``executor``, checked against the target's ``tokenizer``
+    (loaded from ``tokenizer_source``, named in errors): a full draft by its own tokenizer files, a restricted
+    one (``draft_vocab.json``) by the tokenizer hash in its map. Raises: ModelLoadError."""
+    try:
+        vocab = DraftVocab.load(path)
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot load draft from {path}: {exc}") from exc
+    if vocab is None:
+        check_shared_tokenizer(tokenizer, load_tokenizer(path), tokenizer_source, path)
+    elif vocab.tokenizer_sha256 != vocabulary_hash(tokenizer):
+        raise ModelLoadError(f"draft {path} was made for another tokenizer than target {tokenizer_source}'s "
+                             f"(the tokenizer hash in its {VOCAB_FILE} differs)")
+    model = _load_gguf(gguf_for(path)) if executor == "llamacpp" else load_causal_lm(path, device, dtype)
+    return LoadedDraft(model, weights_version(path), vocab)
+
+
 def gguf_for(path: str) -> Path:
     """A GGUF of the transformers model folder ``path`` (F32, exact), written once into the cache and named by the
     folder's ``weights_version``. Raises: ModelLoadError."""
@@ -178,14 +206,12 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
     if target.info.n_vocab < len(tokenizer):
         raise ModelLoadError(f"GGUF {target.info.path} has {target.info.n_vocab} logits, fewer than the "
                              f"{len(tokenizer)} tokens of the tokenizer in {tokenizer_dir}")
-    draft, draft_version = None, ""
+    draft = LoadedDraft(None, "", None)
     if with_draft and profile.draft:
-        check_shared_tokenizer(tokenizer, load_tokenizer(profile.draft), tokenizer_dir, profile.draft)
-        draft = _load_gguf(gguf_for(profile.draft))
-        draft_version = weights_version(profile.draft)
+        draft = load_draft(profile.draft, tokenizer, tokenizer_dir, "llamacpp", torch.device("cpu"), torch.float32)
     log.info("loaded profile %s for llama.cpp (%s)", profile.name, target.info.path)
-    return LoadedModels(profile.name, target, tokenizer, draft, torch.device("cpu"), torch.float32, draft_version,
-                        executor="llamacpp")
+    return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
+                        draft.version, executor="llamacpp", draft_vocab=draft.vocab)
 
 
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
@@ -199,13 +225,11 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
         profile.prepare()
     tokenizer = load_tokenizer(profile.target)
     target = load_causal_lm(profile.target, dev, dt)
-    draft, draft_version = None, ""
+    draft = LoadedDraft(None, "", None)
     if with_draft and profile.draft:
-        check_shared_tokenizer(tokenizer, load_tokenizer(profile.draft), profile.target, profile.draft)
-        draft = load_causal_lm(profile.draft, dev, dt)
-        draft_version = weights_version(profile.draft)
+        draft = load_draft(profile.draft, tokenizer, profile.target, "transformers", dev, dt)
     log.info("loaded profile %s on %s (%s)", profile.name, dev, dt)
-    return LoadedModels(profile.name, target, tokenizer, draft, dev, dt, draft_version)
+    return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab)
 
 
 def load_profile(name: str, **kwargs: Any) -> LoadedModels:
