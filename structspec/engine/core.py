@@ -369,6 +369,7 @@ class EngineCore:
                                       seq.usage.forced_tokens, reason.value, seq.timings.total_ms,
                                       decision.arm if decision is not None else "", seq.timings.decode_ms,
                                       seq.decision_bucket)
+            self.stats.record_traffic(seq.schema_key, seq.prompt, seq.output, reason.value)
         seq.on_event("done", None)
 
 

@@ -115,7 +115,7 @@ class BacklogCollector(Collector):
         backlog = self.store.backlog()
         unwritten = GaugeMetricFamily("structspec_stats_unwritten", "statistics recorded but not yet written to the "
                                       "store, by kind (counters: counter rows; history: outputs; samples; "
-                                      "policy_changes); grows while the store is unreachable", labels=("kind",))
+                                      "traffic; policy_changes); grows while the store is unreachable", labels=("kind",))
         dropped = CounterMetricFamily("structspec_stats_dropped", "statistics dropped because the store could not "
                                       "be written for so long that a kind's bound was reached, by kind",
                                       labels=("kind",))

@@ -146,7 +146,8 @@ class StructSpecServer:
         self._owns_store = store is None
         self.store: Store = store if store is not None else open_store(
             settings.store_url, settings.data_dir,
-            StatsBook(samples_per_hour=settings.rejection_samples_per_hour, max_unwritten=settings.stats_buffer_limit),
+            StatsBook(samples_per_hour=settings.rejection_samples_per_hour, max_unwritten=settings.stats_buffer_limit,
+                      traffic_per_hour=settings.traffic_samples_per_hour),
             pool_size=settings.store_pool_size, timeout=settings.store_timeout_seconds,
             history_limit=settings.stats_buffer_limit)
         self.registry = SchemaRegistry(self.store)

@@ -109,6 +109,9 @@ class ServiceSettings:
     rejection_samples_per_hour: int = _opt(8, "rejected drafts sampled per schema, proposer and hour (kept, the "
                                            "newest 200 of each, for ListRejectedDrafts and `structspec stats`; they "
                                            "hold the last 32 tokens of the context, callers' input included); 0 = off")
+    traffic_samples_per_hour: int = _opt(8, "completed requests sampled per schema and hour, their whole prompt "
+                                         "and output token ids (kept, the newest 500 of each, for `structspec draft "
+                                         "align`; they hold callers' whole input); 0 = off")
     # -- limits --------------------------------------------------------------------------------
     max_queue: int = _opt(_LIMITS.max_queue, "requests waiting beyond the running batch; more get RESOURCE_EXHAUSTED")
     max_batch: int = _opt(_LIMITS.max_batch, "most sequences decoded together")
@@ -208,7 +211,8 @@ class ServiceSettings:
                      "kv_budget_tokens", "store_pool_size", "stats_buffer_limit"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1")
-        for name in ("max_concurrent_rpcs", "prefix_cache_tokens", "rejection_samples_per_hour"):
+        for name in ("max_concurrent_rpcs", "prefix_cache_tokens", "rejection_samples_per_hour",
+                     "traffic_samples_per_hour"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
         for name in ("drain_grace_seconds", "stats_retention_days", "max_connection_age_seconds"):

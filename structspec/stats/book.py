@@ -13,8 +13,9 @@ the bound is dropped from what will be written (still counted in ``rows``, so th
 and counted in ``dropped``.
 
 Beside the counters the book holds what the decode path records that is not a sum: the
-rejected-draft samples (``samples``), the drafting policy's state per proposer and schema
-(``policy``), and the process-lifetime totals Prometheus scrapes (``totals``).
+rejected-draft samples (``samples``), completed requests' token ids (``traffic``), the drafting
+policy's state per proposer and schema (``policy``), and the process-lifetime totals Prometheus
+scrapes (``totals``).
 
 Thread-safe. Cost: ``add`` is O(counters added); ``rows_for`` is O(counters of one
 (model, schema)) through an index.
@@ -39,6 +40,7 @@ from structspec.stats.counters import (
 from structspec.stats.policy_states import PolicyStates
 from structspec.stats.samples import CONTEXT_TOKENS, RejectedDraft, RejectionSampler
 from structspec.stats.totals import ProcessTotals
+from structspec.stats.traffic import FINISHES, TrafficSample, TrafficSampler
 
 Counters = dict[CounterKey, float]
 
@@ -52,7 +54,7 @@ def merge_into(into: Counters, rows: Mapping[CounterKey, float] | Iterable[tuple
 
 class StatsBook:
     def __init__(self, horizon_seconds: float = 7 * 86400, clock: Callable[[], float] = time.time,
-                 samples_per_hour: int = 8, max_unwritten: int = 100_000):
+                 samples_per_hour: int = 8, max_unwritten: int = 100_000, traffic_per_hour: int = 8):
         if max_unwritten < 1:
             raise ValueError("max_unwritten must be >= 1")
         self.horizon_seconds = horizon_seconds  # how far back ``rows`` keeps counters (the policy's reach)
@@ -60,6 +62,7 @@ class StatsBook:
         self.max_unwritten = max_unwritten  # unwritten counter keys kept (pending and in flight together)
         self.dropped = 0  # counter rows not written because ``max_unwritten`` keys were already waiting
         self.samples = RejectionSampler(samples_per_hour)
+        self.traffic = TrafficSampler(traffic_per_hour)
         self.policy = PolicyStates()
         self.totals = ProcessTotals()
         self._lock = threading.Lock()
@@ -266,6 +269,23 @@ class Recorder:
                 self.model, schema_key, proposer, hour, slot, now, batch_bucket(batch_size), ctx, decode(ctx), tokens,
                 decode(tokens), position, tokens[position], decode(tokens[position:position + 1]), int(target_token),
                 decode([int(target_token)]), grammatical))
+            return True
+        except Exception:  # noqa: BLE001 - a sample is never worth a request
+            return False
+
+    def record_traffic(self, schema_key: str, prompt: Sequence[int], output: Sequence[int], finish: str) -> bool:
+        """Offer one finished request's prompt and output ids to the schema's traffic sample (only ``stop`` and
+        ``length`` are sampled); the ids are copied only when it is kept. Whether it was kept; never raises."""
+        try:
+            if finish not in FINISHES or not output:
+                return False
+            now = self.book.clock()
+            hour = hour_of(now)
+            slot = self.book.traffic.slot(self.model, schema_key, hour)
+            if slot is None:
+                return False
+            self.book.traffic.put(TrafficSample(self.model, schema_key, hour, slot, now,
+                                                tuple(int(t) for t in prompt), tuple(int(t) for t in output), finish))
             return True
         except Exception:  # noqa: BLE001 - a sample is never worth a request
             return False

@@ -7,7 +7,7 @@ the store atomically (so two replicas registering at once cannot both get versio
 statistics are aggregated per hour with plain add-upserts of each process's deltas
 (``structspec.stats.counters``), so the replicas' counts add up.
 
-What is recorded but not yet written (counters, history outputs, samples, policy changes) waits
+What is recorded but not yet written (counters, history outputs, samples, traffic, policy changes) waits
 in memory, each kind within a bound; past it new records are dropped and counted (``backlog``),
 never silently.
 """
@@ -21,6 +21,7 @@ from structspec.stats.book import Counters, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
+from structspec.stats.traffic import TrafficSample
 from structspec.store.history_buffer import HistoryBuffer
 
 
@@ -50,7 +51,7 @@ class StoreUnavailable(StoreError):
     caller serves from memory where it can and answers UNAVAILABLE where it cannot; retrying later may succeed."""
 
 
-BACKLOG_KINDS = ("counters", "history", "samples", "policy_changes")
+BACKLOG_KINDS = ("counters", "history", "samples", "traffic", "policy_changes")
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,8 @@ class Store(Protocol):
     stats: StatsBook
 
     async def flush(self) -> None:
-        """Write what was recorded since the last flush: counters, schema history, rejected-draft samples and the
-        policy's changes."""
+        """Write what was recorded since the last flush: counters, schema history, rejected-draft samples, traffic
+        samples and the policy's changes."""
 
     async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
                             schema_key: str | None = None) -> Counters:
@@ -121,8 +122,8 @@ class Store(Protocol):
         seed ``stats.policy`` with each proposer's latest persisted state."""
 
     async def prune(self, before: float) -> int:
-        """Drop counters, samples, policy changes and history outputs from before ``before``; returns the rows
-        removed."""
+        """Drop counters, rejected-draft and traffic samples, policy changes and history outputs from before
+        ``before`` (samples by their hour); returns the rows removed."""
 
     def backlog(self) -> Backlog:
         """Unwritten and dropped records per kind (no I/O)."""
@@ -135,6 +136,11 @@ class Store(Protocol):
 
     async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
         """Every kept change of the policy's per-proposer state (unwritten ones included), oldest first."""
+
+    async def read_traffic_samples(self, model: str | None = None, schema_key: str | None = None,
+                                   limit: int = 1000) -> list[TrafficSample]:
+        """The newest ``limit`` traffic samples (completed requests' prompt and output ids; unwritten ones
+        included), newest first."""
 
     # -- schema history (what the history proposer drafts from) ------------------------------
 
@@ -149,9 +155,19 @@ def backlog_of(stats: StatsBook, history: HistoryBuffer) -> Backlog:
     """A store's ``Backlog`` from its book (counters, samples, policy changes) and its history buffer."""
     return Backlog(
         {"counters": stats.unwritten_keys(), "history": len(history), "samples": len(stats.samples.pending()),
-         "policy_changes": len(stats.policy.pending())},
+         "traffic": len(stats.traffic.pending()), "policy_changes": len(stats.policy.pending())},
         {"counters": stats.dropped, "history": history.dropped, "samples": stats.samples.dropped,
-         "policy_changes": stats.policy.dropped})
+         "traffic": stats.traffic.dropped, "policy_changes": stats.policy.dropped})
+
+
+def newest_samples(stored: Iterable[TrafficSample], unwritten: Iterable[TrafficSample], model: str | None,
+                   schema_key: str | None, limit: int) -> list[TrafficSample]:
+    """The newest ``limit`` of the stored and the matching unwritten traffic samples (an unwritten sample replaces its
+    slot's stored one), newest first."""
+    merged = {r.key: r for r in stored}
+    merged.update({r.key: r for r in unwritten
+                   if (model is None or r.model == model) and (schema_key is None or r.schema_key == schema_key)})
+    return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
 
 
 def sum_counters(rows: Iterable[tuple[CounterKey, float]], since: float, until: float | None) -> Counters:

@@ -28,8 +28,9 @@ What replicas sharing the database can rely on:
   counted again as unwritten).
 - **History**: shared and bounded: the newest ``HISTORY_KEEP`` outputs per (model, key), and
   none older than the retention (``prune``).
-- **Samples**: replicas share each hour's reservoir slots (the later write of a slot wins), so
-  an hour keeps at most ``per_hour`` samples per key whatever the number of replicas.
+- **Samples** (rejected drafts and traffic): replicas share each hour's reservoir slots (the
+  later write of a slot wins), so an hour keeps at most ``per_hour`` samples per key whatever
+  the number of replicas.
 - **Outage**: every failure to reach the database raises ``StoreUnavailable`` (within
   ``timeout`` seconds); nothing recorded is lost while the bounds hold (``backlog``), and the
   pool reconnects by itself when the database is back.
@@ -54,8 +55,10 @@ from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import KEEP_PER_KEY as SAMPLES_KEEP
 from structspec.stats.samples import RejectedDraft
+from structspec.stats.traffic import KEEP_PER_KEY as TRAFFIC_KEEP
+from structspec.stats.traffic import TrafficSample
 from structspec.store.base import (SPECULATION_MODES, Backlog, SchemaRecord, StoreError, StoreUnavailable, backlog_of,
-                                   sum_counters)
+                                   newest_samples, sum_counters)
 from structspec.store.history_buffer import HistoryBuffer, HistoryRow
 from structspec.store.postgres_schema import migrate
 
@@ -71,6 +74,7 @@ _COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
 _SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
                 "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical")
 _CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
+_TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish"
 
 
 def _record(row: tuple[Any, ...]) -> SchemaRecord:
@@ -87,6 +91,16 @@ def _sample(row: tuple[Any, ...]) -> RejectedDraft:
     return RejectedDraft(row[0], row[1], row[2], int(row[3]), int(row[4]), float(row[5]), int(row[6]),
                          tuple(row[7]), row[8], tuple(row[9]), row[10], int(row[11]), int(row[12]), row[13],
                          int(row[14]), row[15], bool(row[16]))
+
+
+def _traffic_row(r: TrafficSample) -> tuple[Any, ...]:
+    return (r.model, r.schema_key, r.hour, r.slot, r.created_at, list(r.prompt_tokens), list(r.output_tokens),
+            r.finish)
+
+
+def _traffic(row: tuple[Any, ...]) -> TrafficSample:
+    return TrafficSample(row[0], row[1], int(row[2]), int(row[3]), float(row[4]), tuple(row[5]), tuple(row[6]),
+                         row[7])
 
 
 def _change(row: tuple[Any, ...]) -> PolicyChange:
@@ -117,9 +131,10 @@ class _Batch:
     history: list[HistoryRow] = field(default_factory=list)
     samples: list[RejectedDraft] = field(default_factory=list)
     changes: list[PolicyChange] = field(default_factory=list)
+    traffic: list[TrafficSample] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.counters or self.history or self.samples or self.changes)
+        return not (self.counters or self.history or self.samples or self.changes or self.traffic)
 
 
 class PostgresStore:
@@ -288,7 +303,7 @@ class PostgresStore:
                 await self._write(self._retry)  # raises while the store is unreachable: the batch stays
                 self._landed(self._retry)
             batch = _Batch(self._seq + 1, self.stats.take(), self._history.take(), self.stats.samples.take(),
-                           self.stats.policy.take())
+                           self.stats.policy.take(), self.stats.traffic.take())
             if batch.empty():
                 return
             self._seq, self._retry = batch.seq, batch
@@ -335,6 +350,17 @@ class PostgresStore:
                             "(hour, slot) NOT IN (SELECT hour, slot FROM rejected_drafts WHERE model = %s AND "
                             "schema_key = %s AND proposer = %s ORDER BY hour DESC, created_at DESC LIMIT %s)",
                             (model, key, proposer, model, key, proposer, SAMPLES_KEEP))
+                if b.traffic:
+                    await cur.executemany(
+                        f"INSERT INTO traffic_samples ({_TRAFFIC_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON "
+                        "CONFLICT (model, schema_key, hour, slot) DO UPDATE SET created_at = excluded.created_at, "
+                        "prompt_tokens = excluded.prompt_tokens, output_tokens = excluded.output_tokens, "
+                        "finish = excluded.finish", [_traffic_row(r) for r in sorted(b.traffic, key=lambda r: r.key)])
+                    for model, key in sorted({(r.model, r.schema_key) for r in b.traffic}):
+                        await cur.execute(
+                            "DELETE FROM traffic_samples WHERE model = %s AND schema_key = %s AND (hour, slot) NOT IN "
+                            "(SELECT hour, slot FROM traffic_samples WHERE model = %s AND schema_key = %s "
+                            "ORDER BY hour DESC, created_at DESC LIMIT %s)", (model, key, model, key, TRAFFIC_KEEP))
                 if b.changes:
                     await cur.executemany(
                         f"INSERT INTO policy_changes ({_CHANGE_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
@@ -392,6 +418,7 @@ class PostgresStore:
             n = 0
             for sql, arg in (("DELETE FROM counters WHERE hour < %s", cutoff),
                              ("DELETE FROM rejected_drafts WHERE hour < %s", cutoff),
+                             ("DELETE FROM traffic_samples WHERE hour < %s", cutoff),
                              ("DELETE FROM history WHERE created_at < %s", before),
                              # past retention but each key's newest: a state unchanged since is still its state
                              ("DELETE FROM policy_changes WHERE at < %s AND id <> (SELECT MAX(q.id) FROM policy_changes q "
@@ -406,7 +433,8 @@ class PostgresStore:
         out = backlog_of(self.stats, self._history)
         retry = self._retry
         if retry is not None:  # taken by the failed flush, still unwritten
-            for kind, rows in (("history", retry.history), ("samples", retry.samples), ("policy_changes", retry.changes)):
+            for kind, rows in (("history", retry.history), ("samples", retry.samples), ("traffic", retry.traffic),
+                               ("policy_changes", retry.changes)):
                 out.unwritten[kind] += len(rows)
         return out
 
@@ -428,6 +456,17 @@ class PostgresStore:
         merged.update({r.key: r for r in self._unwritten_samples()
                        if _matches(r, model, schema_key) and (proposer is None or r.proposer == proposer)})
         return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
+
+    async def read_traffic_samples(self, model: str | None = None, schema_key: str | None = None,
+                                   limit: int = 1000) -> list[TrafficSample]:
+        cond, args = _where((("model", model), ("schema_key", schema_key)))
+        async with self._conn() as conn:
+            rows = await (await conn.execute(
+                f"SELECT {_TRAFFIC_COLS} FROM traffic_samples WHERE TRUE{cond} ORDER BY created_at DESC LIMIT %s",
+                [*args, limit])).fetchall()
+        retry = self._retry
+        unwritten = (retry.traffic if retry is not None else []) + self.stats.traffic.pending()
+        return newest_samples(map(_traffic, rows), unwritten, model, schema_key, limit)
 
     async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
         cond, args = _where((("model", model), ("schema_key", schema_key)))

@@ -8,8 +8,9 @@ dies midway leaves the schema as it was.
 
 Version numbers are the SQLite store's (``sqlite.py``): version 3 holds the same tables (the
 registry, hourly counters, the schema history, rejected-draft samples, the policy's changes)
-plus ``flush_marks``, which makes a flush land exactly once. A later version adds its
-statements to ``MIGRATIONS`` under the version it migrates from, and raises ``SCHEMA_VERSION``.
+plus ``flush_marks``, which makes a flush land exactly once; version 4 adds the traffic samples.
+A later version adds its statements to ``MIGRATIONS`` under the version it migrates from, and
+raises ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from typing import Any
 
 from structspec.store.base import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The advisory lock's key: any constant 64-bit integer that no other application on the database uses for its own
 # lock ('stsp' in ASCII).
 MIGRATION_LOCK = 0x73747370
 
+TRAFFIC_DDL = """CREATE TABLE traffic_samples (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, prompt_tokens INTEGER[] NOT NULL, output_tokens INTEGER[] NOT NULL,
+        finish TEXT NOT NULL, PRIMARY KEY (model, schema_key, hour, slot))"""
 META_DDL = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 DDL = (
     # last_version survives deletes so version numbers are never reused
@@ -56,9 +61,10 @@ DDL = (
     # per replica process: the sequence number of its latest flush that landed (a retried flush whose number is
     # not above it had landed already: its commit was not acknowledged)
     "CREATE TABLE flush_marks (replica TEXT PRIMARY KEY, batch BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL)",
+    TRAFFIC_DDL,
 )
 # version -> the statements that migrate a store of that version to the next one
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+MIGRATIONS: dict[int, tuple[str, ...]] = {3: (TRAFFIC_DDL,)}
 
 
 async def migrate(conn: Any, where: str) -> tuple[int | None, int]:

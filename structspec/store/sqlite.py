@@ -19,12 +19,15 @@ from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import KEEP_PER_KEY as SAMPLES_KEEP
 from structspec.stats.samples import RejectedDraft
-from structspec.store.base import SPECULATION_MODES, Backlog, SchemaRecord, StoreError, backlog_of, sum_counters
+from structspec.stats.traffic import KEEP_PER_KEY as TRAFFIC_KEEP
+from structspec.stats.traffic import TrafficSample
+from structspec.store.base import (SPECULATION_MODES, Backlog, SchemaRecord, StoreError, backlog_of, newest_samples,
+                                   sum_counters)
 from structspec.store.history_buffer import HistoryBuffer
 
 T = TypeVar("T")
 
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 _DDL = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # last_version survives deletes so version numbers are never reused
@@ -56,6 +59,11 @@ _DDL = (
         at DOUBLE PRECISION NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, previous TEXT NOT NULL,
         batch_bucket INTEGER NOT NULL, acceptance DOUBLE PRECISION, threshold DOUBLE PRECISION)""",
     "CREATE INDEX IF NOT EXISTS policy_changes_by_key ON policy_changes (model, schema_key, proposer, at)",
+    # a reservoir of completed requests per (model, schema, hour): prompt and output ids as JSON arrays
+    """CREATE TABLE IF NOT EXISTS traffic_samples (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, prompt_tokens TEXT NOT NULL, output_tokens TEXT NOT NULL,
+        finish TEXT NOT NULL, PRIMARY KEY (model, schema_key, hour, slot))""",
 )
 _COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
 _COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
@@ -80,11 +88,13 @@ def _migrate_from_1(c: sqlite3.Connection) -> None:
 
 # Version 2 -> 3 adds the rejected-draft samples and the policy's changes: new tables (the DDL creates them), no
 # row of version 2 changes.
+# Version 3 -> 4 adds the traffic samples: a new table, no row of version 3 changes.
 
 
 _SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
                 "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical")
 _CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
+_TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish"
 
 
 def _sample_row(r: RejectedDraft) -> tuple[Any, ...]:
@@ -97,6 +107,16 @@ def _sample(row: tuple[Any, ...]) -> RejectedDraft:
     return RejectedDraft(row[0], row[1], row[2], int(row[3]), int(row[4]), float(row[5]), int(row[6]),
                          tuple(json.loads(row[7])), row[8], tuple(json.loads(row[9])), row[10], int(row[11]),
                          int(row[12]), row[13], int(row[14]), row[15], bool(row[16]))
+
+
+def _traffic_row(r: TrafficSample) -> tuple[Any, ...]:
+    return (r.model, r.schema_key, r.hour, r.slot, r.created_at, json.dumps(r.prompt_tokens),
+            json.dumps(r.output_tokens), r.finish)
+
+
+def _traffic(row: tuple[Any, ...]) -> TrafficSample:
+    return TrafficSample(row[0], row[1], int(row[2]), int(row[3]), float(row[4]), tuple(json.loads(row[5])),
+                         tuple(json.loads(row[6])), row[7])
 
 
 def _change(row: tuple[Any, ...]) -> PolicyChange:
@@ -304,9 +324,12 @@ class SQLiteStore:
                 await self._flush_samples()
             finally:
                 try:
-                    await self._flush_changes()
+                    await self._flush_traffic()
                 finally:
-                    await self._flush_counters()
+                    try:
+                        await self._flush_changes()
+                    finally:
+                        await self._flush_counters()
 
     async def _flush_counters(self) -> None:
         rows = self.stats.take()
@@ -372,6 +395,7 @@ class SQLiteStore:
         def prune(c: sqlite3.Connection) -> int:
             n = c.execute("DELETE FROM counters WHERE hour < ?", (cutoff,)).rowcount
             n += c.execute("DELETE FROM rejected_drafts WHERE hour < ?", (cutoff,)).rowcount
+            n += c.execute("DELETE FROM traffic_samples WHERE hour < ?", (cutoff,)).rowcount
             n += c.execute("DELETE FROM history WHERE created_at < ?", (before,)).rowcount
             # every change past retention but each key's newest: a state that has not changed since is still its state
             return n + c.execute("DELETE FROM policy_changes WHERE at < ? AND id <> (SELECT MAX(q.id) FROM policy_changes q "
@@ -408,6 +432,44 @@ class SQLiteStore:
         except BaseException:
             self.stats.samples.restore(rows)
             raise
+
+    async def _flush_traffic(self) -> None:
+        rows = self.stats.traffic.take()
+        if not rows:
+            return
+
+        def write(c: sqlite3.Connection) -> None:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                c.executemany(f"INSERT OR REPLACE INTO traffic_samples ({_TRAFFIC_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                              [_traffic_row(r) for r in rows])
+                for model, key in {(r.model, r.schema_key) for r in rows}:
+                    c.execute("DELETE FROM traffic_samples WHERE model = ? AND schema_key = ? AND (hour, slot) NOT IN "
+                              "(SELECT hour, slot FROM traffic_samples WHERE model = ? AND schema_key = ? "
+                              "ORDER BY hour DESC, created_at DESC LIMIT ?)", (model, key, model, key, TRAFFIC_KEEP))
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+
+        try:
+            await self._run(write)
+        except BaseException:
+            self.stats.traffic.restore(rows)
+            raise
+
+    async def read_traffic_samples(self, model: str | None = None, schema_key: str | None = None,
+                                   limit: int = 1000) -> list[TrafficSample]:
+        def read(c: sqlite3.Connection) -> list[TrafficSample]:
+            sql, args = f"SELECT {_TRAFFIC_COLS} FROM traffic_samples WHERE 1 = 1", []
+            for column, value in (("model", model), ("schema_key", schema_key)):
+                if value is not None:
+                    sql += f" AND {column} = ?"
+                    args.append(value)
+            rows = c.execute(sql + " ORDER BY created_at DESC LIMIT ?", [*args, limit]).fetchall()
+            return [_traffic(r) for r in rows]
+
+        return newest_samples(await self._run(read), self.stats.traffic.pending(), model, schema_key, limit)
 
     async def _flush_changes(self) -> None:
         rows = self.stats.policy.take()

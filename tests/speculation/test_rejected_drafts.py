@@ -1,6 +1,6 @@
 """On the demo models with the policy: every rejected draft the verifier saw is a candidate sample, and a kept
 sample says exactly what was drafted, where the target refused it and what it chose; the policy's state per
-proposer is recorded as it decides."""
+proposer is recorded as it decides; each finished request is offered to the traffic sample, ids as committed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.speculation.test_speculative_decoding import ITEMS, sequences
 
 
 def test_rejected_drafts_are_sampled_as_the_verifier_saw_them(demo_models, demo_compiler):
-    book = StatsBook(samples_per_hour=1000)  # keep every rejection: each can be checked
+    book = StatsBook(samples_per_hour=1000, traffic_per_hour=1000)  # keep every one: each can be checked
     engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=4), compiler=demo_compiler,
                              proposers=ProposerSet(ngram=True, history=True, draft=True), stats=book.recorder("demo"), policy=PolicyConfig(), seed=0)
     seqs = sequences(engine, ITEMS[:6], max_tokens=120)
@@ -43,6 +43,10 @@ def test_rejected_drafts_are_sampled_as_the_verifier_saw_them(demo_models, demo_
     changes = book.policy.take()
     assert changes and all(c.model == "demo" and c.threshold == PolicyConfig().acceptance_threshold for c in changes)
     assert {c.state for c in changes if c.previous == ""} == {ON}  # a new schema's proposers start cold: on
+    traffic = book.traffic.take()
+    assert sorted((t.schema_key, t.prompt_tokens, t.output_tokens, t.finish) for t in traffic) == sorted(
+        (s.schema_key, tuple(s.prompt), tuple(s.output), s.finish.value) for s in seqs)
+    assert all(t.model == "demo" for t in traffic)
 
 
 def _contains(seq: list[int], part: list[int]) -> bool:

@@ -36,26 +36,28 @@ async def scalar(url: str, sql: str, *args):
 async def test_replicas_starting_together_create_the_schema_once(postgres) -> None:
     url = postgres.new_database()
     stores = await asyncio.gather(*(store(url, pool_size=1) for _ in range(6)))  # six replicas at once, fresh database
-    assert await scalar(url, "SELECT value FROM meta WHERE key = 'schema_version'") == "3"
+    assert await scalar(url, "SELECT value FROM meta WHERE key = 'schema_version'") == str(postgres_schema.SCHEMA_VERSION)
     assert await scalar(url, "SELECT COUNT(*) FROM pg_tables WHERE tablename = 'counters'") == 1
     await asyncio.gather(*(s.close() for s in stores))
 
 
 async def test_a_migration_runs_once_when_replicas_start_together(postgres, monkeypatch) -> None:
     url = postgres.new_database()
-    await (await store(url)).close()  # a version 3 database
+    await (await store(url)).close()  # a database of the current version
+    v = postgres_schema.SCHEMA_VERSION
     # a next version: a column added (a second ALTER would fail: only the lock and the version check prevent it)
-    monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", 4)
-    monkeypatch.setattr(postgres_schema, "MIGRATIONS", {3: ("ALTER TABLE counters ADD COLUMN note TEXT",)})
+    monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", v + 1)
+    monkeypatch.setattr(postgres_schema, "MIGRATIONS",
+                        {**postgres_schema.MIGRATIONS, v: ("ALTER TABLE counters ADD COLUMN note TEXT",)})
     stores = await asyncio.gather(*(store(url, pool_size=1) for _ in range(5)))
-    assert await scalar(url, "SELECT value FROM meta WHERE key = 'schema_version'") == "4"
+    assert await scalar(url, "SELECT value FROM meta WHERE key = 'schema_version'") == str(v + 1)
     assert await scalar(url, "SELECT COUNT(*) FROM information_schema.columns WHERE table_name = 'counters' AND "
                              "column_name = 'note'") == 1
     await asyncio.gather(*(s.close() for s in stores))
-    monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", 5)  # no step from 4: refused, nothing changed
+    monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", v + 2)  # no step from v + 1: refused, nothing changed
     with pytest.raises(StoreError, match="cannot migrate"):
         await store(url)
-    assert await scalar(url, "SELECT value FROM meta WHERE key = 'schema_version'") == "4"
+    assert await scalar(url, "SELECT value FROM meta WHERE key = 'schema_version'") == str(v + 1)
 
 
 async def test_a_newer_store_is_refused_and_leaves_the_store_closed(postgres) -> None:
@@ -160,7 +162,7 @@ async def test_the_database_stopped_and_started_under_a_store(postgres) -> None:
             await s.flush()
         rec.record_decision("k", "drafted", {})  # a new key while 8 wait (the kept batch's): dropped, counted
         backlog = s.backlog()
-        assert backlog.dropped == {"counters": 1, "history": 1, "samples": 0, "policy_changes": 0}, backlog
+        assert backlog.dropped == {"counters": 1, "history": 1, "samples": 0, "traffic": 0, "policy_changes": 0}, backlog
         assert backlog.unwritten["counters"] == 8 and backlog.unwritten["history"] == 2
     finally:
         postgres.start()

@@ -144,7 +144,7 @@ async def test_migration_from_version_2(tmp_path: Path) -> None:
     conn.close()
 
     s = await opened(path)
-    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)  # type: ignore[union-attr]
+    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)  # type: ignore[union-attr]
     assert (await s.read_counters(since=0)) == {key("m", "inv@1", Series.DRAFTED, proposer="ngram", bucket=1): 12.0}
     assert (await s.get_schema("inv", 1)).speculation == "off"  # type: ignore[union-attr]
     assert await s.load_history("m", 8, 8) == [("inv@1", '{"a":1}')]
@@ -153,6 +153,6 @@ async def test_migration_from_version_2(tmp_path: Path) -> None:
     s.stats.recorder("m").record_policy("inv@1", {"ngram": Reason.COLD}, 1, {}, 0.55)
     await s.close()
     s2 = SQLiteStore(path, StatsBook(clock=Clock()))
-    await s2.open()  # version 3 again: nothing to migrate
+    await s2.open()  # the current version: nothing to migrate
     assert len(await s2.read_rejected_drafts()) == 1 and len(await s2.read_policy_changes()) == 1
     await s2.close()
