@@ -67,16 +67,29 @@ class TargetTopK:
 def target_topk(executor: ForwardStep, examples: Sequence[DistillExample], top_k: int = 16,
                 rows_per_step: int = 64, prefill_chunk: int = 512,
                 progress: Callable[[int, int], None] | None = None) -> list[TargetTopK]:
-    """The target's top-``top_k`` at every learned position of each example, one sequence at a time.
+    """The target's top-``top_k`` at every learned position of each example.
 
-    Cost: one forward over each example's tokens (the prompt in ``prefill_chunk`` pieces) and, per
-    ``rows_per_step`` learned positions, a full-vocabulary log-softmax (262k ids: ~67 MB of logits)."""
-    out = []
-    for n, ex in enumerate(examples):
-        sid = executor.new_sequence()
-        try:
+    Examples are visited in the order of their ids, and each starts from the cache of the one before
+    it for the prefix they share (``copy_prefix``): prompts of one schema share their worked examples,
+    most of their length. Cost: one forward over each example's unshared tokens (in ``prefill_chunk``
+    pieces) and, per ``rows_per_step`` learned positions, a full-vocabulary log-softmax (262k ids: ~67 MB
+    of logits)."""
+    out: list[TargetTopK | None] = [None] * len(examples)
+    order = sorted(range(len(examples)), key=lambda i: examples[i].ids)
+    previous: tuple[int, list[int]] | None = None  # (sequence id, the prefix it caches)
+    try:
+        for n, i in enumerate(order):
+            ex = examples[i]
             prefix = list(ex.ids[: ex.start - 1])
-            for lo in range(0, len(prefix), prefill_chunk):
+            sid = executor.new_sequence()
+            shared = 0
+            if previous is not None:
+                shared = _common_prefix(previous[1], prefix)
+                if shared > 0:
+                    executor.copy_prefix(sid, previous[0], shared)
+                executor.free(previous[0])
+            previous = (sid, prefix)
+            for lo in range(shared, len(prefix), prefill_chunk):
                 executor.step([StepInput(sid, prefix[lo: lo + prefill_chunk], logits_at=(-1,))])
             rest = list(ex.ids[ex.start - 1: -1])  # learned positions: each row predicts the next id
             ids, logps = [], []
@@ -86,12 +99,22 @@ def target_topk(executor: ForwardStep, examples: Sequence[DistillExample], top_k
                 top = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
                 ids.append(top.indices)
                 logps.append(top.values)
-        finally:
-            executor.free(sid)
-        out.append(TargetTopK(torch.cat(ids), torch.cat(logps)))
-        if progress is not None:
-            progress(n + 1, len(examples))
-    return out
+            executor.rollback(sid, len(rest))  # keep the prefix only: the next example may share it
+            out[i] = TargetTopK(torch.cat(ids), torch.cat(logps))
+            if progress is not None:
+                progress(n + 1, len(examples))
+    finally:
+        if previous is not None:
+            executor.free(previous[0])
+    return out  # type: ignore[return-value]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 @dataclass(frozen=True)
