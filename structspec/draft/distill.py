@@ -208,22 +208,24 @@ def distill(draft, examples: Sequence[DistillExample], targets: Sequence[TargetT
             config: DistillConfig = DistillConfig(), log: Callable[[str], None] | None = None) -> DistillLog:
     """Train ``draft`` (a transformers causal LM over draft ids) in place towards ``targets``.
 
-    AdamW with linear warm-up and cosine decay over ``config.steps``; batches drawn in shuffled
-    epochs. Deterministic for a seed on the CPU."""
+    AdamW with linear warm-up and cosine decay over ``config.steps`` or ``config.max_seconds``, whichever
+    ends first (a time budget anneals rather than cuts); batches drawn in shuffled epochs. Deterministic for a seed on the CPU."""
     device = next(draft.parameters()).device
     batcher = _Batcher(examples, targets, vocab, config.window, draft.config.vocab_size)
     order_rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=config.lr,
                             weight_decay=config.weight_decay, betas=(0.9, 0.98))
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, config.warmup))
-                                                 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, config.steps)))))
     draft.train()
     result, t0, pending, running = DistillLog(), time.monotonic(), [], 0.0
     order: list[int] = []
     for step in range(config.steps):
-        if time.monotonic() - t0 > config.max_seconds:
+        # cosine decay over the steps or the time budget, whichever runs out first
+        done = max(step / max(1, config.steps), (time.monotonic() - t0) / config.max_seconds)
+        if done >= 1.0:
             break
+        for group in opt.param_groups:
+            group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup)) * 0.5 * (1 + math.cos(math.pi * done))
         if len(order) < config.batch:
             epoch = list(range(len(examples)))
             order_rng.shuffle(epoch)
@@ -239,7 +241,6 @@ def distill(draft, examples: Sequence[DistillExample], targets: Sequence[TargetT
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
-        schedule.step()
         pending.append(loss.item())
         result.steps = step + 1
         if (step + 1) % config.log_every == 0:
