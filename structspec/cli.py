@@ -219,7 +219,7 @@ def bench_step(
 
 
 def _register_optional() -> None:
-    """Commands owned by other modules (server, client, statistics) plug themselves in here."""
+    """Commands owned by other modules (server, client, statistics, drafts) plug themselves in here."""
     try:
         from structspec import cli_serve
     except ImportError:
@@ -238,6 +238,12 @@ def _register_optional() -> None:
         pass
     else:
         cli_stats.register(app)
+    try:
+        from structspec import cli_draft
+    except ImportError:
+        pass
+    else:
+        cli_draft.register(app)
 
 
 _register_optional()

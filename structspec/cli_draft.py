@@ -1,0 +1,166 @@
+"""``structspec draft``: draft models made from their target.
+
+    structspec draft align --data-dir DIR [--schema invoice] --out DIR     fine-tune on recorded traffic
+
+``align`` reads the traffic samples and rejected drafts a server recorded in its store
+(``--data-dir`` / ``--store-url``, as for ``structspec serve``), and writes the aligned draft only
+when it agrees with the target on the held-out share at least as well as the draft it started from
+(``structspec.draft.align``). Exit status: 0 written, 1 refused (worse on the held-out share),
+2 bad input (no traffic, an unreadable store, a missing draft folder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+draft_app = typer.Typer(help="Draft models made from their target: align a draft to recorded traffic.",
+                        no_args_is_help=True, add_completion=False)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _open_and_read(settings: Any, model: str, schema: Optional[str], max_requests: int) -> tuple:
+    from structspec.draft.align import AlignError, read_traffic
+    from structspec.store import DEFAULT_DB_NAME, StoreError, open_store, redact_url
+
+    where = redact_url(settings.store_url) if settings.store_url else str(Path(settings.data_dir) / DEFAULT_DB_NAME)
+    if not settings.store_url and not (Path(settings.data_dir) / DEFAULT_DB_NAME).is_file():
+        raise AlignError(f"no store at {where} (a server writes one there); give --data-dir or --store-url")
+
+    async def read() -> tuple:
+        store = open_store(settings.store_url, settings.data_dir)
+        try:
+            await store.open()
+        except (StoreError, ValueError, OSError) as exc:
+            raise AlignError(f"cannot read the store {where}: {exc}") from exc
+        try:
+            return await read_traffic(store, model, schema, max_requests)
+        except StoreError as exc:
+            raise AlignError(f"cannot read the store {where}: {exc}") from exc
+        finally:
+            try:
+                await store.close()
+            except StoreError:
+                pass
+
+    return asyncio.run(read())
+
+
+def _table(report: Any) -> str:
+    rows = [("held-out" + (f" ({report.schema})" if report.schema else ""), report.heldout)]
+    rows += [(f"  {key}", c) for key, c in report.by_schema.items() if len(report.by_schema) > 1]
+    if report.guard is not None:
+        rows.append(("other schemas (guard)", report.guard))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'':{width}}  requests  positions  top-1 before  after   gain    overlap before  after   gain"]
+    for name, c in rows:
+        lines.append(f"{name:{width}}  {c.before.requests:8d}  {c.before.positions:9d}  {c.before.top1:12.3f}  "
+                     f"{c.after.top1:.3f}  {c.top1_gain:+.3f}  {c.before.overlap:14.3f}  {c.after.overlap:.3f}  "
+                     f"{c.overlap_gain:+.3f}")
+    return "\n".join(lines)
+
+
+@draft_app.command("align")
+def align(
+    out: Annotated[Path, typer.Option("--out", help="folder to write the aligned draft to (replaced)")],
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="read the store in this data directory")] = None,
+    store_url: Annotated[Optional[str], typer.Option("--store-url", help="read this store (sqlite:///path.db, "
+                                                     "postgresql://...)")] = None,
+    schema: Annotated[Optional[str], typer.Option("--schema", help="a registered schema id (its latest version), "
+                                                  "id@version or a statistics key; default: every schema")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="the model key whose traffic is read (default: the "
+                                                 "profile's with its current draft, as a server records it)")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="model profile (default: the settings')")] = None,
+    draft: Annotated[Optional[Path], typer.Option("--draft", help="draft folder to start from (default: the "
+                                                  "profile's)")] = None,
+    holdout: Annotated[float, typer.Option("--holdout", min=0.01, max=0.9, help="share of requests held out (by a "
+                                           "hash of the request)")] = 0.2,
+    steps: Annotated[int, typer.Option("--steps", min=0, help="training steps")] = 300,
+    lr: Annotated[float, typer.Option("--lr", min=0.0, help="peak learning rate")] = 5e-4,
+    positions: Annotated[str, typer.Option("--positions", help="where agreement is learned and measured: free-text "
+                                           "(where the router drafts with the draft model) | all")] = "free-text",
+    device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto")] = "cpu",
+    seed: Annotated[int, typer.Option("--seed", help="seeds the training order and initialisation")] = 0,
+    report_path: Annotated[Optional[Path], typer.Option("--report", help="JSON report (default: <out>/"
+                                                        "align_report.json when written, else <out>.refused.json)")]
+    = None,
+) -> None:
+    """Fine-tune the draft on recorded traffic (completed requests and rejected drafts, the target's distributions
+    recomputed at those positions) and write it only if it is not worse on a held-out share of that traffic."""
+    import torch
+
+    from structspec.draft.align import REPORT_FILE, AlignConfig, AlignError, AlignInputs, AlignReport, align_draft, \
+        write_draft
+    from structspec.models.loading import DTYPES, ModelLoadError, load_draft, load_profile, weights_version
+    from structspec.models.profiles import get_profile
+    from structspec.service.settings import load_settings
+    from structspec.stats.counters import model_key
+
+    settings = load_settings(None, overrides={"data_dir": data_dir, "store_url": store_url}, validate=False)
+    try:
+        config = AlignConfig(holdout=holdout, steps=steps, lr=lr, positions=positions, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    try:
+        prof = get_profile(profile or settings.profile)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    source = draft if draft is not None else (Path(prof.draft) if prof.draft else None)
+    if source is None:
+        _fail(f"profile {prof.name} has no draft model; give --draft FOLDER")
+    if not source.is_dir() or not (source / "config.json").is_file():
+        _fail(f"draft folder {source} is missing (or holds no config.json)")
+    if model is None:
+        model = model_key(prof.name, weights_version(prof.draft) if prof.draft else "")
+    try:
+        traffic, others, rejected, schemas = _open_and_read(settings, model, schema, config.max_requests)
+    except AlignError as exc:
+        _fail(str(exc))
+    key = traffic[0].schema_key if schema is not None else ""
+    typer.echo(f"model {model}: {len(traffic)} traffic samples{' of ' + key if key else ''}, {len(rejected)} "
+               f"rejected drafts{f', {len(others)} samples of other schemas' if others else ''}")
+
+    torch.manual_seed(seed)
+    try:
+        models = load_profile(prof.name, device=device, dtype="float32", with_draft=False, executor="transformers")
+        loaded = load_draft(str(source), models.tokenizer, prof.target, "transformers", models.device, torch.float32)
+    except ModelLoadError as exc:
+        _fail(str(exc))
+    from structspec.assembly import make_executor
+
+    disk_dtype = DTYPES.get(str(json.loads((source / "config.json").read_text()).get("dtype", "float32")),
+                            torch.float32)
+    report = AlignReport(model, key, str(source), str(out), {**config.__dict__, "device": device})
+    inputs = AlignInputs(make_executor(models, models.target), loaded.model, loaded.vocab, models.tokenizer, traffic,
+                         others, rejected, schemas)
+    try:
+        ok = align_draft(inputs, config, report, disk_dtype, log=typer.echo)
+    except AlignError as exc:
+        _fail(str(exc))
+    typer.echo(_table(report))
+    report.written = ok
+    if ok:
+        write_draft(loaded.model, source, out, disk_dtype)
+        report_file = report_path or out / REPORT_FILE
+    else:
+        report_file = report_path or out.parent / f"{out.name}.refused.json"
+    report_file.parent.mkdir(parents=True, exist_ok=True)
+    report_file.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if not ok:
+        typer.echo(f"refused: {report.verdict}; nothing written to {out} (report: {report_file})", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"aligned draft written to {out} (version {weights_version(out)}; report: {report_file})")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(draft_app, name="draft")
