@@ -5,7 +5,8 @@ or ``LlamaCppExecutor``, for the target and the draft alike.
 
 The one module that knows every package the engine is built from (the engine itself
 knows only the ``Speculator`` protocol). ``build_engine`` is the server's default engine
-factory; ``assemble_engine`` wires already-loaded models (tests, benchmarks).
+factory; ``assemble_engine`` wires already-loaded models (tests, benchmarks). ``DraftLoader``
+loads another draft folder for a running engine (``Engine.load_draft``, the LoadDraft RPC).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import asyncio
 import logging
 import random
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +25,7 @@ from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
+from structspec.engine.types import DraftLoadError, DraftUpdate
 from structspec.grammar import GrammarCompiler, TokenizerView
 from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
 from structspec.models.executor import ForwardStep
@@ -54,16 +58,61 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
     if compiler is None:
         compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size), backend=grammar_backend)
     eos = models.tokenizer.eos_token_id
-    speculator = None
+    speculator, loader = None, None
+    draft_version = models.draft_version if proposers is not None and proposers.draft and models.draft is not None else ""
     if proposers is not None:
         draft = None
-        if proposers.draft and models.draft is not None:
+        if draft_version:
             draft = DraftModelProposer(make_draft_executor(models, models.draft, models.draft_vocab, executor), eos)
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=history, draft=draft,
-                            stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft)
-    core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats)
+                            stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft,
+                            draft_version=draft_version)
+        if proposers.draft:
+            loader = DraftLoader(models.profile, models.tokenizer, f"profile {models.profile}",
+                                 getattr(models, "executor", "transformers"), models.device, models.dtype, executor, eos)
+    core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats, engine_model_key(models),
+                      draft_version)
     return Engine(core, models.tokenizer, compiler, executor.max_context, max_tokens_cap, examples, fast_forward,
-                  engine_model_key(models))
+                  engine_model_key(models), draft_loader=loader)
+
+
+@dataclass(frozen=True)
+class DraftLoader:
+    """Loads draft folders for a running engine: checked against the target's tokenizer, on the target's executor
+    kind, device and dtype, over the target's ids. Holds nothing of any draft (a replaced one can be freed)."""
+
+    profile: str
+    tokenizer: Any
+    tokenizer_source: str  # how errors name the target's tokenizer
+    executor: str  # transformers | llamacpp (``make_executor`` reads it)
+    device: torch.device
+    dtype: torch.dtype
+    target: ForwardStep
+    eos: int
+
+    def version(self, path: str) -> str:
+        """The ``weights_version`` of the draft folder ``path``. Raises: DraftLoadError (not a model folder)."""
+        from structspec.models.loading import weights_version
+
+        folder = Path(path)
+        if not path or not folder.is_dir():
+            raise DraftLoadError(f"{path!r} is not a folder on the server")
+        if not (folder / "config.json").is_file():
+            raise DraftLoadError(f"{path} has no config.json (not a model folder)")
+        return weights_version(folder)
+
+    def load(self, path: str) -> DraftUpdate:
+        """The draft in folder ``path`` as the router's proposer. Raises: DraftLoadError (bad folder, another
+        tokenizer, another vocabulary width)."""
+        from structspec.models.loading import ModelLoadError, load_draft
+
+        self.version(path)
+        try:
+            loaded = load_draft(path, self.tokenizer, self.tokenizer_source, self.executor, self.device, self.dtype)
+            executor = make_draft_executor(self, loaded.model, loaded.vocab, self.target)
+        except (ModelLoadError, ValueError) as exc:
+            raise DraftLoadError(str(exc)) from exc
+        return DraftUpdate(DraftModelProposer(executor, self.eos), loaded.version, model_key(self.profile, loaded.version))
 
 
 def make_executor(models, model: Any, max_context: int | None = None) -> ForwardStep:
@@ -91,13 +140,20 @@ def engine_model_key(models) -> str:
     return model_key(models.profile, models.draft_version if models.draft is not None else "")
 
 
-def persisted_history(store: Any, model: str) -> SchemaHistory:
+def persisted_history(store: Any, model: str, legacy_model: str = "") -> SchemaHistory:
     """A schema history loaded from ``store`` (the last outputs of the most recent schemas) that writes
-    every new output back to it."""
+    every new output back to it, under ``model``; where ``model`` has none yet, loaded from ``legacy_model``'s.
+
+    ``model`` is the profile, not the engine's model key: the history holds outputs, and outputs are the
+    target's (verification makes them whatever drafted them), so a draft swap must neither lose them nor
+    split them by draft version."""
     history = SchemaHistory(journal=lambda key, text: store.append_history(model, key, text, time.time()))
     cfg = history.config
     try:  # on the factory's thread: its own event loop for the store's coroutine
-        history.load(asyncio.run(store.load_history(model, cfg.per_schema, cfg.max_schemas)))
+        stored = asyncio.run(store.load_history(model, cfg.per_schema, cfg.max_schemas))
+        if not stored and legacy_model and legacy_model != model:  # kept under the draft's key before
+            stored = asyncio.run(store.load_history(legacy_model, cfg.per_schema, cfg.max_schemas))
+        history.load(stored)
     except Exception:  # noqa: BLE001 - a cold history costs speed, not the server
         log.exception("loading the schema history failed; starting without it")
     return history
@@ -127,7 +183,7 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     examples = build_example_book(get_profile(models.profile).few_shot)
     model = engine_model_key(models)
     recorder = store.stats.recorder(model) if store is not None else None
-    history = persisted_history(store, model) if store is not None and spec.proposers else None
+    history = persisted_history(store, models.profile, model) if store is not None and spec.proposers else None
     engine = run_in_worker(assemble_engine, models, config.grammar_backend, config.limits, spec.proposers,
                            max_tokens_cap=config.max_tokens_cap, stats=recorder, examples=examples,
                            fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None,

@@ -4,7 +4,9 @@
 dedicated thread and talks to it through ``submit``/``abort``, which only touch a locked
 inbox. ``step()`` reads as its stages:
 
-  1. take in new requests and aborts; cancel expired deadlines; admit (the ``Scheduler``);
+  0. run the calls queued for the engine thread (``call_between_steps``: a draft swap);
+  1. take in new requests and aborts; cancel expired deadlines; admit (the ``Scheduler``), each
+     sequence bound to what serves it now (statistics, model key, draft version) for its whole life;
   2. plan each running sequence's feed (the ``Scheduler``);
   3. draft: for each plan that scores, ask the speculator for a draft, cut it at the first
      ungrammatical token and fill the grammar mask of every scored position;
@@ -19,8 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -29,7 +32,7 @@ from structspec.engine.detok import IncrementalDetokenizer
 from structspec.engine.scheduler import Scheduler, StepPlan
 from structspec.engine.sequence import EngineSequence, SequenceStatus
 from structspec.engine.speculator import Draft, DraftVerdict, Speculator
-from structspec.engine.types import FinishReason, OverBudget, QueueFull, SpeculationReport
+from structspec.engine.types import DraftsUnsupported, DraftUpdate, FinishReason, OverBudget, QueueFull, SpeculationReport
 from structspec.engine.verify import Verdict, verify
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask, small_allowed_set, token_allowed
 from structspec.models.executor import ForwardStep, StepInput
@@ -44,17 +47,23 @@ class _Inbox:
     lock: threading.Lock = field(default_factory=threading.Lock)
     new: list[EngineSequence] = field(default_factory=list)
     aborts: set[str] = field(default_factory=set)
+    calls: list[tuple[Callable[[], Any], Future]] = field(default_factory=list)
 
 
 class EngineCore:
     def __init__(self, executor: ForwardStep, tokenizer, eos_token_id: int, limits: SchedulerLimits = SchedulerLimits(),
-                 speculator: Speculator | None = None, stats: Recorder | None = None):
+                 speculator: Speculator | None = None, stats: Recorder | None = None, model_key: str = "",
+                 draft_version: str = ""):
         self.executor = executor
         self.tokenizer = tokenizer
         self.eos = eos_token_id
         self.limits = limits
         self.speculator = speculator
-        self.stats = stats  # requests, drafting decisions and step times (in-memory counters, no I/O)
+        # What serves the sequences admitted from now on (each keeps its own to the end; ``install_draft`` changes
+        # these): the statistics (in-memory counters, no I/O), the model key they are kept under, the draft's version
+        self.stats = stats
+        self.model_key = model_key or (stats.model if stats is not None else "")
+        self.draft_version = draft_version
         self.scheduler = Scheduler(executor, limits)
         self.draft_failures = 0  # drafting attempts that raised (each turned drafting off for its request)
         self._inbox = _Inbox()
@@ -82,14 +91,46 @@ class EngineCore:
             self._inbox.aborts.add(key)
         self.wakeup.set()
 
+    def call_between_steps(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn()`` on the engine thread before the next step takes in and admits requests (engine state
+        changes there only, never under a running step); the future holds its result or its exception."""
+        future: Future = Future()
+        with self._inbox.lock:
+            self._inbox.calls.append((fn, future))
+        self.wakeup.set()
+        return future
+
+    def fail_calls(self, error: BaseException) -> None:
+        """Fail the calls still queued (the engine thread stopped before running them)."""
+        with self._inbox.lock:
+            calls, self._inbox.calls = self._inbox.calls, []
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error)
+
     def queue_depth(self) -> int:
         return len(self.scheduler.waiting) + len(self._inbox.new)
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting or self._inbox.new or self._inbox.aborts)
+        return bool(self.scheduler.running or self.scheduler.waiting or self._inbox.new or self._inbox.aborts
+                    or self._inbox.calls)
 
     # -- the engine thread ------------------------------------------------------------------------
+    def install_draft(self, update: DraftUpdate) -> None:
+        """Serve the sequences admitted from now on with ``update``'s draft, their statistics under its model key;
+        running ones keep theirs. Call it on the engine thread between steps (``call_between_steps``).
+        Raises: DraftsUnsupported (the speculator takes no draft model)."""
+        install = getattr(self.speculator, "install_draft", None)
+        if install is None or not getattr(self.speculator, "drafts_enabled", False):
+            raise DraftsUnsupported("the server's speculation configuration drafts without a draft model")
+        stats = self.stats.book.recorder(update.model_key) if self.stats is not None else None
+        install(update.proposer, update.version, stats)
+        self.stats, self.model_key, self.draft_version = stats, update.model_key, update.version
+        log.info("draft %s installed: requests admitted from now on are served by %s", update.version,
+                 update.model_key)
+
     def step(self) -> None:
+        self._run_calls()
         self._take_inbox()
         self._admit()
         self._redecide()
@@ -111,6 +152,18 @@ class EngineCore:
         for seq in list(self.scheduler.running):
             self._finish(seq, FinishReason.ERROR, error)
 
+    # -- 0. calls for the engine thread ----------------------------------------------------------------
+    def _run_calls(self) -> None:
+        with self._inbox.lock:
+            calls, self._inbox.calls = self._inbox.calls, []
+        for fn, future in calls:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - the caller's to handle, never the engine's
+                future.set_exception(exc)
+
     # -- 1. intake and admission -------------------------------------------------------------------
     def _take_inbox(self) -> None:
         with self._inbox.lock:
@@ -129,6 +182,7 @@ class EngineCore:
         for seq, error in failed:
             self._finish(seq, FinishReason.ERROR, error)
         for seq in admitted:
+            seq.stats, seq.model_key, seq.draft_version = self.stats, self.model_key, self.draft_version
             self._decide(seq, len(self.scheduler.running))
             self._fast_forward(seq)  # the opening forced tokens ride along with the prompt
             self._check_done(seq)
@@ -144,8 +198,9 @@ class EngineCore:
                 log.exception("the drafting policy failed for request %s; it runs without drafts", seq.request_id)
                 seq.decision = SpeculationReport(False, Reason.POLICY_ERROR)
         seq.decision_bucket = batch_bucket(batch_size)
-        if self.stats is not None:
-            self.stats.record_decision(seq.schema_key, seq.decision.reason, seq.decision.reasons)
+        stats = self._stats_of(seq)
+        if stats is not None:
+            stats.record_decision(seq.schema_key, seq.decision.reason, seq.decision.reasons)
 
     def _redecide(self) -> None:
         """Decide again for the sequences admitted at another batch-size bucket than the batch's now."""
@@ -362,15 +417,23 @@ class EngineCore:
             self._emit(seq, final=True)
         seq.end(reason, error, time.monotonic())
         if self.speculator is not None:
-            self.speculator.on_finish(seq)
-        if self.stats is not None:
+            try:
+                self.speculator.on_finish(seq)
+            except Exception:  # noqa: BLE001 - a speculator's bug must not keep the request from being answered
+                log.exception("the speculator failed to release request %s", seq.request_id)
+        stats = self._stats_of(seq)
+        if stats is not None:
             decision = seq.decision
-            self.stats.record_request(seq.schema_key, len(seq.output), seq.usage.target_forward_passes,
-                                      seq.usage.forced_tokens, reason.value, seq.timings.total_ms,
-                                      decision.arm if decision is not None else "", seq.timings.decode_ms,
-                                      seq.decision_bucket)
-            self.stats.record_traffic(seq.schema_key, seq.prompt, seq.output, reason.value)
+            stats.record_request(seq.schema_key, len(seq.output), seq.usage.target_forward_passes,
+                                 seq.usage.forced_tokens, reason.value, seq.timings.total_ms,
+                                 decision.arm if decision is not None else "", seq.timings.decode_ms,
+                                 seq.decision_bucket)
+            stats.record_traffic(seq.schema_key, seq.prompt, seq.output, reason.value)
         seq.on_event("done", None)
+
+    def _stats_of(self, seq: EngineSequence) -> Recorder | None:
+        """The statistics ``seq`` records into: those it was admitted under (a sequence never admitted: today's)."""
+        return seq.stats if seq.stats is not None else self.stats
 
 
 class _CountingMatcher:

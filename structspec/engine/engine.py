@@ -5,6 +5,11 @@ only prepares requests (grammar compiles go to a worker thread, they can take
 seconds for a large vocabulary) and waits on futures the engine thread
 resolves. Cancelling the awaiting task aborts the sequence: it is dropped and
 its KV cache freed at the next step boundary.
+
+``load_draft`` swaps the draft model of a running engine: the new one loads on a worker
+thread while decoding goes on, then is installed on the engine thread between two steps
+(``EngineCore.install_draft``); each request is served to its end by the draft it was
+admitted with, and its result names that version.
 """
 
 from __future__ import annotations
@@ -14,20 +19,32 @@ import logging
 import os
 import threading
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from structspec.engine.api import ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
 from structspec.engine.sequence import EngineSequence
-from structspec.engine.types import ContextTooLong, EngineStopped, FinishReason, GenerationResult, Outcome, TextDelta
+from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupported, DraftUpdate, EngineStopped,
+                                     FinishReason, GenerationResult, Outcome, TextDelta)
 from structspec.grammar import GrammarCompiler
 from structspec.grammar.base import CompiledGrammar
 from structspec.grammar.cache import schema_digest
+from structspec.models.worker_thread import run_in_worker
 from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
 
 log = logging.getLogger(__name__)
+
+
+class DraftLoader(Protocol):
+    """Loads draft folders for this engine's target (``structspec.assembly.DraftLoader``)."""
+
+    def version(self, path: str) -> str:
+        """The version of the draft in folder ``path`` (cheap: hashes the files). Raises: DraftLoadError."""
+
+    def load(self, path: str) -> DraftUpdate:
+        """The draft in folder ``path``, loaded and checked against the target. Raises: DraftLoadError."""
 
 
 class Engine:
@@ -35,9 +52,12 @@ class Engine:
 
     def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
                  max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True,
-                 model_key: str = ""):
+                 model_key: str = "", draft_loader: DraftLoader | None = None):
         self.core = core
-        self.model_key = model_key  # the model statistics are kept under (profile and draft version)
+        if model_key:
+            core.model_key = model_key
+        self.draft_loader = draft_loader  # None: no draft can be loaded while running
+        self._draft_lock: asyncio.Lock | None = None  # one load at a time (made in the loop that loads)
         self.examples = examples or ExampleBook()  # worked examples for requests that bring none
         self.tokenizer = tokenizer
         self.compiler = compiler
@@ -74,8 +94,46 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.core.fail_calls(EngineStopped("the engine stopped"))
 
     close = stop  # the server calls close() after draining
+
+    @property
+    def model_key(self) -> str:
+        """The model statistics of requests admitted now are kept under (profile and draft version)."""
+        return self.core.model_key
+
+    @property
+    def draft_version(self) -> str:
+        """The draft model's version serving requests admitted now ("" without one)."""
+        return self.core.draft_version
+
+    # -- draft models ----------------------------------------------------------------------------
+    async def load_draft(self, path: str) -> DraftSwap:
+        """Serve requests admitted from now on with the draft model in folder ``path`` (on this machine); those in
+        flight finish on theirs. Loading runs on a worker thread (decoding goes on); the version serving already
+        is left as it is (``DraftSwap.loaded`` False).
+        Raises: DraftsUnsupported (no draft model can serve here), DraftLoadError (``path``), EngineStopped."""
+        if self.draft_loader is None or not getattr(self.core.speculator, "drafts_enabled", False):
+            raise DraftsUnsupported("the server's speculation configuration drafts without a draft model; start it "
+                                    "with one that drafts with it (all, policy) to load drafts")
+        if self._draft_lock is None:
+            self._draft_lock = asyncio.Lock()
+        async with self._draft_lock:
+            before = (self.draft_version, self.model_key)
+            version = await asyncio.to_thread(self.draft_loader.version, path)
+            if version == before[0]:
+                return DraftSwap(version, before[1], *before, loaded=False)
+            # Model work on a thread that exits afterwards (it leaves no OpenMP pool behind: see worker_thread)
+            update = await asyncio.to_thread(run_in_worker, self.draft_loader.load, path)
+            try:
+                if self._thread is None or self._stopping:
+                    raise EngineStopped("the engine is shutting down")
+                await asyncio.wrap_future(self.core.call_between_steps(lambda: self.core.install_draft(update)))
+            except BaseException:
+                getattr(update.proposer, "close", lambda: None)()  # never installed: nothing else holds it
+                raise
+        return DraftSwap(update.version, update.model_key, *before, loaded=True)
 
     def queue_depth(self) -> int:
         return self.core.queue_depth()
@@ -210,7 +268,8 @@ class Engine:
         yield GenerationResult(
             request_id=seq.request_id, text=text, token_ids=list(seq.output), finish_reason=seq.finish,
             outcome=Outcome.NOT_CHECKED, usage=seq.usage, timings=seq.timings, error=seq.error,
-            grammar_limit=seq.grammar_limit, speculation=seq.decision,
+            grammar_limit=seq.grammar_limit, speculation=seq.decision, model_key=seq.model_key or self.model_key,
+            draft_version=seq.draft_version if seq.model_key else self.draft_version,
         )
 
     def _finalize(self, result: GenerationResult, check) -> GenerationResult:

@@ -13,11 +13,14 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from structspec.engine.detok import IncrementalDetokenizer
 from structspec.engine.types import FinishReason, SamplingParams, SchemaSpeculation, SpeculationReport, Timings, Usage
 from structspec.grammar.base import CompiledGrammar, Matcher
+
+if TYPE_CHECKING:
+    from structspec.stats.book import Recorder
 
 _KEYS = itertools.count()
 
@@ -68,6 +71,11 @@ class EngineSequence:
     grammar_limit: str | None = None  # the grammar engine's resource limit that ended it (finish ERROR)
     detok: IncrementalDetokenizer | None = None  # output text as it is committed (while admitted)
     speculation: Any = None  # the speculator's per-sequence state (opaque to the engine)
+    # What serves it, set at admission and kept to its end (a draft loaded meanwhile serves later sequences): the
+    # statistics its records go to, the model key they are kept under, the draft model's version
+    stats: "Recorder | None" = None
+    model_key: str = ""
+    draft_version: str = ""
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     created: float = field(default_factory=time.monotonic)

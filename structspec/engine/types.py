@@ -83,6 +83,40 @@ class EngineStopped(EngineError):
     code = "unavailable"
 
 
+class DraftLoadError(InvalidRequest):
+    """A draft folder that cannot serve this target: missing, not a model folder, another tokenizer."""
+
+    def __init__(self, message: str):
+        super().__init__(message, field="path")
+
+
+class DraftsUnsupported(EngineError):
+    """The engine takes no draft model: its speculation configuration drafts without one (or not at all)."""
+
+    code = "failed_precondition"
+
+
+@dataclass(frozen=True)
+class DraftUpdate:
+    """A loaded draft model, ready to be installed: the speculator's proposer (opaque to the engine), its
+    version (``weights_version``) and the model key its statistics go under."""
+
+    proposer: Any
+    version: str
+    model_key: str
+
+
+@dataclass(frozen=True)
+class DraftSwap:
+    """What a draft load did: the version serving requests admitted from now on, and the one before."""
+
+    draft_version: str
+    model_key: str
+    previous_draft_version: str
+    previous_model_key: str
+    loaded: bool  # False: that version was serving already, nothing changed
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Greedy when ``temperature == 0``. A seeded request is reproducible for the same configuration."""
@@ -145,6 +179,10 @@ class GenerationResult:
     # (a property of the schema, not a model failure): the limit's name
     grammar_limit: str | None = None
     speculation: SpeculationReport | None = None  # the drafting decision (None from engines without a policy)
+    # What served it, fixed when it was admitted (a draft loaded meanwhile serves later requests only): the model
+    # its statistics are kept under and the draft model's version ("" without one, or from engines that do not say)
+    model_key: str = ""
+    draft_version: str = ""
 
     @property
     def truncated(self) -> bool:

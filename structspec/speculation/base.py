@@ -16,9 +16,12 @@ __all__ = ["Draft", "DraftContext", "Proposer", "SequenceSpeculation"]
 class SequenceSpeculation:
     """What speculation keeps per sequence (``EngineSequence.speculation``), dropped when it finishes."""
 
-    prompt_text: str  # the prompt, decoded once
+    prompt_text: str | None = None  # the prompt, decoded once (when it first drafts)
     accepted: dict[str, float] = field(default_factory=dict)  # proposer -> recent accepted tokens per draft
-    draft_seq_id: int | None = None  # the draft model's KV-cache sequence, once it has drafted
+    draft_seq_id: int | None = None  # the draft model's KV-cache sequence (in ``draft``'s executor), once it has drafted
+    # The draft version serving it (the router's ``DraftVersion``), bound at admission and kept to its end: a draft
+    # loaded meanwhile serves later sequences only, so no output is drafted by two models
+    draft: Any = None
 
 
 @dataclass

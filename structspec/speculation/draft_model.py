@@ -82,3 +82,11 @@ class DraftModelProposer:
         if state.draft_seq_id is not None:
             self.executor.free(state.draft_seq_id)
             state.draft_seq_id = None
+
+    def close(self) -> None:
+        """Let the executor go (its weights and KV caches): a replaced draft, once its last sequence has finished.
+        Drafting afterwards raises (the engine then ends drafting for that request, never the request)."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
+        self.executor = None

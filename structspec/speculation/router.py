@@ -8,12 +8,20 @@ each sequence's speculation state on the sequence (``EngineSequence.speculation`
 every verdict (and records it, by draft position, in the statistics, with a sample of the
 rejected drafts), records the policy's state per proposer, and feeds the schema history with
 finished outputs.
+
+Draft versions: a sequence is bound at admission to the draft model serving then (``DraftVersion``)
+and drafts with it to its end, its statistics under that version's model key (``EngineSequence.stats``,
+set by the engine), so the policy reads each version's own evidence. ``install_draft`` (on the
+engine thread, between steps) makes a newly loaded draft serve the sequences admitted afterwards;
+the one it replaces is released when its last sequence finishes.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -34,6 +42,8 @@ from structspec.stats.counters import Reason, hour_of
 from structspec.stats.samples import CONTEXT_TOKENS
 from structspec.stats.evidence import CostEvidence, SchemaEvidence, cost_evidence, schema_evidence
 
+log = logging.getLogger(__name__)
+
 EVIDENCE_TTL_SECONDS = 1.0  # the policy's reading of the book is reused this long (admissions come in bursts)
 EVIDENCE_HORIZON_SECONDS = 48 * 3600  # older statistics say little about today's traffic
 
@@ -44,76 +54,159 @@ def history_key(seq: EngineSequence) -> str:
     return f"{seq.history_scope}|{seq.schema_key}" if seq.history_scope else seq.schema_key
 
 
+@dataclass(eq=False)
+class DraftVersion:
+    """A draft model and the sequences bound to it (admitted while it was the current one)."""
+
+    proposer: DraftModelProposer | None  # None: no draft model (or released)
+    version: str = ""
+    sequences: int = 0  # running sequences bound to it
+    retired: bool = False  # another draft serves new sequences: released when ``sequences`` reaches 0
+
+
 class Router:
-    """``policy`` None: every proposer drafts up to the scheduler's limit (a fixed configuration)."""
+    """``policy`` None: every proposer drafts up to the scheduler's limit (a fixed configuration).
+    ``draft_version``: the version of ``draft`` (``weights_version``)."""
 
     def __init__(self, tokenizer, proposers: ProposerSet, vocab_size: int, history: SchemaHistory | None = None,
                  draft: DraftModelProposer | None = None, stats: Recorder | None = None,
-                 policy: PolicyConfig | None = None, rng: random.Random | None = None, max_draft: int = 8):
+                 policy: PolicyConfig | None = None, rng: random.Random | None = None, max_draft: int = 8,
+                 draft_version: str = ""):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.history = history or SchemaHistory()
         self.ngram = NgramProposer(tokenizer) if proposers.ngram else None
         self.history_proposer = HistoryProposer(tokenizer, self.history) if proposers.history else None
-        self.draft = draft if proposers.draft else None
-        self.stats = stats
+        self.drafts_enabled = proposers.draft  # a draft model may serve (``install_draft``)
+        self.current = DraftVersion(draft if proposers.draft else None, draft_version if draft is not None else "")
+        self.stats = stats  # the current statistics (a sequence records into its own, ``EngineSequence.stats``)
         self.policy = policy
         self.rng = rng or random.Random()
         self.max_draft = max_draft  # the cap of a fixed configuration (the scheduler's limit)
-        self.names = tuple(p.name for p in (self.draft, self.ngram, self.history_proposer) if p is not None)
-        self._evidence: dict[str, tuple[float, SchemaEvidence]] = {}
-        self._costs: tuple[float, CostEvidence] | None = None
-        self._probed: dict[str, dict[str, int]] = {}  # schema key -> proposer -> hour of its last probe
+        self._live: set[DraftVersion] = set()  # retired versions that still serve sequences
+        self._evidence: dict[tuple[str, str], tuple[float, SchemaEvidence]] = {}  # (model, schema key)
+        self._costs: dict[str, tuple[float, CostEvidence]] = {}  # model ->
+        self._probed: dict[tuple[str, str], dict[str, int]] = {}  # (model, schema) -> proposer -> hour of last probe
+
+    @property
+    def draft(self) -> DraftModelProposer | None:
+        """The draft model serving sequences admitted now."""
+        return self.current.proposer
+
+    @property
+    def draft_version(self) -> str:
+        return self.current.version
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The proposers a sequence admitted now drafts with."""
+        return self._names(self.current)
+
+    def _names(self, draft: DraftVersion | None) -> tuple[str, ...]:
+        model = draft.proposer if draft is not None else None
+        return tuple(p.name for p in (model, self.ngram, self.history_proposer) if p is not None)
+
+    # -- draft versions --------------------------------------------------------------------------
+    def install_draft(self, proposer: DraftModelProposer, version: str, stats: Recorder | None) -> None:
+        """Serve the sequences admitted from now on with ``proposer`` (version ``version``), recording into
+        ``stats``; running sequences keep their draft, and the one replaced is released after its last.
+        On the engine thread, between steps. Raises: ValueError (this configuration drafts without a model)."""
+        if not self.drafts_enabled:
+            raise ValueError("this speculation configuration drafts without a draft model")
+        old = self.current
+        old.retired = True
+        self._live.add(old)
+        self.current = DraftVersion(proposer, version)
+        self.stats = stats
+        self._release_if_done(old)
+
+    def live_drafts(self) -> dict[str, int]:
+        """Draft version -> running sequences bound to it, for every version still loaded (the current one too)."""
+        out = {d.version: d.sequences for d in self._live if d.proposer is not None}
+        if self.current.proposer is not None:
+            out[self.current.version] = out.get(self.current.version, 0) + self.current.sequences
+        return out
+
+    def _bind(self, seq: EngineSequence) -> SequenceSpeculation:
+        """``seq``'s speculation state, bound to the current draft the first time (at admission)."""
+        state = seq.speculation
+        if state is None:
+            state = seq.speculation = SequenceSpeculation()
+        if state.draft is None:
+            state.draft = self.current
+            self.current.sequences += 1
+        return state
+
+    def _release_if_done(self, draft: DraftVersion) -> None:
+        if not draft.retired or draft.sequences > 0:
+            return
+        self._live.discard(draft)
+        if draft.proposer is not None:
+            draft.proposer.close()
+            draft.proposer = None
+            log.info("draft %s released (its last request finished)", draft.version)
+
+    def _stats(self, seq: EngineSequence) -> Recorder | None:
+        """Where ``seq``'s records go: the statistics it was admitted under."""
+        return seq.stats if seq.stats is not None else self.stats
 
     # -- the policy ------------------------------------------------------------------------------
     def decide(self, seq: EngineSequence, batch_size: int) -> SpeculationReport:
+        names = self._names(self._bind(seq).draft)  # bound first: whatever follows, the sequence has its draft
         if self.policy is None:
-            if not seq.speculate or not self.names:
-                reason = Reason.REQUEST_OFF if self.names else Reason.SERVER_OFF
-                return SpeculationReport(False, reason, False, {}, {p: reason for p in self.names})
-            return SpeculationReport(True, Reason.DRAFTED, False, {p: self.max_draft for p in self.names},
-                                     {p: Reason.DRAFTED for p in self.names})
-        now = self.stats.clock() if self.stats is not None else time.time()
+            if not seq.speculate or not names:
+                reason = Reason.REQUEST_OFF if names else Reason.SERVER_OFF
+                return SpeculationReport(False, reason, False, {}, {p: reason for p in names})
+            return SpeculationReport(True, Reason.DRAFTED, False, {p: self.max_draft for p in names},
+                                     {p: Reason.DRAFTED for p in names})
+        stats = self._stats(seq)
+        now = stats.clock() if stats is not None else time.time()
         hour = hour_of(now)
-        probed = self._probed.get(seq.schema_key, {})
+        # A new draft version starts with no evidence and no probes of its own: judged as a cold schema is
+        probe_key = (stats.model if stats is not None else "", seq.schema_key)
+        probed = self._probed.get(probe_key, {})
         request = PolicyRequest(seq.schema_key, seq.schema, seq.speculate, seq.schema_speculation,
                                 frozenset(p for p, h in probed.items() if h == hour),
                                 seq.decision.arm if seq.decision is not None else "",
                                 seq.decision.reasons.get(DRAFT_MODEL, "") if seq.decision is not None else "")
-        evidence, costs = self._read(seq.schema_key, now)
-        report = decide(evidence, costs, request, batch_size, self.rng, self.policy, self.names)
+        evidence, costs = self._read(stats, seq.schema_key, now)
+        report = decide(evidence, costs, request, batch_size, self.rng, self.policy, names)
         if report.probe:
-            self._probed.setdefault(seq.schema_key, {}).update(
+            self._probed.setdefault(probe_key, {}).update(
                 {p: hour for p, r in report.reasons.items() if r == Reason.PROBE})
-        if self.stats is not None:
+        if stats is not None:
             acceptance = {}
             for p in report.reasons:
                 ev = evidence.at_bucket(p, batch_size, self.policy.min_evidence_tokens)
                 acceptance[p] = ev.acceptance if ev is not None and ev.drafted > 0 else None
-            self.stats.record_policy(seq.schema_key, report.reasons, batch_size, acceptance,
-                                     self.policy.acceptance_threshold)
+            stats.record_policy(seq.schema_key, report.reasons, batch_size, acceptance,
+                                self.policy.acceptance_threshold)
         return report
 
-    def _read(self, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
-        if self.stats is None:
+    def _read(self, stats: Recorder | None, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
+        """The evidence of ``schema_key`` and the step costs, both of ``stats``' model (one draft version's)."""
+        if stats is None:
             return SchemaEvidence(), CostEvidence()
-        book, model, half_life = self.stats.book, self.stats.model, self.policy.half_life_hours
+        book, model, half_life = stats.book, stats.model, self.policy.half_life_hours
         since = hour_of(now - EVIDENCE_HORIZON_SECONDS)
-        cached = self._evidence.get(schema_key)
+        cached = self._evidence.get((model, schema_key))
         if cached is None or now - cached[0] > EVIDENCE_TTL_SECONDS or now < cached[0]:
             cached = (now, schema_evidence(book.rows_for(model, schema_key, since), hour_of(now), half_life,
                                            self.policy.evidence_window_tokens, self.policy.evidence_max_age_hours))
-            self._evidence[schema_key] = cached
+            self._evidence[(model, schema_key)] = cached
             if len(self._evidence) > 4096:  # a bound, not an LRU: the next reads rebuild what they need
                 self._evidence.clear()
-        if self._costs is None or now - self._costs[0] > EVIDENCE_TTL_SECONDS or now < self._costs[0]:
-            self._costs = (now, cost_evidence(book.rows_for(model, "", since), hour_of(now), half_life))
-        return cached[1], self._costs[1]
+        costs = self._costs.get(model)
+        if costs is None or now - costs[0] > EVIDENCE_TTL_SECONDS or now < costs[0]:
+            costs = self._costs[model] = (now, cost_evidence(book.rows_for(model, "", since), hour_of(now), half_life))
+            if len(self._costs) > 64:  # models of retired drafts
+                self._costs = {model: costs}
+        return cached[1], costs[1]
 
     def _context(self, seq: EngineSequence) -> DraftContext:
-        state = seq.speculation
-        if state is None:
-            state = seq.speculation = SequenceSpeculation(self._decode(seq.prompt))
+        state = self._bind(seq)
+        if state.prompt_text is None:
+            state.prompt_text = self._decode(seq.prompt)
         return DraftContext(history_key(seq), seq.schema, state.prompt_text, self._decode(seq.output),
                             seq.prompt, seq.output, seq.matcher, seq.seed, seq.params, state)
 
@@ -124,7 +217,8 @@ class Router:
         """Free-text string values: the draft model (copy lookup where there is none); elsewhere
         history first (key order, enum values seen before), then copy lookup."""
         free = is_free_text(ctx.schema, scan(ctx.output_text))
-        order = [self.draft, self.ngram, self.history_proposer] if free else [self.history_proposer, self.ngram]
+        draft = ctx.state.draft.proposer if ctx.state.draft is not None else None  # the sequence's own version
+        order = [draft, self.ngram, self.history_proposer] if free else [self.history_proposer, self.ngram]
         return [p for p in order if p is not None]
 
     def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
@@ -136,8 +230,9 @@ class Router:
             k = self._draft_len(ctx.state, proposer.name, min(max_tokens, caps[proposer.name]))
             started = time.perf_counter()
             draft = proposer.propose(ctx, k)
-            if self.stats is not None:
-                self.stats.record_proposal(proposer.name, k, time.perf_counter() - started)
+            stats = self._stats(seq)
+            if stats is not None:
+                stats.record_proposal(proposer.name, k, time.perf_counter() - started)
             if draft is not None and draft.tokens:
                 return self._fit_q(draft)
         return None
@@ -163,21 +258,29 @@ class Router:
             recent = seq.speculation.accepted
             prev = recent.get(verdict.proposer)
             recent[verdict.proposer] = verdict.accepted if prev is None else 0.5 * prev + 0.5 * verdict.accepted
-        if self.stats is not None:
+        stats = self._stats(seq)
+        if stats is not None:
             probe = seq.decision is not None and seq.decision.reasons.get(verdict.proposer) == Reason.PROBE
-            self.stats.record_verification(seq.schema_key, verdict.proposer, verdict.batch_size, verdict.drafted,
+            stats.record_verification(seq.schema_key, verdict.proposer, verdict.batch_size, verdict.drafted,
                                            verdict.accepted, probe)
             if verdict.accepted < len(verdict.tokens):
                 context = seq.output[-CONTEXT_TOKENS:]
                 if len(context) < CONTEXT_TOKENS:
                     context = seq.prompt[len(context) - CONTEXT_TOKENS:] + context
-                self.stats.record_rejection(seq.schema_key, verdict.proposer, verdict.batch_size, context,
+                stats.record_rejection(seq.schema_key, verdict.proposer, verdict.batch_size, context,
                                             verdict.tokens, verdict.accepted, verdict.target_token,
                                             verdict.accepted < verdict.grammatical, lambda ids: self._decode(list(ids)))
 
     def on_finish(self, seq: EngineSequence) -> None:
-        if seq.speculation is not None and self.draft is not None:
-            self.draft.release(seq.speculation)
+        state = seq.speculation
         seq.speculation = None
+        if state is not None and state.draft is not None:
+            bound = state.draft
+            try:
+                if bound.proposer is not None:
+                    bound.proposer.release(state)
+            finally:  # counted off whatever the release did, so a replaced draft is still freed
+                bound.sequences -= 1
+                self._release_if_done(bound)
         if seq.finish is FinishReason.STOP and seq.output:
             self.history.add(history_key(seq), self._decode(seq.output))

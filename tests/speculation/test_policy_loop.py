@@ -24,6 +24,8 @@ class Seq:
     speculate: bool = True
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO
     decision: object = None
+    speculation: object = None  # the router's per-sequence state (bound to the draft at the first decision)
+    stats: object = None  # the statistics it was admitted under (None: the router's)
 
 
 class DraftStub:
@@ -123,7 +125,7 @@ def simulate_arms(ms_with: float, ms_without: float, requests: int = 400, seed: 
     router = Router(None, ProposerSet(ngram=True, history=False, draft=True), 16, draft=DraftStub(), stats=rec,
                     policy=PolicyConfig(), rng=random.Random(seed))
     router.ngram = type("Ngram", (), {"name": "ngram"})()
-    router.names = ("draft", "ngram")
+    assert router.names == ("draft", "ngram")  # derived from the proposers present
     chosen = []
     for _ in range(requests):
         clock[0] += 30.0
