@@ -27,7 +27,7 @@ from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
 from structspec.engine.types import DraftLoadError, DraftUpdate
 from structspec.grammar import GrammarCompiler, TokenizerView
-from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
+from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor, vocabulary_hash
 from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.speculation.configs import ProposerSet, speculation_config
@@ -91,14 +91,24 @@ class DraftLoader:
     eos: int
 
     def version(self, path: str) -> str:
-        """The ``weights_version`` of the draft folder ``path``. Raises: DraftLoadError (not a model folder)."""
-        from structspec.models.loading import weights_version
+        """The ``weights_version`` of the draft folder ``path``, its tokenizer checked against the target's (the
+        version hashes the weights, not the tokenizer: a folder of the serving version's weights with another
+        tokenizer must still be refused). Raises: DraftLoadError (not a model folder, another tokenizer)."""
+        from structspec.models.loading import ModelLoadError, check_shared_tokenizer, load_tokenizer, weights_version
 
         folder = Path(path)
         if not path or not folder.is_dir():
             raise DraftLoadError(f"{path!r} is not a folder on the server")
         if not (folder / "config.json").is_file():
             raise DraftLoadError(f"{path} has no config.json (not a model folder)")
+        try:  # what load_draft checks first, without loading the weights
+            vocab = DraftVocab.load(path)
+            if vocab is None:
+                check_shared_tokenizer(self.tokenizer, load_tokenizer(path), self.tokenizer_source, path)
+            elif vocab.tokenizer_sha256 != vocabulary_hash(self.tokenizer):
+                raise DraftLoadError(f"draft {path} was made for another tokenizer than {self.tokenizer_source}'s")
+        except (ModelLoadError, ValueError) as exc:
+            raise DraftLoadError(f"cannot load draft from {path}: {exc}") from exc
         return weights_version(folder)
 
     def load(self, path: str) -> DraftUpdate:
