@@ -1,5 +1,5 @@
 """Client sub-commands of the main ``structspec`` CLI: ``health``, ``extract``, ``call-tool``,
-``schemas list|show|register|delete|set-speculation|stats`` and ``loadtest``.
+``schemas list|show|register|delete|set-speculation|stats``, ``load-draft`` and ``loadtest``.
 
 The connection options (``--target``, the TLS options, the token files, ``--timeout``) are declared
 once, as the fields of ``Connection``; ``@connection_options(...)`` gives a command the ones it
@@ -319,7 +319,7 @@ def call_tool(
         except Exception as exc:
             _fail(exc)
         _print_json({"calls": [{"name": c.name, "arguments": c.arguments} for c in result.calls], "text": result.text,
-                     "usage": asdict(result.usage), "model": result.model,
+                     "usage": asdict(result.usage), "model": result.model, "draft_version": result.draft_version,
                      "speculation": asdict(result.speculation) if result.speculation is not None else None})
         typer.echo(speculation_line(result.model, result.speculation), err=True)
 
@@ -530,10 +530,31 @@ def loadtest(
     typer.echo(report.table())
 
 
+@connection_options(ADMIN_CALL)
+def load_draft(
+    path: Annotated[str, typer.Argument(help="the draft model's folder on the server (config.json, weights, tokenizer "
+                                             "files or draft_vocab.json)", show_default=False)],
+    *,
+    conn: Connection,
+) -> None:
+    """Make a running server draft with another draft model, without a restart: requests admitted from then on use
+    it (their statistics under its version), requests in flight finish on theirs. Needs the admin token."""
+    with conn.client() as client:
+        try:
+            swap = client.load_draft(path)
+        except Exception as exc:
+            _fail(exc)
+    if swap.loaded:
+        typer.echo(f"draft {swap.draft_version} loaded: model {swap.model} (was {swap.previous_model})")
+    else:
+        typer.echo(f"draft {swap.draft_version} is serving already: model {swap.model} (nothing changed)")
+
+
 COMMANDS: dict[str, Callable[..., None]] = {
     "health": health,
     "extract": extract,
     "call-tool": call_tool,
+    "load-draft": load_draft,
     "loadtest": loadtest,
 }
 

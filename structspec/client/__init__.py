@@ -15,6 +15,7 @@ from structspec.client.aio import AsyncClient
 from structspec.client.channel import NO_RETRY, RetryPolicy, TLSConfig
 from structspec.client.errors import (
     DeadlineExceededError,
+    FailedPreconditionError,
     FieldViolation,
     InternalError,
     InvalidArgumentError,
@@ -32,6 +33,7 @@ from structspec.client.errors import (
 )
 from structspec.client.results import (
     DecisionCount,
+    DraftLoad,
     ExtractionResult,
     HistogramBucket,
     HourStats,
@@ -53,7 +55,8 @@ from structspec.client.results import (
 from structspec.client.sync import Client
 
 __all__ = [
-    "AsyncClient", "Client", "DeadlineExceededError", "DecisionCount", "ExtractionResult", "FieldViolation",
+    "AsyncClient", "Client", "DeadlineExceededError", "DecisionCount", "DraftLoad", "ExtractionResult",
+    "FailedPreconditionError", "FieldViolation",
     "HistogramBucket", "HourStats", "InternalError", "InvalidArgumentError", "ModelValidationError", "NO_RETRY", "NotFoundError",
     "OutputError", "PermissionDeniedError", "PolicyChange", "ProposerHour", "ProposerPolicyState", "ProposerStats",
     "RejectedDraft", "RequestCancelledError", "ResourceExhaustedError",

@@ -13,8 +13,8 @@ from structspec.client import convert
 from structspec.client.channel import (RetryPolicy, TLSConfig, auth_metadata, channel_options, channel_target,
                                        resolve_tls)
 from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
-from structspec.client.results import (ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats, TextDelta,
-                                       ToolCallResult)
+from structspec.client.results import (DraftLoad, ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats,
+                                       TextDelta, ToolCallResult)
 from structspec.client.sync import deadline_after, remaining, retry_delay, warn_if_restarted
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
@@ -172,6 +172,10 @@ class AsyncClient:
         req = convert.rejected_drafts_request(schema_id, version, schema_key, model, proposer, limit)
         return [RejectedDraft.from_pb(r)
                 for r in (await self._call(self._stub.ListRejectedDrafts, req, timeout, admin=True)).drafts]
+
+    async def load_draft(self, path: str, *, timeout: float | None = None) -> DraftLoad:
+        req = pb.LoadDraftRequest(path=path)
+        return DraftLoad.from_pb(await self._call(self._stub.LoadDraft, req, timeout, admin=True))
 
     async def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
         stub = health_pb2_grpc.HealthStub(self._channel)

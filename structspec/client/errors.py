@@ -73,6 +73,10 @@ class PermissionDeniedError(StructSpecError):
     """Valid token without the right (registry writes need the admin token)."""
 
 
+class FailedPreconditionError(StructSpecError):
+    """The server is not in a state to do this (e.g. loading a draft into a server that drafts without one)."""
+
+
 class InternalError(StructSpecError):
     """Model or server failure; the server logged it with ``request_id``."""
 
@@ -86,6 +90,7 @@ _BY_CODE: dict[grpc.StatusCode, type[StructSpecError]] = {
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
     grpc.StatusCode.INTERNAL: InternalError,
 }
 

@@ -87,6 +87,7 @@ class ExtractionResult:
     schema_key: str = ""
     speculation: SpeculationReport | None = None  # None from servers that report no drafting decision
     model: str = ""  # the model that produced it (the one its statistics are kept under)
+    draft_version: str = ""  # the draft model's version that served it ("" without one)
 
     @property
     def complete(self) -> bool:
@@ -104,6 +105,7 @@ class ExtractionResult:
         return cls(
             r.request_id, r.json, value, _FINISH.get(r.finish_reason, ""), outcome, r.truncated,
             Usage.from_pb(r.usage), Timings.from_pb(r.timings), r.error, r.schema_key, SpeculationReport.of(r), r.model,
+            r.draft_version,
         )
 
 
@@ -135,6 +137,7 @@ class ToolCallResult:
     error: str = ""
     speculation: SpeculationReport | None = None  # None from servers that report no drafting decision
     model: str = ""  # the model that produced it
+    draft_version: str = ""  # the draft model's version that served it ("" without one)
 
     @classmethod
     def from_pb(cls, r: pb.CallToolResponse) -> "ToolCallResult":
@@ -142,8 +145,23 @@ class ToolCallResult:
         return cls(
             r.request_id, calls, r.text if r.HasField("text") else None, _FINISH.get(r.finish_reason, ""),
             _OUTCOME.get(r.outcome, ""), r.truncated, Usage.from_pb(r.usage), Timings.from_pb(r.timings), r.raw_output, r.error,
-            SpeculationReport.of(r), r.model,
+            SpeculationReport.of(r), r.model, r.draft_version,
         )
+
+
+@dataclass(frozen=True)
+class DraftLoad:
+    """What LoadDraft did: the draft version (and model key) serving requests from now on, and the one before."""
+
+    draft_version: str
+    model: str
+    loaded: bool  # False: that version was serving already (nothing changed)
+    previous_draft_version: str = ""
+    previous_model: str = ""
+
+    @classmethod
+    def from_pb(cls, r: pb.LoadDraftResponse) -> "DraftLoad":
+        return cls(r.draft_version, r.model, r.loaded, r.previous_draft_version, r.previous_model)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from structspec.client.channel import (RetryPolicy, TLSConfig, auth_metadata, ch
                                        resolve_tls)
 from structspec.client.errors import (DeadlineExceededError, InternalError, UnavailableError, error_from_rpc,
                                      may_have_started)
-from structspec.client.results import (ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats, TextDelta,
-                                       ToolCallResult)
+from structspec.client.results import (DraftLoad, ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats,
+                                       TextDelta, ToolCallResult)
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
@@ -231,6 +231,13 @@ class Client:
         req = convert.rejected_drafts_request(schema_id, version, schema_key, model, proposer, limit)
         return [RejectedDraft.from_pb(r)
                 for r in self._call(self._stub.ListRejectedDrafts, req, timeout, admin=True).drafts]
+
+    def load_draft(self, path: str, *, timeout: float | None = None) -> DraftLoad:
+        """Make the server draft with the draft model in folder ``path`` (on the server) for requests admitted from
+        now on; those in flight finish on theirs. Needs the admin token. Raises ``InvalidArgumentError`` (field
+        ``path``) for a folder that is no draft of the served model, ``FailedPreconditionError`` where the server
+        drafts without a draft model."""
+        return DraftLoad.from_pb(self._call(self._stub.LoadDraft, pb.LoadDraftRequest(path=path), timeout, admin=True))
 
     def health(self, service: str = "", *, timeout: float | None = 5.0) -> str:
         """"SERVING", "NOT_SERVING", ... of the standard health service (no token needed)."""

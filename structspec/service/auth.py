@@ -3,8 +3,8 @@
 - No token configured: everything is open (the server logs a warning).
 - Auth tokens configured: every RPC but health and reflection needs one of them (an admin
   token works too) in ``authorization: Bearer <token>`` metadata -> UNAUTHENTICATED otherwise.
-- Registry writes (RegisterSchema, DeleteSchema, SetSchemaSpeculation) and ListRejectedDrafts (its samples
-  hold the last tokens of callers' inputs) need an admin token
+- Registry writes (RegisterSchema, DeleteSchema, SetSchemaSpeculation), ListRejectedDrafts (its samples
+  hold the last tokens of callers' inputs) and LoadDraft (it loads a model from the server's disk) need an admin token
   whenever any token is configured -> PERMISSION_DENIED for a valid non-admin token. With auth
   tokens but no admin token, registry writes are refused: secure by default.
 
@@ -24,7 +24,7 @@ from structspec.service.errors import ServiceError, details_metadata
 SERVICE_PREFIX = "/structspec.v1.StructSpec/"
 # ListRejectedDrafts: its samples hold the last tokens of callers' inputs
 ADMIN_METHODS = frozenset({SERVICE_PREFIX + m for m in ("RegisterSchema", "DeleteSchema", "SetSchemaSpeculation",
-                                                        "ListRejectedDrafts")})
+                                                        "ListRejectedDrafts", "LoadDraft")})
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.ServerReflection/")
 
 
@@ -78,8 +78,8 @@ def authorize_token(token: str | None, config: AuthConfig, admin: bool = False) 
         if token is None or not (_matches(token, config.tokens)):
             return ServiceError(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid admin token (authorization: Bearer <token>)", "UNAUTHENTICATED")
         if not config.admin_tokens:
-            return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "this call (a registry write, or reading rejected-draft samples, which hold callers' input) needs an admin token and none is configured", "ADMIN_TOKEN_REQUIRED")
-        return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "this call (a registry write, or reading rejected-draft samples, which hold callers' input) needs the admin token", "ADMIN_TOKEN_REQUIRED")
+            return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "this call (a registry write, loading a draft model, or reading rejected-draft samples, which hold callers' input) needs an admin token and none is configured", "ADMIN_TOKEN_REQUIRED")
+        return ServiceError(grpc.StatusCode.PERMISSION_DENIED, "this call (a registry write, loading a draft model, or reading rejected-draft samples, which hold callers' input) needs the admin token", "ADMIN_TOKEN_REQUIRED")
     if not config.tokens or is_admin or (token is not None and _matches(token, config.tokens)):
         return None
     return ServiceError(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid token (authorization: Bearer <token>)", "UNAUTHENTICATED")

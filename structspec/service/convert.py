@@ -298,6 +298,7 @@ def speculation_report(r: SpeculationReport) -> pb.SpeculationReport:
 
 
 def extract_result(result: GenerationResult, key: str, model: str = "") -> pb.ExtractResult:
+    """``model``: the engine's model, for a result that does not name the one that served it."""
     out = pb.ExtractResult(
         request_id=result.request_id,
         json=result.text,
@@ -308,7 +309,8 @@ def extract_result(result: GenerationResult, key: str, model: str = "") -> pb.Ex
         timings=timings(result.timings),
         error=result.error or "",
         schema_key=key,
-        model=model,
+        model=result.model_key or model,
+        draft_version=result.draft_version,
     )
     if result.speculation is not None:
         out.speculation.CopyFrom(speculation_report(result.speculation))
@@ -332,7 +334,8 @@ def tool_result(res: ToolCallResult, model: str = "") -> pb.CallToolResponse:
         timings=timings(r.timings),
         error=r.error or "",
         raw_output=r.text,
-        model=model,
+        model=r.model_key or model,
+        draft_version=r.draft_version,
     )
     if r.speculation is not None:
         out.speculation.CopyFrom(speculation_report(r.speculation))

@@ -16,6 +16,8 @@ import grpc
 
 from structspec.engine.types import (
     ContextTooLong,
+    DraftLoadError,
+    DraftsUnsupported,
     EngineError,
     EngineStopped,
     FinishReason,
@@ -102,6 +104,11 @@ def from_exception(exc: BaseException, schema_field: str = "json_schema") -> Ser
     schema_error_type = _schema_error_type()
     if schema_error_type is not None and isinstance(exc, schema_error_type):
         return schema_error(exc, schema_field)  # type: ignore[arg-type]
+    if isinstance(exc, DraftLoadError):
+        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"path: {exc}", "INVALID_DRAFT",
+                            [FieldViolation("path", str(exc))])
+    if isinstance(exc, DraftsUnsupported):
+        return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, str(exc), "DRAFT_UNSUPPORTED")
     if isinstance(exc, ContextTooLong):
         field = exc.field or "text"
         return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {exc}", "CONTEXT_TOO_LONG", [FieldViolation(field, str(exc))])

@@ -347,3 +347,23 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                                                             proposer=request.proposer or None, limit=request.limit)
             return pb.ListRejectedDraftsResponse(drafts=drafts)
         raise AssertionError("unreachable")
+
+    # -- draft models -----------------------------------------------------------------------------
+
+    async def LoadDraft(self, request: pb.LoadDraftRequest, context: grpc.aio.ServicerContext) -> pb.LoadDraftResponse:
+        async with self._rpc("LoadDraft", request, context):
+            engine = self._engine.require()
+            if not request.path:
+                raise errors.invalid("path", "the draft model's folder on the server is required")
+            load = getattr(engine, "load_draft", None)  # an engine without it takes no draft model
+            if load is None:
+                raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "this engine cannot load draft models",
+                                   "DRAFT_UNSUPPORTED")
+            swap = await load(request.path)
+            if swap.loaded:
+                log.info("draft %s loaded from %s: model %s (was %s)", swap.draft_version, request.path,
+                         swap.model_key, swap.previous_model_key)
+            return pb.LoadDraftResponse(draft_version=swap.draft_version, model=swap.model_key, loaded=swap.loaded,
+                                        previous_draft_version=swap.previous_draft_version,
+                                        previous_model=swap.previous_model_key)
+        raise AssertionError("unreachable")

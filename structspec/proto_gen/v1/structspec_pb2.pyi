@@ -222,7 +222,7 @@ class Example(_message.Message):
     def __init__(self, text: _Optional[str] = ..., output_json: _Optional[str] = ...) -> None: ...
 
 class ExtractResult(_message.Message):
-    __slots__ = ("request_id", "json", "object", "value", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "schema_key", "speculation", "model")
+    __slots__ = ("request_id", "json", "object", "value", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "schema_key", "speculation", "model", "draft_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     JSON_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,7 @@ class ExtractResult(_message.Message):
     SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     json: str
     object: _struct_pb2.Struct
@@ -249,7 +250,8 @@ class ExtractResult(_message.Message):
     schema_key: str
     speculation: SpeculationReport
     model: str
-    def __init__(self, request_id: _Optional[str] = ..., json: _Optional[str] = ..., object: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., schema_key: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    draft_version: str
+    def __init__(self, request_id: _Optional[str] = ..., json: _Optional[str] = ..., object: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., schema_key: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ..., draft_version: _Optional[str] = ...) -> None: ...
 
 class ExtractResponse(_message.Message):
     __slots__ = ("result",)
@@ -322,7 +324,7 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
-    __slots__ = ("request_id", "tool_calls", "text", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "raw_output", "speculation", "model")
+    __slots__ = ("request_id", "tool_calls", "text", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "raw_output", "speculation", "model", "draft_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +337,7 @@ class CallToolResponse(_message.Message):
     RAW_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     text: str
@@ -347,7 +350,8 @@ class CallToolResponse(_message.Message):
     raw_output: str
     speculation: SpeculationReport
     model: str
-    def __init__(self, request_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., raw_output: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    draft_version: str
+    def __init__(self, request_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., raw_output: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ..., draft_version: _Optional[str] = ...) -> None: ...
 
 class SchemaVersion(_message.Message):
     __slots__ = ("schema_id", "version", "schema_json", "sha256", "description", "created_at", "source", "speculation")
@@ -444,6 +448,26 @@ class SetSchemaSpeculationResponse(_message.Message):
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     schema: SchemaVersion
     def __init__(self, schema: _Optional[_Union[SchemaVersion, _Mapping]] = ...) -> None: ...
+
+class LoadDraftRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class LoadDraftResponse(_message.Message):
+    __slots__ = ("draft_version", "model", "loaded", "previous_draft_version", "previous_model")
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_MODEL_FIELD_NUMBER: _ClassVar[int]
+    draft_version: str
+    model: str
+    loaded: bool
+    previous_draft_version: str
+    previous_model: str
+    def __init__(self, draft_version: _Optional[str] = ..., model: _Optional[str] = ..., loaded: _Optional[bool] = ..., previous_draft_version: _Optional[str] = ..., previous_model: _Optional[str] = ...) -> None: ...
 
 class ProposerStats(_message.Message):
     __slots__ = ("proposer", "batch_bucket", "drafted", "accepted", "events", "acceptance_rate", "probe_verifications", "reached", "accepted_at", "acceptance_by_position")

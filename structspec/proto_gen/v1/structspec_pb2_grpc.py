@@ -27,8 +27,8 @@ if _version_not_supported:
 
 class StructSpecStub:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation and
-    ListRejectedDrafts need the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation,
+    ListRejectedDrafts and LoadDraft need the admin token.
     """
 
     def __init__(self, channel):
@@ -92,12 +92,17 @@ class StructSpecStub:
                 request_serializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsRequest.SerializeToString,
                 response_deserializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsResponse.FromString,
                 _registered_method=True)
+        self.LoadDraft = channel.unary_unary(
+                '/structspec.v1.StructSpec/LoadDraft',
+                request_serializer=structspec_dot_v1_dot_structspec__pb2.LoadDraftRequest.SerializeToString,
+                response_deserializer=structspec_dot_v1_dot_structspec__pb2.LoadDraftResponse.FromString,
+                _registered_method=True)
 
 
 class StructSpecServicer:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation and
-    ListRejectedDrafts need the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation,
+    ListRejectedDrafts and LoadDraft need the admin token.
     """
 
     def Extract(self, request, context):
@@ -182,6 +187,18 @@ class StructSpecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadDraft(self, request, context):
+        """Load the draft model in a folder on the server, without a restart (admin): requests admitted
+        from then on draft with it, their statistics under its version's model; requests in flight
+        finish on the draft they started with. Decoding goes on while it loads. INVALID_ARGUMENT
+        (`path`) for a folder that is not a draft for the served model (missing, no model, another
+        tokenizer); FAILED_PRECONDITION when the server's speculation configuration takes no draft
+        model. The version serving already: nothing changes (loaded = false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StructSpecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +257,11 @@ def add_StructSpecServicer_to_server(servicer, server):
                     request_deserializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsRequest.FromString,
                     response_serializer=structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsResponse.SerializeToString,
             ),
+            'LoadDraft': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadDraft,
+                    request_deserializer=structspec_dot_v1_dot_structspec__pb2.LoadDraftRequest.FromString,
+                    response_serializer=structspec_dot_v1_dot_structspec__pb2.LoadDraftResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'structspec.v1.StructSpec', rpc_method_handlers)
@@ -250,8 +272,8 @@ def add_StructSpecServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class StructSpec:
     """The structured-output service. Every RPC needs `authorization: Bearer <token>` metadata when
-    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation and
-    ListRejectedDrafts need the admin token.
+    the server has tokens configured; RegisterSchema, DeleteSchema, SetSchemaSpeculation,
+    ListRejectedDrafts and LoadDraft need the admin token.
     """
 
     @staticmethod
@@ -541,6 +563,33 @@ class StructSpec:
             '/structspec.v1.StructSpec/ListRejectedDrafts',
             structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsRequest.SerializeToString,
             structspec_dot_v1_dot_structspec__pb2.ListRejectedDraftsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadDraft(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/structspec.v1.StructSpec/LoadDraft',
+            structspec_dot_v1_dot_structspec__pb2.LoadDraftRequest.SerializeToString,
+            structspec_dot_v1_dot_structspec__pb2.LoadDraftResponse.FromString,
             options,
             channel_credentials,
             insecure,

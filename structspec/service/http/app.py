@@ -302,7 +302,8 @@ class OpenAIApp:
         self._record_name(engine, schema, target.name)
         errors.check_result(ex.result, ex.deadline, schema_field=ex.schema_field)
         message, finish = render.extraction_message(ex.result)
-        return JSONResponse(render.completion(ex.request_id, plan.model, created, engine.model_key, message, finish,
+        return JSONResponse(render.completion(ex.request_id, plan.model, created,
+                                              ex.result.model_key or engine.model_key, message, finish,
                                               render.usage(ex.result, schema.key)))
 
     async def _extract_stream(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
@@ -374,10 +375,11 @@ class OpenAIApp:
         message, finish = render.tool_message(res)
         usage = render.usage(res.result, None)
         if not plan.stream:
-            return JSONResponse(render.completion(ex.request_id, plan.model, created, engine.model_key, message,
-                                                  finish, usage))
+            return JSONResponse(render.completion(ex.request_id, plan.model, created,
+                                                  res.result.model_key or engine.model_key, message, finish, usage))
         ex.streaming = True
-        chunks = render.Chunks(ex.request_id, plan.model, created, engine.model_key, plan.include_usage)
+        chunks = render.Chunks(ex.request_id, plan.model, created, res.result.model_key or engine.model_key,
+                               plan.include_usage)
         usage_chunk = chunks.usage(usage)
         events = [chunks.role(), chunks.message(message), chunks.finish(finish),
                   *([usage_chunk] if usage_chunk is not None else []), render.DONE]

@@ -8,7 +8,8 @@
   no ``tool_calls``: its partial text is the content, with ``finish_reason: "length"``.
 - ``usage`` has OpenAI's ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
   ``prompt_tokens_details.cached_tokens`` (prompt tokens reused from the prefix cache), plus
-  structspec's own fields under the extension key ``structspec`` (``usage_extension``).
+  structspec's own fields under the extension key ``structspec`` (``usage_extension``), among them the
+  model key and draft version that served the request (``system_fingerprint`` is that model key too).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def tool_call_id() -> str:
 def usage_extension(result: GenerationResult, schema_key: str | None) -> dict[str, Any]:
     """What structspec measured: target passes, forced (fast-forwarded) tokens, drafted and accepted tokens per
     proposer, the drafting decision and why (``speculation.reason``, each proposer's reason), the post-check's
-    outcome and the engine's timings."""
+    outcome, the engine's timings, and the model and draft version that served it (``model_key``,
+    ``draft_version``: fixed at admission, whatever draft was loaded meanwhile; absent from engines that do not
+    say)."""
     u, s, t = result.usage, result.speculation, result.timings
     out: dict[str, Any] = {
         "target_forward_passes": u.target_forward_passes,
@@ -48,6 +51,9 @@ def usage_extension(result: GenerationResult, schema_key: str | None) -> dict[st
         "outcome": result.outcome.value,
         "timings_ms": {"queued": t.queued_ms, "prefill": t.prefill_ms, "decode": t.decode_ms, "total": t.total_ms},
     }
+    if result.model_key:
+        out["model_key"] = result.model_key
+        out["draft_version"] = result.draft_version
     if schema_key is not None:
         out["schema_key"] = schema_key
     if result.error:
