@@ -243,3 +243,28 @@ def test_the_policy_judges_a_new_draft_version_on_its_own_evidence():
     states = book.policy.latest()  # the policy's state per version: off on the old one, cold on the new one
     assert states[("demo+draft:old", "invoice@1", "draft")].reason == Reason.LOW_ACCEPTANCE
     assert states[("demo+draft:new", "invoice@1", "draft")].reason == Reason.COLD
+
+
+class HistoryStore:
+    """The two calls ``persisted_history`` makes of a store."""
+
+    def __init__(self, stored: dict[str, list[tuple[str, str]]]):
+        self.stored, self.appended = stored, []
+
+    async def load_history(self, model, per_key, max_keys):
+        return list(self.stored.get(model, []))
+
+    def append_history(self, model, key, text, now):
+        self.appended.append((model, key, text))
+
+
+def test_the_schema_history_is_kept_under_the_profile_whatever_draft_serves():
+    from structspec.assembly import persisted_history
+
+    legacy = HistoryStore({"demo+draft:old": [("contact@1", '{"a": 1}')]})  # kept under the draft's key before
+    history = persisted_history(legacy, "demo", "demo+draft:old")
+    assert history.outputs("contact@1") == ['{"a": 1}']
+    history.add("contact@1", '{"a": 2}')
+    assert legacy.appended == [("demo", "contact@1", '{"a": 2}')]
+    both = HistoryStore({"demo": [("contact@1", '{"b": 1}')], "demo+draft:old": [("contact@1", '{"a": 1}')]})
+    assert persisted_history(both, "demo", "demo+draft:old").outputs("contact@1") == ['{"b": 1}']
