@@ -102,6 +102,14 @@ class VocabMappedExecutor:
         self.max_context = inner.max_context
         self._to_draft = vocab.to_draft_table()
         self._ids = torch.tensor(vocab.ids, dtype=torch.long)
+        self.covered_ids = self._ids  # [C] the target ids ``step_covered``'s columns stand for
+
+    def step_covered(self, inputs: Sequence[StepInput]) -> list[torch.Tensor]:
+        """Like ``step``, but each result is [len(logits_at), C]: the logits of ``covered_ids`` only, which is
+        all a proposer needs (no 262k-wide row is built, masked or scanned)."""
+        mapped = [StepInput(i.seq_id, self._to_draft[torch.as_tensor(list(i.tokens), dtype=torch.long)].tolist(),
+                            i.logits_at) for i in inputs]
+        return [logits[:, : len(self.vocab.ids)].float() for logits in self.inner.step(mapped)]
 
     @property
     def forward_calls(self) -> int:
@@ -111,12 +119,10 @@ class VocabMappedExecutor:
         return self.inner.new_sequence()
 
     def step(self, inputs: Sequence[StepInput]) -> list[torch.Tensor]:
-        mapped = [StepInput(i.seq_id, self._to_draft[torch.as_tensor(list(i.tokens), dtype=torch.long)].tolist(),
-                            i.logits_at) for i in inputs]
         out = []
-        for logits in self.inner.step(mapped):
+        for logits in self.step_covered(inputs):
             full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
-            full[:, self._ids] = logits[:, : len(self.vocab.ids)].float()
+            full[:, self._ids] = logits
             out.append(full)
         return out
 

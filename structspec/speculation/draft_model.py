@@ -34,6 +34,11 @@ from structspec.models.executor import ForwardStep, StepInput
 from structspec.speculation.base import Draft, DraftContext, SequenceSpeculation
 
 
+def bits_at(row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[len(ids)] bool: the bits of ``ids`` in one int32 bitmask row (token t is bit t % 32 of word t // 32)."""
+    return ((row[ids >> 5] >> (ids & 31)) & 1).bool()
+
+
 class DraftModelProposer:
     name = "draft"
 
@@ -51,28 +56,37 @@ class DraftModelProposer:
         if cached >= len(committed):  # re-score the last committed token to get the next distribution
             self.executor.rollback(sid, cached - len(committed) + 1)
             cached = len(committed) - 1
-        (logits,) = self.executor.step([StepInput(sid, committed[cached:], logits_at=(-1,))])
+        # A restricted draft (``models.draft_vocab``) is scored over the ids it covers alone: its mask, argmax
+        # and softmax then run over those few thousand columns instead of the target's whole vocabulary.
+        covered = getattr(self.executor, "covered_ids", None)
+        step = self.executor.step_covered if covered is not None else self.executor.step
+        (logits,) = step([StepInput(sid, committed[cached:], logits_at=(-1,))])
         matcher, greedy = ctx.matcher, ctx.sampling.greedy
         bitmask = allocate_bitmask(1, self.executor.vocab_size)
         tokens: list[int] = []
         for i in range(k):
             matcher.fill_mask(bitmask, 0)
-            masked = apply_token_bitmask(logits[:1], bitmask)[0]  # [V]
+            if covered is not None:
+                masked = logits[0].masked_fill(~bits_at(bitmask[0], covered), float("-inf"))  # [C]
+            else:
+                masked = apply_token_bitmask(logits[:1], bitmask)[0]  # [V]
             if torch.isinf(masked).all():
                 break
             if greedy:
-                tok = int(torch.argmax(masked))
-                sure = float(torch.softmax(masked, dim=-1)[tok])
+                j = int(torch.argmax(masked))
+                sure = float(torch.softmax(masked, dim=-1)[j])
             else:  # the verifier's noise for this output position: a point-mass draft (see the module docstring)
                 logp = target_logprobs(masked, ctx.sampling)
-                tok = int(torch.argmax(logp + keyed_gumbel(ctx.seed, len(ctx.output_ids) + i, logp.shape[-1])))
-                sure = float(logp[tok].exp())
+                noise = keyed_gumbel(ctx.seed, len(ctx.output_ids) + i, self.executor.vocab_size)
+                j = int(torch.argmax(logp + (noise[covered] if covered is not None else noise)))
+                sure = float(logp[j].exp())
+            tok = int(covered[j]) if covered is not None else j
             if tok == self.eos or not matcher.consume([tok]):
                 break
             tokens.append(tok)
             if matcher.is_stopped() or i == k - 1 or sure < self.confidence:
                 break
-            (logits,) = self.executor.step([StepInput(sid, [tok], logits_at=(0,))])
+            (logits,) = step([StepInput(sid, [tok], logits_at=(0,))])
         matcher.rollback(len(tokens))
         self.executor.rollback(sid, self.executor.seq_len(sid) - len(committed))  # keep only committed tokens
         return Draft(tokens, None, self.name) if tokens else None
