@@ -63,7 +63,8 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
     if proposers is not None:
         draft = None
         if draft_version:
-            draft = DraftModelProposer(make_draft_executor(models, models.draft, models.draft_vocab, executor), eos)
+            draft = DraftModelProposer(make_draft_executor(models, models.draft, models.draft_vocab, executor), eos,
+                                       context_tokens=getattr(models, "draft_context", None))
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=history, draft=draft,
                             stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft,
                             draft_version=draft_version)
@@ -122,7 +123,8 @@ class DraftLoader:
             executor = make_draft_executor(self, loaded.model, loaded.vocab, self.target)
         except (ModelLoadError, ValueError) as exc:
             raise DraftLoadError(str(exc)) from exc
-        return DraftUpdate(DraftModelProposer(executor, self.eos), loaded.version, model_key(self.profile, loaded.version))
+        return DraftUpdate(DraftModelProposer(executor, self.eos, context_tokens=loaded.context_tokens), loaded.version,
+                           model_key(self.profile, loaded.version))
 
 
 def make_executor(models, model: Any, max_context: int | None = None) -> ForwardStep:

@@ -27,7 +27,10 @@ ALLOWED: dict[str, set[str]] = {
     "demo": {"prompts", "schemas"},
     "bench": {"assembly", "client", "demo", "engine", "grammar", "models", "prompts", "schemas", "speculation", "stats",
               "store"},  # bench decode --data-dir records its traffic in a store
-    "cli": {"bench", "demo", "models", "cli_client", "cli_serve", "cli_stats"},
+    # drafts made from their target: the workloads' items and step timing reused, the engine answers for the target
+    "draft": {"assembly", "bench", "engine", "models", "speculation", "stats"},
+    "cli": {"bench", "demo", "models", "cli_client", "cli_draft", "cli_serve", "cli_stats"},
+    "cli_draft": {"assembly", "draft", "models", "service", "stats", "store"},
     "cli_serve": {"service"},
     "cli_client": {"bench", "client", "schemas", "service"},
     "cli_stats": {"cli_client", "client", "report", "service", "store"},  # a store read here, or a server asked

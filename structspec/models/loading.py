@@ -14,6 +14,7 @@ operator reading the server log knows what to fix.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class LoadedModels:
     draft_version: str = ""  # ``weights_version`` of the loaded draft ("" without one)
     executor: str = "transformers"  # transformers | llamacpp
     draft_vocab: DraftVocab | None = None  # a restricted draft's vocabulary map (``draft_vocab``); None: full
+    draft_context: int | None = None  # the committed tokens the draft's outputs depend on (``LoadedDraft``)
 
     def parameter_count(self) -> int:
         if self.executor == "llamacpp":
@@ -152,6 +154,22 @@ class LoadedDraft:
     model: Any  # a PreTrainedModel or LlamaCppModel (None: no draft)
     version: str  # ``weights_version`` of its folder
     vocab: DraftVocab | None  # a restricted draft's vocabulary map; None: the draft covers the target's ids
+    context_tokens: int | None = None  # the last committed tokens its next-token logits depend on (None: all)
+
+
+def draft_context_tokens(folder: str | Path) -> int | None:
+    """How many of the last tokens a draft's next-token logits depend on: layers x window when every layer
+    attends within a sliding window (the gemma draft: 2 x 384), else None (all). The draft then never prefills
+    more of a prompt than that: the rest could not change what it drafts."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    layers, window, types = cfg.get("num_hidden_layers"), cfg.get("sliding_window"), cfg.get("layer_types")
+    if isinstance(layers, int) and isinstance(window, int) and isinstance(types, list) and types and \
+            all(t == "sliding_attention" for t in types):
+        return layers * window
+    return None
 
 
 def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: str, executor: str,
@@ -169,7 +187,7 @@ def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: 
         raise ModelLoadError(f"draft {path} was made for another tokenizer than target {tokenizer_source}'s "
                              f"(the tokenizer hash in its {VOCAB_FILE} differs)")
     model = _load_gguf(gguf_for(path)) if executor == "llamacpp" else load_causal_lm(path, device, dtype)
-    return LoadedDraft(model, weights_version(path), vocab)
+    return LoadedDraft(model, weights_version(path), vocab, draft_context_tokens(path))
 
 
 def gguf_for(path: str) -> Path:
@@ -211,7 +229,7 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
         draft = load_draft(profile.draft, tokenizer, tokenizer_dir, "llamacpp", torch.device("cpu"), torch.float32)
     log.info("loaded profile %s for llama.cpp (%s)", profile.name, target.info.path)
     return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
-                        draft.version, executor="llamacpp", draft_vocab=draft.vocab)
+                        draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens)
 
 
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
@@ -229,7 +247,8 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
     if with_draft and profile.draft:
         draft = load_draft(profile.draft, tokenizer, profile.target, "transformers", dev, dt)
     log.info("loaded profile %s on %s (%s)", profile.name, dev, dt)
-    return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab)
+    return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab,
+                        draft_context=draft.context_tokens)
 
 
 def load_profile(name: str, **kwargs: Any) -> LoadedModels:

@@ -18,6 +18,7 @@ class SequenceSpeculation:
 
     prompt_text: str | None = None  # the prompt, decoded once (when it first drafts)
     accepted: dict[str, float] = field(default_factory=dict)  # proposer -> recent accepted tokens per draft
+    draft_offset: int = 0  # the committed tokens the draft's sequence leaves out (``DraftModelProposer.context_tokens``)
     draft_seq_id: int | None = None  # the draft model's KV-cache sequence (in ``draft``'s executor), once it has drafted
     # The draft version serving it (the router's ``DraftVersion``), bound at admission and kept to its end: a draft
     # loaded meanwhile serves later sequences only, so no output is drafted by two models

@@ -42,16 +42,23 @@ def bits_at(row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 class DraftModelProposer:
     name = "draft"
 
-    def __init__(self, executor: ForwardStep, eos_token_id: int, confidence: float = 0.4):
+    def __init__(self, executor: ForwardStep, eos_token_id: int, confidence: float = 0.4,
+                 context_tokens: int | None = None):
         self.executor = executor
         self.eos = eos_token_id
         self.confidence = confidence
+        # A draft whose logits depend on the last ``context_tokens`` tokens only (sliding-window layers) prefills
+        # just those of a prompt: the gemma draft reads 768 of a 3-shot prompt's ~2,000.
+        self.context_tokens = context_tokens
 
     def propose(self, ctx: DraftContext, k: int) -> Draft | None:
         committed = ctx.prompt_ids + ctx.output_ids
         sid = ctx.state.draft_seq_id
         if sid is None:
             sid = ctx.state.draft_seq_id = self.executor.new_sequence()
+            if self.context_tokens:
+                ctx.state.draft_offset = max(0, len(committed) - self.context_tokens)
+        committed = committed[ctx.state.draft_offset:]
         cached = self.executor.seq_len(sid)
         if cached >= len(committed):  # re-score the last committed token to get the next distribution
             self.executor.rollback(sid, cached - len(committed) + 1)
