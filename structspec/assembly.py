@@ -27,7 +27,7 @@ from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
 from structspec.engine.types import DraftLoadError, DraftUpdate
 from structspec.grammar import GrammarCompiler, TokenizerView
-from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor, vocabulary_hash
+from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
 from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.speculation.configs import ProposerSet, speculation_config
@@ -95,29 +95,29 @@ class DraftLoader:
         """The ``weights_version`` of the draft folder ``path``, its tokenizer checked against the target's (the
         version hashes the weights, not the tokenizer: a folder of the serving version's weights with another
         tokenizer must still be refused). Raises: DraftLoadError (not a model folder, another tokenizer)."""
-        from structspec.models.loading import ModelLoadError, check_shared_tokenizer, load_tokenizer, weights_version
+        from structspec.models.loading import ModelLoadError, check_draft_folder, weights_version
 
+        self._check_folder(path)
+        try:
+            check_draft_folder(path, self.tokenizer, self.tokenizer_source)
+        except ModelLoadError as exc:
+            raise DraftLoadError(str(exc)) from exc
+        return weights_version(path)
+
+    @staticmethod
+    def _check_folder(path: str) -> None:
         folder = Path(path)
         if not path or not folder.is_dir():
             raise DraftLoadError(f"{path!r} is not a folder on the server")
         if not (folder / "config.json").is_file():
             raise DraftLoadError(f"{path} has no config.json (not a model folder)")
-        try:  # what load_draft checks first, without loading the weights
-            vocab = DraftVocab.load(path)
-            if vocab is None:
-                check_shared_tokenizer(self.tokenizer, load_tokenizer(path), self.tokenizer_source, path)
-            elif vocab.tokenizer_sha256 != vocabulary_hash(self.tokenizer):
-                raise DraftLoadError(f"draft {path} was made for another tokenizer than {self.tokenizer_source}'s")
-        except (ModelLoadError, ValueError) as exc:
-            raise DraftLoadError(f"cannot load draft from {path}: {exc}") from exc
-        return weights_version(folder)
 
     def load(self, path: str) -> DraftUpdate:
         """The draft in folder ``path`` as the router's proposer. Raises: DraftLoadError (bad folder, another
         tokenizer, another vocabulary width)."""
         from structspec.models.loading import ModelLoadError, load_draft
 
-        self.version(path)
+        self._check_folder(path)  # load_draft checks the tokenizer and hashes the weights itself
         try:
             loaded = load_draft(path, self.tokenizer, self.tokenizer_source, self.executor, self.device, self.dtype)
             executor = make_draft_executor(self, loaded.model, loaded.vocab, self.target)

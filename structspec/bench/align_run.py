@@ -102,6 +102,7 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     from structspec.assembly import engine_model_key
     from structspec.bench.workloads import build_workload
     from structspec.models.loading import load_draft, load_profile
+    from structspec.models.profiles import get_profile
     from structspec.schemas import load_builtin_schemas
     from structspec.stats.book import StatsBook
     from structspec.store import open_store
@@ -131,7 +132,7 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     aligned = data_dir / "aligned"
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "structspec.cli", "draft", "align", "--data-dir", str(data_dir), "--schema", key,
-           "--model", model, "--profile", "gemma-3-270m", "--draft", str(Path(models_draft_dir())), "--out",
+           "--model", model, "--profile", "gemma-3-270m", "--draft", get_profile("gemma-3-270m").draft, "--out",
            str(aligned), "--steps", str(steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     t_align = time.monotonic() - t0
@@ -160,12 +161,6 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     out.write_text(json.dumps(report, indent=2))
     out.with_suffix(".txt").write_text(format_table(report))
     return report
-
-
-def models_draft_dir() -> str:
-    from structspec.models.profiles import get_profile
-
-    return get_profile("gemma-3-270m").draft or ""
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -225,8 +225,9 @@ def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) 
 
 
 # -- structspec engine configurations ------------------------------------------------------------
-def _request(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: bool, rid: str, temperature: float = 0.0,
-             seed: int | None = None):
+def request_for(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: bool, rid: str,
+                temperature: float = 0.0, seed: int | None = None):
+    """The engine request of a workload item: an extraction, or a required call of the item's tool list."""
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed if temperature else None)
     mode = SpeculationMode.AUTO if speculate else SpeculationMode.OFF
     if item.kind == "toolcall":
@@ -251,7 +252,7 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
             if before_request is not None:
                 before_request()
             t0 = time.perf_counter()
-            req = _request(item, max_tokens, fast_forward, speculate, f"bench-{i}", temperature, seed=i)
+            req = request_for(item, max_tokens, fast_forward, speculate, f"bench-{i}", temperature, seed=i)
             if item.kind == "toolcall":
                 out = await engine.call_tool(req)
                 res = out.result

@@ -147,6 +147,19 @@ class Agreement:
     by_tag: dict[str, tuple[int, float]] = field(default_factory=dict)  # tag -> (positions, top1)
 
 
+@dataclass(frozen=True)
+class _Batch:
+    input_ids: torch.Tensor  # [B, T] draft ids, right-padded
+    attention: torch.Tensor  # [B, T]
+    where_b: torch.Tensor  # [P] row of each counted position
+    where_t: torch.Tensor  # [P] its column
+    target_ids: torch.Tensor  # [P, k] the target's top-k, as draft ids
+    target_logprobs: torch.Tensor  # [P, k]
+    target_best: torch.Tensor  # [P] the target's argmax, as a target id
+    weights: torch.Tensor  # [P]
+    tags: list[str]  # [P]
+
+
 class _Batcher:
     """Windows of examples as padded draft-id tensors, learned positions and soft targets."""
 
@@ -161,8 +174,8 @@ class _Batcher:
     def _map(self, ids: torch.Tensor) -> torch.Tensor:
         return self.table[ids] if self.table is not None else ids
 
-    def batch(self, indices: Sequence[int], device: torch.device):
-        rows, spans, tgt_ids, tgt_logp, weights, tags = [], [], [], [], [], []
+    def batch(self, indices: Sequence[int], device: torch.device) -> _Batch:
+        rows, spans, tgt_ids, tgt_logp, best, weights, tags = [], [], [], [], [], [], []
         for i in indices:
             ex, tg = self.examples[i], self.targets[i]
             lo = max(0, ex.start - 1 - self.window)
@@ -172,6 +185,7 @@ class _Batcher:
             spans.append((first, keep))
             tgt_ids.append(self._map(tg.ids)[keep])
             tgt_logp.append(tg.logprobs[keep])
+            best.append(tg.ids[keep, 0])
             weights.append(torch.full((int(keep.sum()),), ex.weight))
             tags.extend([ex.tag] * int(keep.sum()))
         width = max(len(r) for r in rows)
@@ -184,8 +198,9 @@ class _Batcher:
             t = torch.arange(first, first + len(keep))[keep]
             where_b.append(torch.full_like(t, b))
             where_t.append(t)
-        return (input_ids.to(device), attention.to(device), torch.cat(where_b).to(device), torch.cat(where_t).to(device),
-                torch.cat(tgt_ids).to(device), torch.cat(tgt_logp).to(device), torch.cat(weights).to(device), tags)
+        return _Batch(input_ids.to(device), attention.to(device), torch.cat(where_b).to(device),
+                      torch.cat(where_t).to(device), torch.cat(tgt_ids).to(device), torch.cat(tgt_logp).to(device),
+                      torch.cat(best).to(device), torch.cat(weights).to(device), tags)
 
 
 def _draft_logprobs(draft, input_ids, attention, where_b, where_t, invalid: int) -> torch.Tensor:
@@ -231,12 +246,12 @@ def distill(draft, examples: Sequence[DistillExample], targets: Sequence[TargetT
             order_rng.shuffle(epoch)
             order += epoch
         picked, order = order[: config.batch], order[config.batch:]
-        input_ids, attention, wb, wt, tids, tlogp, weights, _ = batcher.batch(picked, device)
-        logq = _draft_logprobs(draft, input_ids, attention, wb, wt, batcher.invalid)
-        p = _soft_targets(tids, tlogp, batcher.invalid)
-        q_at = logq.gather(1, tids.clamp(max=logq.shape[-1] - 1))
+        b = batcher.batch(picked, device)
+        logq = _draft_logprobs(draft, b.input_ids, b.attention, b.where_b, b.where_t, batcher.invalid)
+        p = _soft_targets(b.target_ids, b.target_logprobs, batcher.invalid)
+        q_at = logq.gather(1, b.target_ids.clamp(max=logq.shape[-1] - 1))
         per_position = -(p * q_at.masked_fill(p == 0, 0.0)).sum(-1)
-        loss = (per_position * weights).sum() / weights.sum().clamp(min=1e-9)
+        loss = (per_position * b.weights).sum() / b.weights.sum().clamp(min=1e-9)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -266,20 +281,18 @@ def agreement(draft, examples: Sequence[DistillExample], targets: Sequence[Targe
     hits, overlap, count = 0.0, 0.0, 0
     tags: dict[str, list[int]] = {}
     for lo in range(0, len(examples), batch):
-        input_ids, attention, wb, wt, tids, tlogp, _, row_tags = batcher.batch(range(lo, min(len(examples), lo + batch)),
-                                                                               device)
-        if len(wb) == 0:
+        b = batcher.batch(range(lo, min(len(examples), lo + batch)), device)
+        if len(b.where_b) == 0:
             continue
-        logq = _draft_logprobs(draft, input_ids, attention, wb, wt, batcher.invalid)
+        logq = _draft_logprobs(draft, b.input_ids, b.attention, b.where_b, b.where_t, batcher.invalid)
         best = logq.argmax(-1)
-        best_target_ids = ids[best] if ids is not None else best
-        target_best = targets_top1(examples, targets, range(lo, min(len(examples), lo + batch))).to(device)
-        hit = best_target_ids == target_best
-        q_at = logq.exp().gather(1, tids.clamp(max=logq.shape[-1] - 1)).masked_fill(tids == batcher.invalid, 0.0)
-        overlap += float(torch.minimum(tlogp.exp(), q_at).sum())
+        hit = (ids[best] if ids is not None else best) == b.target_best
+        q_at = logq.exp().gather(1, b.target_ids.clamp(max=logq.shape[-1] - 1))
+        q_at = q_at.masked_fill(b.target_ids == batcher.invalid, 0.0)
+        overlap += float(torch.minimum(b.target_logprobs.exp(), q_at).sum())
         hits += float(hit.sum())
         count += len(hit)
-        for tag, h in zip(row_tags, hit.tolist()):
+        for tag, h in zip(b.tags, hit.tolist()):
             entry = tags.setdefault(tag, [0, 0])
             entry[0] += 1
             entry[1] += int(h)
@@ -287,16 +300,6 @@ def agreement(draft, examples: Sequence[DistillExample], targets: Sequence[Targe
         draft.train()
     return Agreement(count, hits / count if count else 0.0, overlap / count if count else 0.0,
                      {t: (n, h / n) for t, (n, h) in sorted(tags.items())})
-
-
-def targets_top1(examples: Sequence[DistillExample], targets: Sequence[TargetTopK], indices) -> torch.Tensor:
-    """The target's argmax (a target id) at the counted positions of ``examples[indices]``, in batch order."""
-    out = []
-    for i in indices:
-        ex, tg = examples[i], targets[i]
-        keep = torch.ones(ex.learned, dtype=torch.bool) if ex.mask is None else torch.tensor(ex.mask)
-        out.append(tg.ids[keep, 0])
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
 def free_text_mask(tokenizer, schema: dict | None, output_ids: Sequence[int]) -> tuple[bool, ...]:

@@ -72,21 +72,10 @@ def _items(plan: GemmaDraftPlan, few_shot: int):
     return items
 
 
-def _request(item, max_tokens: int):
-    from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
-    from structspec.engine.types import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    if item.kind == "toolcall":
-        return ToolCallRequest(messages=(ChatMessage("user", item.source),), tools=item.tools, tool_choice="required",
-                               sampling=params, examples=item.examples)
-    return ExtractionRequest(schema=item.schema, text=item.source, examples=item.examples, sampling=params,
-                             schema_key=item.schema_name)
-
-
 def generate_traffic(models, items, max_tokens: int, say: Say, concurrency: int = 4) -> list[dict[str, Any]]:
     """The target's own answers to ``items``: prompt ids, output ids, the schema drafted against."""
     from structspec.assembly import assemble_engine
+    from structspec.bench.decode_bench import request_for
     from structspec.engine.config import SchedulerLimits
     from structspec.speculation.configs import ProposerSet
 
@@ -97,7 +86,7 @@ def generate_traffic(models, items, max_tokens: int, say: Say, concurrency: int 
 
     async def one(sem, workload, item):
         async with sem:
-            req = _request(item, max_tokens)
+            req = request_for(item, max_tokens, fast_forward=True, speculate=True, rid="")
             if item.kind == "toolcall":
                 seq = engine.prepare_toolcall(req)
                 res = (await engine.call_tool(req)).result
@@ -155,6 +144,13 @@ def build_examples(tokenizer, traffic: list[dict[str, Any]], plan: GemmaDraftPla
     return outputs, corpus
 
 
+def coverage(examples, vocab: DraftVocab) -> float:
+    """The share of ``examples``' learned tokens that ``vocab`` covers."""
+    chosen = set(vocab.ids)
+    covered = sum(1 for ex in examples for i in ex.ids[ex.start:] if i in chosen)
+    return covered / max(1, sum(ex.learned for ex in examples))
+
+
 def choose_vocab(examples, targets, size: int, target_vocab: int, tokenizer) -> tuple[DraftVocab, float]:
     """The ``size`` ids the target emits most on ``examples`` (the learned tokens and its top-1 at each
     position, by frequency; ties by id); and the share of learned tokens they cover."""
@@ -163,11 +159,8 @@ def choose_vocab(examples, targets, size: int, target_vocab: int, tokenizer) -> 
         counts.update(ex.ids[ex.start:])
         counts.update(tg.ids[:, 0].tolist())
     ranked = sorted(counts, key=lambda i: (-counts[i], i))[:size]
-    learned = sum(ex.learned for ex in examples)
-    chosen = set(ranked)
-    covered = sum(1 for ex in examples for i in ex.ids[ex.start:] if i in chosen)
     vocab = DraftVocab(tuple(ranked), target_vocab, vocabulary_hash(tokenizer))
-    return vocab, covered / max(1, learned)
+    return vocab, coverage(examples, vocab)
 
 
 def init_draft(target_dir: str, vocab: DraftVocab, layers: int, window: int):
@@ -246,9 +239,7 @@ def build_gemma_draft(out: Path, plan: GemmaDraftPlan = GemmaDraftPlan(), say: S
     train_t = [by_example[id(e)] for e in train]
     held_t = [by_example[id(e)] for e in held_out]
     vocab, coverage_train = choose_vocab(train, train_t, plan.vocab, executor_.vocab_size, tokenizer)
-    chosen = set(vocab.ids)
-    held_cover = (sum(1 for e in held_out for i in e.ids[e.start:] if i in chosen)
-                  / max(1, sum(e.learned for e in held_out)))
+    held_cover = coverage(held_out, vocab)
     say(f"vocabulary: {len(vocab.ids)} ids cover {coverage_train:.3f} of training output tokens, "
         f"{held_cover:.3f} of held-out ones")
     draft = init_draft(str(gemma.ensure_converted()), vocab, plan.layers, plan.window)

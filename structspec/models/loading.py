@@ -172,11 +172,10 @@ def draft_context_tokens(folder: str | Path) -> int | None:
     return None
 
 
-def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: str, executor: str,
-               device: torch.device, dtype: torch.dtype) -> LoadedDraft:
-    """The draft model in folder ``path`` for ``executor``, checked against the target's ``tokenizer``
-    (loaded from ``tokenizer_source``, named in errors): a full draft by its own tokenizer files, a restricted
-    one (``draft_vocab.json``) by the tokenizer hash in its map. Raises: ModelLoadError."""
+def check_draft_folder(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: str) -> DraftVocab | None:
+    """Whether the draft in folder ``path`` speaks the target's ``tokenizer`` (loaded from ``tokenizer_source``,
+    named in errors): a full draft by its own tokenizer files, a restricted one (``draft_vocab.json``) by the
+    tokenizer hash in its map, which is returned (None: a full draft). Reads no weights. Raises: ModelLoadError."""
     try:
         vocab = DraftVocab.load(path)
     except ValueError as exc:
@@ -186,6 +185,14 @@ def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: 
     elif vocab.tokenizer_sha256 != vocabulary_hash(tokenizer):
         raise ModelLoadError(f"draft {path} was made for another tokenizer than target {tokenizer_source}'s "
                              f"(the tokenizer hash in its {VOCAB_FILE} differs)")
+    return vocab
+
+
+def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: str, executor: str,
+               device: torch.device, dtype: torch.dtype) -> LoadedDraft:
+    """The draft model in folder ``path`` for ``executor``, checked against the target's ``tokenizer``
+    (``check_draft_folder``). Raises: ModelLoadError."""
+    vocab = check_draft_folder(path, tokenizer, tokenizer_source)
     model = _load_gguf(gguf_for(path)) if executor == "llamacpp" else load_causal_lm(path, device, dtype)
     return LoadedDraft(model, weights_version(path), vocab, draft_context_tokens(path))
 
