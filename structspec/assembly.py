@@ -54,7 +54,7 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
     proposer always (a fixed configuration). ``examples``: worked examples added to requests that bring
     none (``build_engine`` builds them for base-model profiles). ``seed`` seeds the policy's probes.
     """
-    executor = make_executor(models, models.target, max_context)
+    executor = make_executor(models, models.target, max_context, limits)
     if compiler is None:
         compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size), backend=grammar_backend)
     eos = models.tokenizer.eos_token_id
@@ -127,12 +127,22 @@ class DraftLoader:
                            model_key(self.profile, loaded.version))
 
 
-def make_executor(models, model: Any, max_context: int | None = None) -> ForwardStep:
-    """The forward-step executor of ``model`` (the target or the draft of ``models``) for ``models.executor``."""
+def make_executor(models, model: Any, max_context: int | None = None,
+                  limits: SchedulerLimits | None = None) -> ForwardStep:
+    """The forward-step executor of ``model`` (the target or the draft of ``models``) for ``models.executor``.
+
+    ``limits``: the scheduler's, where the executor serves an engine: llama.cpp's pool then starts at the prefix
+    cache's budget and a batch of sequences, what a steady stream holds (each resize moves the whole cache)."""
     if getattr(models, "executor", "transformers") == "llamacpp":
         from structspec.models.llamacpp_executor import LlamaCppExecutor
 
-        return LlamaCppExecutor(model, max_context=max_context)
+        if limits is None:
+            return LlamaCppExecutor(model, max_context=max_context)
+        retained = 4  # prompts the prefix cache typically holds beside the batch
+        steady = min(limits.prefix_cache_tokens, limits.kv_budget_tokens)  # a pool over the budget would block admission
+        return LlamaCppExecutor(model, max_context=max_context,
+                                initial_tokens=max(1024, 1 << max(0, steady.bit_length() - 1)),
+                                initial_sequences=limits.max_batch + retained)
     return TransformersExecutor(model, max_context=max_context)
 
 

@@ -150,10 +150,12 @@ def _grouped(records: list[Record], key: Callable[[Record], str]) -> dict[str, A
 
 @dataclass
 class ExecutorTime:
-    """An executor's counters over a measured run (``forward_calls``; ``eval_seconds`` where it splits them out)."""
+    """An executor's counters over a measured run (``forward_calls``; ``eval_seconds`` and ``head_seconds`` where
+    it splits them out: the model's evaluation, inside llama_decode and in the restricted output layer)."""
 
     forward_calls: int = 0
     eval_s: float | None = None
+    head_s: float = 0.0  # the restricted output layer (llamacpp_executor): model work done outside llama_decode
     tokens: int = 0  # tokens through the model (llama.cpp: counted; transformers: 0, not split out)
     rows: int = 0  # logit rows returned
     restricted: int = 0  # ... scored on their allowed ids alone
@@ -161,13 +163,14 @@ class ExecutorTime:
     @staticmethod
     def read(executor) -> "ExecutorTime":
         return ExecutorTime(executor.forward_calls, getattr(executor, "eval_seconds", None),
-                            getattr(executor, "tokens_evaluated", 0), getattr(executor, "rows_scored", 0),
-                            getattr(executor, "rows_restricted", 0))
+                            getattr(executor, "head_seconds", 0.0), getattr(executor, "tokens_evaluated", 0),
+                            getattr(executor, "rows_scored", 0), getattr(executor, "rows_restricted", 0))
 
     def _combine(self, other: "ExecutorTime", sign: int) -> "ExecutorTime":
         ev = None if self.eval_s is None or other.eval_s is None else self.eval_s + sign * other.eval_s
-        return ExecutorTime(self.forward_calls + sign * other.forward_calls, ev, self.tokens + sign * other.tokens,
-                            self.rows + sign * other.rows, self.restricted + sign * other.restricted)
+        return ExecutorTime(self.forward_calls + sign * other.forward_calls, ev, self.head_s + sign * other.head_s,
+                            self.tokens + sign * other.tokens, self.rows + sign * other.rows,
+                            self.restricted + sign * other.restricted)
 
     def since(self, before: "ExecutorTime") -> "ExecutorTime":
         return self._combine(before, -1)
@@ -184,9 +187,14 @@ def executor_summary(time_: ExecutorTime, wall_s: float) -> dict[str, Any]:
         out["rows_per_forward"] = time_.rows / time_.forward_calls
         out["restricted_row_share"] = time_.restricted / max(1, time_.rows)
     if time_.eval_s is not None and time_.forward_calls:
+        # the model's evaluation: llama_decode, plus the output rows the restricted head scored instead of it;
+        # the overhead is the rest of the wall time, the grammar's and the engine's work
+        model_s = time_.eval_s + time_.head_s
+        other = max(0.0, wall_s - model_s)
         out["eval_ms_per_forward"] = 1000 * time_.eval_s / time_.forward_calls
-        out["overhead_ms_per_forward"] = 1000 * max(0.0, wall_s - time_.eval_s) / time_.forward_calls
-        out["overhead_share_of_eval"] = max(0.0, wall_s - time_.eval_s) / time_.eval_s if time_.eval_s else 0.0
+        out["head_ms_per_forward"] = 1000 * time_.head_s / time_.forward_calls
+        out["overhead_ms_per_forward"] = 1000 * other / time_.forward_calls
+        out["overhead_share_of_eval"] = other / model_s if model_s else 0.0
     return out
 
 
@@ -666,7 +674,7 @@ def format_table(report: dict[str, Any]) -> str:
     llamacpp = any(r["config"] in LLAMACPP_BASELINES for r in report["runs"])
     vs = ("x l.cpp+gram", "x l.cpp") if llamacpp else ("x hf+outl",)
     for col in ("config", "conc", "tok/s", "x off", *vs, "x c1", "p50 ms", "p99 ms", "ms/tok",
-                "passes/tok", "eval ms/fwd", "other ms/fwd", "forced", "valid", "stop", "fields", "copied", "= off",
+                "passes/tok", "eval ms/fwd", "head ms/fwd", "other ms/fwd", "other / model", "forced", "valid", "stop", "fields", "copied", "= off",
                 "acceptance (mean accepted length)"):
         t.add_column(col)
     for r in report["runs"]:
@@ -683,12 +691,14 @@ def format_table(report: dict[str, Any]) -> str:
         t.add_row(r["config"], str(r["concurrency"]), f"{r['tokens_per_s']:.1f}", ratio("speedup_vs_off"),
                   *ratios, ratio("speedup_vs_c1"), f"{r['latency_ms_p50']:.0f}",
                   f"{r['latency_ms_p99']:.0f}", f"{r['ms_per_output_token']:.1f}",
-                  f"{r['forward_passes_per_token']:.2f}", ms("eval_ms_per_forward"), ms("overhead_ms_per_forward"),
+                  f"{r['forward_passes_per_token']:.2f}", ms("eval_ms_per_forward"), ms("head_ms_per_forward"),
+                  ms("overhead_ms_per_forward"),
+                  f"{ex['overhead_share_of_eval']:.1%}" if "overhead_share_of_eval" in ex else "-",
                   f"{r['forced_share']:.2f}", f"{r['valid_rate']:.2f}",
                   f"{r['stop_rate']:.2f}", f"{r['field_accuracy']:.2f}", f"{r.get('copy_rate', 0.0):.3f}",
                   f"{r['same_as_off']:.2f}" if "same_as_off" in r else "-", acc)
     buf = StringIO()
-    console = Console(file=buf, width=220)
+    console = Console(file=buf, width=260)
     console.print(t)
     for key, title in (("by_schema", "schema"), ("by_phase", "phase")):
         table = _group_table(report, key, title)

@@ -35,7 +35,10 @@ count once per sequence, so the count is an upper bound), or a new sequence find
 free id, the context is rebuilt at the new size and the whole cache moved into it
 (``llama_state_get_data``/``set_data``: one copy of the used cells, shared ones once).
 The pool shrinks the same way when a ``free`` leaves it under a quarter used.
-``footprint`` is ``max(cells, pow2(sequences x longest))``.
+``footprint`` is ``max(cells, pow2(sequences x longest))``. The pool never shrinks below
+the size it starts at (``initial_tokens`` cells, ids for ``initial_sequences`` sequences):
+a resize costs ~0.25 s for Gemma 3 270M at 4k cells, so the engine starts it at what a
+steady stream needs (``assembly.make_executor``: the prefix cache's budget and a batch).
 
 Numerics: llama.cpp's CPU kernels are chosen by the shape of a forward, and their rounding
 differs. With weight repacking off (``llamacpp_model``), on a short cache, a forward of up
@@ -147,7 +150,7 @@ class LlamaCppExecutor:
     """``ForwardStep`` over a GGUF model run by llama.cpp on the CPU."""
 
     def __init__(self, model: LlamaCppModel, max_context: int | None = None, threads: int = 0,
-                 initial_tokens: int = 1024, initial_sequences: int = 8, max_outputs: int = 64,
+                 initial_tokens: int = 1024, initial_sequences: int = 4, max_outputs: int = 64,
                  batch_tokens: int = 512, kv_type: str = "f16", restricted: bool = True):
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -159,6 +162,7 @@ class LlamaCppExecutor:
         self.max_context = int(min(max_context or model.info.n_ctx_train, model.info.n_ctx_train))
         self.forward_calls = 0
         self.eval_seconds = 0.0  # time spent inside llama_decode (the rest of a step is this executor's)
+        self.head_seconds = 0.0  # ... and in the restricted output layer, the model's last matrix computed here
         self.tokens_evaluated = 0  # tokens through llama_decode (drafts rolled back afterwards included)
         self.rows_scored = 0  # logit rows returned
         self.rows_restricted = 0  # ... of which scored on their allowed ids alone (no output layer)
@@ -166,7 +170,8 @@ class LlamaCppExecutor:
         self._kv_type, self._kv_elem = KV_TYPES[kv_type]
         self._max_outputs = max_outputs
         self._batch_tokens = batch_tokens
-        self._initial = (_pow2(max(256, initial_tokens)), _pow2(max(1, initial_sequences)))
+        ids = min(MAX_SEQUENCES, _pow2(max(1, initial_sequences) * (2 if model.info.n_swa else 1)))  # guards: below
+        self._initial = (_pow2(max(256, initial_tokens)), ids)
         self._batch = _Batch(self._lib, batch_tokens)
         self._ctx = None
         self._cells, self._n_seq = 0, 0
@@ -504,10 +509,13 @@ class LlamaCppExecutor:
             hidden = self._hidden
             if hidden is None or hidden.shape[0] != len(marks):
                 raise LlamaCppError(f"llama.cpp did not expose the hidden states of the {len(marks)} scored rows")
+            dense = out.numpy()  # numpy, not torch: one thread and no dispatch for a few rows
             for j, i in enumerate(marks):
                 for r in by_token[i]:
-                    out[r.out].fill_(float("-inf"))
-                    out[r.out, r.allowed] = self._head.logits(hidden[j], r.allowed)
+                    dense[r.out].fill(-np.inf)
+                    t1 = time.perf_counter()
+                    dense[r.out, r.allowed.numpy()] = self._head.logits(hidden[j], r.allowed).numpy()
+                    self.head_seconds += time.perf_counter() - t1
             return
         row_bytes = 4 * self.vocab_size
         base = out.data_ptr()

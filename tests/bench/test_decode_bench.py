@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from structspec.bench.decode_bench import format_table, run_decode_bench, to_json
+from structspec.bench.decode_bench import ExecutorTime, executor_summary, format_table, run_decode_bench, to_json
 
 
 def test_report_rows_ratios_and_table():
@@ -122,3 +122,16 @@ def test_llamacpp_baselines_on_gemma_and_their_ratios():
             {"config": "llamacpp_generate", "concurrency": 1, "tokens_per_s": 80.0}]
     decode_bench._add_ratios(runs)
     assert runs[0]["speedup_vs_llamacpp_grammar"] == 3.0 and runs[0]["speedup_vs_llamacpp_generate"] == 0.75
+
+
+def test_the_overhead_is_the_wall_time_outside_the_models_evaluation():
+    """llama_decode and the restricted output layer are the model's; the rest of the wall time is the engine's."""
+    before = ExecutorTime(4, 0.5, 0.05, 10, 4, 2)
+    after = ExecutorTime(14, 1.5, 0.25, 30, 14, 8)
+    spent = after.since(before)
+    assert (spent.forward_calls, spent.tokens, spent.rows, spent.restricted) == (10, 20, 10, 6)
+    out = executor_summary(spent, wall_s=1.5)
+    assert abs(out["eval_ms_per_forward"] - 100.0) < 1e-9 and abs(out["head_ms_per_forward"] - 20.0) < 1e-9
+    assert abs(out["overhead_ms_per_forward"] - 30.0) < 1e-9  # 1.5 s - 1.0 s - 0.2 s over 10 forwards
+    assert abs(out["overhead_share_of_eval"] - 0.25) < 1e-9  # 0.3 s of 1.2 s
+    assert executor_summary(ExecutorTime(10, 1.0), wall_s=0.9)["overhead_ms_per_forward"] == 0.0

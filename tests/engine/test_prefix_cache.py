@@ -102,3 +102,26 @@ def test_retained_prefixes_give_way_to_requests(make_engine):
         assert seq.finish is FinishReason.STOP
         assert engine.core.scheduler.reserved == 0
     assert engine.core.scheduler.prefix.tokens <= need + 10
+
+
+def test_on_llama_cpp_the_pool_starts_at_the_prefix_budget_and_a_stream_keeps_it(request):
+    """A resize moves the whole cache (~0.25 s for Gemma at 4k cells): the engine starts llama.cpp's pool at what
+    retained prompts and a request hold, so a stream of requests over cached prefixes runs in one context."""
+    from structspec.assembly import assemble_engine
+    from structspec.engine.config import SchedulerLimits
+
+    models = request.getfixturevalue("demo_llamacpp_models")
+    engine = assemble_engine(models, limits=SchedulerLimits(prefix_cache_tokens=4096))
+    executor = engine.core.executor
+    assert executor.cells == 4096
+    context = executor._ctx
+    items = build_workload("extraction", 8, few_shot=1)
+    cached = 0
+    for r in _requests(items):
+        seq = engine.prepare_extraction(r)
+        run_until_idle(engine.core, [seq])
+        assert seq.finish is FinishReason.STOP
+        cached += seq.usage.cached_prompt_tokens
+    assert cached > 0  # prompts were reused
+    assert executor._ctx == context and executor.cells == 4096
+    assert engine.core.scheduler.prefix.tokens > 0

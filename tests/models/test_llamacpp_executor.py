@@ -257,6 +257,38 @@ def test_free_reuses_ids_and_the_pool_shrinks_back(model):
     assert (fresh - whole(model, toks)).abs().max() <= TOL
 
 
+def test_a_pool_sized_for_the_steady_stream_is_not_resized_by_it(model):
+    """The prefix cache's pattern: prompts held, each request copying one and growing past it. A pool started at
+    what that holds is never resized by it (a resize moves the whole cache); a burst beyond it grows the pool, and
+    freeing the burst brings it back to its starting size, not below."""
+    ex = LlamaCppExecutor(model, initial_tokens=1024, initial_sequences=4)
+    rng = random.Random(9)
+    prompts = [[rng.randrange(VOCAB) for _ in range(120)] for _ in range(2)]
+    held = [ex.new_sequence() for _ in prompts]
+    ex.step([StepInput(s, p) for s, p in zip(held, prompts)])
+    ctx, sizes = ex._ctx, []
+    for _ in range(3):
+        seqs = [ex.new_sequence() for _ in prompts]
+        for s, h in zip(seqs, held):
+            ex.copy_prefix(s, h, 120)
+        tails = [[rng.randrange(VOCAB) for _ in range(130)] for _ in prompts]
+        got = ex.step([StepInput(s, t) for s, t in zip(seqs, tails)])
+        for g, p, t in zip(got, prompts, tails):
+            assert (g[0] - whole(model, p + t)[-1]).abs().max() <= TOL
+        for s in seqs:
+            ex.free(s)
+        sizes.append(ex.cells)
+    assert sizes == [1024, 1024, 1024] and ex._ctx == ctx  # 240 held + 2 x 250: the same context throughout
+    burst = [ex.new_sequence() for _ in range(10)]
+    ex.step([StepInput(s, [rng.randrange(VOCAB) for _ in range(220)]) for s in burst])
+    assert ex.cells == 4096
+    for s in burst:
+        ex.free(s)
+    assert ex.cells == 1024  # under a quarter used: back to the starting size, which is more than 240 need
+    (back,) = ex.step([StepInput(held[0], [7])])
+    assert (back[0] - whole(model, prompts[0] + [7])[-1]).abs().max() <= TOL
+
+
 def test_context_overflow_and_bad_tokens_are_refused_before_running(model):
     ex = LlamaCppExecutor(model, max_context=16)
     seq = ex.new_sequence()
@@ -311,8 +343,11 @@ def test_small_allowed_sets_are_scored_alone(model):
     a_tokens, b_tokens = [rng.randrange(VOCAB) for _ in range(12)], [rng.randrange(VOCAB) for _ in range(7)]
     a, b = ex.new_sequence(), ex.new_sequence()
     ids_a, ids_b = torch.tensor([3, 40, 96]), torch.tensor([0, 1, 2, 50, 51, 52, 53, 90])
+    assert ex.head_seconds == 0
     got_a, got_b = ex.step([StepInput(a, a_tokens, logits_at=(-3, -1), allowed=(ids_a, ids_a)),
                             StepInput(b, b_tokens, logits_at=(-1,), allowed=(ids_b,))])
+    head = ex.head_seconds
+    assert head > 0  # the output layer's time is the model's, counted apart from the engine's
     ref_a, ref_b = whole(model, a_tokens), whole(model, b_tokens)
     for row, ref, ids in ((got_a[0], ref_a[-3], ids_a), (got_a[1], ref_a[-1], ids_a), (got_b[0], ref_b[-1], ids_b)):
         assert (row[ids] - ref[ids]).abs().max() <= TOL
@@ -324,6 +359,7 @@ def test_small_allowed_sets_are_scored_alone(model):
                                 StepInput(b, [more], logits_at=(0,), allowed=(ids_b,))])
     assert (mixed_a[0] - whole(model, a_tokens + [more])[-1]).abs().max() <= TOL  # all of it: one row is wide
     assert (mixed_b[0] - whole(model, b_tokens + [more])[-1]).abs().max() <= TOL
+    assert ex.head_seconds == head  # scored in full by llama.cpp
     wide = torch.arange(VOCAB)
     ex.restricted_logits_max = 32
     (too_many,) = ex.step([StepInput(a, [more], logits_at=(0,), allowed=(wide,))])  # over the limit: in full
