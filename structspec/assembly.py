@@ -131,15 +131,16 @@ def make_executor(models, model: Any, max_context: int | None = None,
                   limits: SchedulerLimits | None = None) -> ForwardStep:
     """The forward-step executor of ``model`` (the target or the draft of ``models``) for ``models.executor``.
 
-    ``limits``: the scheduler's, where the executor serves an engine: llama.cpp's pool then starts at the prefix
-    cache's budget and a batch of sequences, what a steady stream holds (each resize moves the whole cache)."""
+    ``limits``: the scheduler's, where the executor serves an engine: llama.cpp's pool then starts at what a steady
+    stream holds (each resize moves the whole cache): a full prefix cache and as much again for the running
+    requests, whose copied prefixes the pool counts once more; ids for a batch and the retained prompts."""
     if getattr(models, "executor", "transformers") == "llamacpp":
         from structspec.models.llamacpp_executor import LlamaCppExecutor
 
         if limits is None:
             return LlamaCppExecutor(model, max_context=max_context)
         retained = 4  # prompts the prefix cache typically holds beside the batch
-        steady = min(limits.prefix_cache_tokens, limits.kv_budget_tokens)  # a pool over the budget would block admission
+        steady = min(2 * limits.prefix_cache_tokens, limits.kv_budget_tokens)  # over the budget it would block admission
         return LlamaCppExecutor(model, max_context=max_context,
                                 initial_tokens=max(1024, 1 << max(0, steady.bit_length() - 1)),
                                 initial_sequences=limits.max_batch + retained)

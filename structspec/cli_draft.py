@@ -1,6 +1,7 @@
 """``structspec draft``: draft models made from their target.
 
-    structspec draft align --data-dir DIR [--schema invoice] --out DIR     fine-tune on recorded traffic
+    structspec draft align --data-dir DIR [--schema invoice] [--since 6h] --out DIR
+                                                                            fine-tune on recorded traffic
     structspec draft distill --out DIR                                      build the gemma-3-270m draft
 
 ``align`` reads the traffic samples and rejected drafts a server recorded in its store
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -29,7 +31,31 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _open_and_read(settings: Any, model: str, schema: Optional[str], max_requests: int) -> tuple:
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: float) -> float:
+    """``--since``: unix seconds, an ISO 8601 time (UTC where it names no zone) or an age (``90m``, ``6h``, ``2d``:
+    that long before ``now``). Raises: ValueError (with what is accepted)."""
+    from datetime import datetime, timezone
+
+    value = text.strip()
+    if value[-1:] in _UNITS and value[:-1].replace(".", "", 1).isdigit():
+        return now - float(value[:-1]) * _UNITS[value[-1]]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"--since {text!r}: give unix seconds, an ISO 8601 time (2026-12-01T08:00) or an age "
+                         "(90m, 6h, 2d)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _open_and_read(settings: Any, model: str, schema: Optional[str], max_requests: int,
+                   since: Optional[float] = None) -> tuple:
     from structspec.draft.align import AlignError, read_traffic
     from structspec.store import DEFAULT_DB_NAME, StoreError, open_store, redact_url
 
@@ -44,7 +70,7 @@ def _open_and_read(settings: Any, model: str, schema: Optional[str], max_request
         except (StoreError, ValueError, OSError) as exc:
             raise AlignError(f"cannot read the store {where}: {exc}") from exc
         try:
-            return await read_traffic(store, model, schema, max_requests)
+            return await read_traffic(store, model, schema, max_requests, since)
         except StoreError as exc:
             raise AlignError(f"cannot read the store {where}: {exc}") from exc
         finally:
@@ -60,7 +86,7 @@ def _table(report: Any) -> str:
     rows = [("held-out" + (f" ({report.schema})" if report.schema else ""), report.heldout)]
     rows += [(f"  {key}", c) for key, c in report.by_schema.items() if len(report.by_schema) > 1]
     if report.guard is not None:
-        rows.append(("other schemas (guard)", report.guard))
+        rows.append(("kept traffic (guard)", report.guard))
     width = max(len(name) for name, _ in rows)
     lines = [f"{'':{width}}  requests  positions  top-1 before  after   gain    overlap before  after   gain"]
     for name, c in rows:
@@ -80,6 +106,9 @@ def align(
                                                   "id@version or a statistics key; default: every schema")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="the model key whose traffic is read (default: the "
                                                  "profile's with its current draft, as a server records it)")] = None,
+    since: Annotated[Optional[str], typer.Option("--since", help="align to the traffic recorded since then (unix "
+                                                 "seconds, ISO 8601, or an age: 90m, 6h, 2d); the earlier traffic is "
+                                                 "kept: replayed, and guarded against forgetting")] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="model profile (default: the settings')")] = None,
     draft: Annotated[Optional[Path], typer.Option("--draft", help="draft folder to start from (default: the "
                                                   "profile's)")] = None,
@@ -87,6 +116,9 @@ def align(
                                            "hash of the request)")] = 0.2,
     steps: Annotated[int, typer.Option("--steps", min=0, help="training steps")] = 300,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="peak learning rate")] = 5e-4,
+    replay_weight: Annotated[float, typer.Option("--replay-weight", min=0.0, help="the kept traffic's training "
+                                                 "requests (other schemas', earlier), learned at this weight against "
+                                                 "the aligned traffic's 1 (0: not replayed, only guarded)")] = 0.5,
     positions: Annotated[str, typer.Option("--positions", help="where agreement is learned and measured: free-text "
                                            "(where the router drafts with the draft model) | all")] = "free-text",
     device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto")] = "cpu",
@@ -108,7 +140,9 @@ def align(
 
     settings = load_settings(None, overrides={"data_dir": data_dir, "store_url": store_url}, validate=False)
     try:
-        config = AlignConfig(holdout=holdout, steps=steps, lr=lr, positions=positions, seed=seed)
+        config = AlignConfig(holdout=holdout, steps=steps, lr=lr, positions=positions, seed=seed,
+                             replay_weight=replay_weight)
+        since_s = parse_since(since, time.time()) if since is not None else None
     except ValueError as exc:
         _fail(str(exc))
     if device == "cuda" and not torch.cuda.is_available():
@@ -125,12 +159,13 @@ def align(
     if model is None:
         model = model_key(prof.name, weights_version(prof.draft) if prof.draft else "")
     try:
-        traffic, others, rejected, schemas = _open_and_read(settings, model, schema, config.max_requests)
+        traffic, others, rejected, schemas = _open_and_read(settings, model, schema, config.max_requests, since_s)
     except AlignError as exc:
         _fail(str(exc))
     key = traffic[0].schema_key if schema is not None else ""
-    typer.echo(f"model {model}: {len(traffic)} traffic samples{' of ' + key if key else ''}, {len(rejected)} "
-               f"rejected drafts{f', {len(others)} samples of other schemas' if others else ''}")
+    typer.echo(f"model {model}: {len(traffic)} traffic samples{' of ' + key if key else ''}"
+               f"{' since ' + time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(since_s)) + ' UTC' if since_s else ''}, "
+               f"{len(rejected)} rejected drafts{f', {len(others)} samples kept (other schemas, earlier)' if others else ''}")
 
     torch.manual_seed(seed)
     try:
@@ -142,7 +177,7 @@ def align(
 
     disk_dtype = DTYPES.get(str(json.loads((source / "config.json").read_text()).get("dtype", "float32")),
                             torch.float32)
-    report = AlignReport(model, key, str(source), str(out), {**config.__dict__, "device": device})
+    report = AlignReport(model, key, str(source), str(out), {**config.__dict__, "device": device}, since=since_s)
     inputs = AlignInputs(make_executor(models, models.target), loaded.model, loaded.vocab, models.tokenizer, traffic,
                          others, rejected, schemas)
     try:

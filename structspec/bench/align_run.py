@@ -3,13 +3,15 @@ acceptance before and after on the rest (and on the original traffic, for forget
 
     python -m structspec.bench.align_run --out reports/gemma-align-run.json
 
-The shifted traffic: the summary schema over the docstrings of Python's standard-library
-modules (technical prose; the draft was distilled on invoices, tickets, events, listings and
-contacts). The server records it as it would (``record_traffic`` through the engine, into a
-SQLite store, the schema registered so the draft's free-text positions are known); ``draft align``
-runs as a user runs it, as a subprocess; then each draft serves the held-out shifted requests and
-the benchmark's free-text items with every proposer on (``all``), and the draft's acceptance and
-the tokens/s are reported side by side.
+The server records what it serves as it would (``record_traffic`` through the engine, into a
+SQLite store, the schema registered so the draft's free-text positions are known): first the
+original traffic (the benchmark's free-text documents sent to the summary schema), then the
+shift: the same schema over the docstrings of Python's standard-library modules (technical
+prose; the draft was distilled on invoices, tickets, events, listings and contacts). ``draft
+align --since <the shift>`` runs as a user runs it, as a subprocess: it learns the shifted
+traffic, replays the original and refuses a draft that forgets it. Then each draft serves the
+held-out shifted requests and other original free-text items (neither recorded) with every
+proposer on (``all``), and the draft's acceptance and the tokens/s are reported side by side.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 2
 
 
 def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 30, steps: int = 300,
-                  data_dir: Path | None = None) -> dict[str, Any]:
+                  data_dir: Path | None = None, original_recorded: int = 60, replay_weight: float = 1.0
+                  ) -> dict[str, Any]:
     from structspec.assembly import engine_model_key
     from structspec.bench.workloads import build_workload
     from structspec.models.loading import load_draft, load_profile
@@ -114,7 +117,8 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     model = engine_model_key(models)
     docs = stdlib_documents(train + held)
     shifted_train, shifted_held = docs[:train], docs[train:]
-    originals = [it.source for it in build_workload("freetext", original)]
+    pool = [it.source for it in build_workload("freetext", original + original_recorded)]
+    originals, served_before = pool[:original], pool[original:]
     text = json.dumps(load_builtin_schemas()[SCHEMA], sort_keys=True, separators=(",", ":"))
 
     async def open_():
@@ -125,6 +129,8 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
 
     store, key = asyncio.run(open_())
     t0 = time.monotonic()
+    recorded_before = _serve(models, key, served_before, store.stats.recorder(model))
+    shift_at = time.time()
     recorded = _serve(models, key, shifted_train, store.stats.recorder(model))
     asyncio.run(store.close())
     t_record = time.monotonic() - t0
@@ -133,13 +139,14 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "structspec.cli", "draft", "align", "--data-dir", str(data_dir), "--schema", key,
            "--model", model, "--profile", "gemma-3-270m", "--draft", get_profile("gemma-3-270m").draft, "--out",
-           str(aligned), "--steps", str(steps)]
+           str(aligned), "--steps", str(steps), "--since", f"{shift_at:.3f}", "--replay-weight", str(replay_weight)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     t_align = time.monotonic() - t0
     report: dict[str, Any] = {"model": model, "schema_key": key, "command": " ".join(cmd[1:]),
                               "align_exit": proc.returncode, "align_stdout": proc.stdout[-4000:],
                               "align_stderr": proc.stderr[-2000:], "recorded": {k: v for k, v in recorded.items()
                                                                                 if k != "outputs"},
+                              "recorded_before_shift": {k: v for k, v in recorded_before.items() if k != "outputs"},
                               "seconds": {"record": t_record, "align": t_align}}
     if proc.returncode == 0:
         loaded = load_draft(str(aligned), models.tokenizer, "gemma-3-270m", models.executor, models.device,
@@ -185,10 +192,15 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=120)
     parser.add_argument("--held", type=int, default=40)
     parser.add_argument("--original", type=int, default=30)
+    parser.add_argument("--original-recorded", type=int, default=60, help="original requests served (and recorded) "
+                        "before the shift")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--replay-weight", type=float, default=1.0, help="draft align --replay-weight: the original "
+                        "traffic learned beside the shifted, at this weight")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
-    report = run_alignment(args.out, args.train, args.held, args.original, args.steps, args.data_dir)
+    report = run_alignment(args.out, args.train, args.held, args.original, args.steps, args.data_dir,
+                           args.original_recorded, args.replay_weight)
     print(format_table(report))
 
 

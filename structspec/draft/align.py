@@ -1,9 +1,10 @@
 """Aligning a draft to the traffic a server recorded: ``structspec draft align``.
 
-    structspec draft align --data-dir DIR [--schema invoice] --out aligned-draft
+    structspec draft align --data-dir DIR [--schema invoice] [--since 6h] --out aligned-draft
 
 1. **Traffic.** The store's traffic samples of one model key (``TrafficSample``: completed
-   requests' whole prompt and output ids) of one schema or all, and its rejected drafts of the
+   requests' whole prompt and output ids) of one schema or all (recorded since a time, with
+   ``since``: the traffic whose acceptance fell), and its rejected drafts of the
    draft model (``RejectedDraft``: the last 32 tokens of context, the drafted tokens, the refused
    position): extra short examples ending at the refused position, weighted ``rejected_weight``.
 2. **Split.** A share ``holdout`` of the requests is held out, chosen by a hash of the request's
@@ -15,11 +16,13 @@
 4. **Agreement before, training, agreement after** on the held-out requests, at the positions
    counted (``positions``: ``free-text``, where the router drafts with the draft model, or ``all``
    output positions; every position of a schema the store does not hold, an inline one or a tool
-   list), per schema. With ``--schema`` the other schemas' held-out requests are a guard against
-   forgetting (``max_forgetting``), and their training share is replayed (``replay_weight``): what the
-   draft agreed on before is kept while it learns the new traffic.
+   list), per schema. The traffic not aligned to, the *kept* traffic (the other schemas', with
+   ``--schema``; the earlier, with ``--since``: the style the draft served well before the shift),
+   is a guard against forgetting (``max_forgetting``, on its held-out requests), and its training
+   share is replayed (``replay_weight``): what the draft agreed on before is kept while it learns
+   the new traffic.
 5. **Verdict.** The new draft is written only when its held-out top-1 agreement and overlap are
-   not below the source draft's and the guard's top-1 fell by at most ``max_forgetting``; it is
+   not below the source draft's and the kept traffic's top-1 fell by at most ``max_forgetting``; it is
    measured as written (rounded to the dtype on disk).
 
 Each run writes a JSON report (``AlignReport``). Runs on the CPU by default (``device``).
@@ -62,8 +65,8 @@ class AlignConfig:
     top_k: int = 16
     positions: str = "free-text"  # free-text | all
     rejected_weight: float = 0.5  # a rejected-draft example's weight against a request's
-    max_forgetting: float = 0.02  # the guard's (other schemas') top-1 may fall by at most this
-    replay_weight: float = 0.5  # with a schema: the other schemas' training requests, at this weight (0: none)
+    max_forgetting: float = 0.02  # the kept traffic's held-out top-1 may fall by at most this
+    replay_weight: float = 0.5  # the kept traffic's training requests, at this weight (0: none)
     max_requests: int = 2000  # traffic samples read at most
     seed: int = 0
     window: int = 512
@@ -112,13 +115,14 @@ class AlignReport:
     source_draft: str
     out: str
     config: dict[str, Any]
+    since: float | None = None  # unix seconds: traffic recorded from then on was aligned to, the earlier kept
     train_requests: int = 0
     train_rejected: int = 0
-    train_replayed: int = 0  # other schemas' requests (with a schema)
+    train_replayed: int = 0  # kept traffic's requests (other schemas', earlier ones)
     train_positions: int = 0
     heldout: Comparison | None = None
     by_schema: dict[str, Comparison] = field(default_factory=dict)  # held-out, per schema key
-    guard: Comparison | None = None  # other schemas' held-out requests (with a schema)
+    guard: Comparison | None = None  # the kept traffic's held-out requests
     written: bool = False
     verdict: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
@@ -205,7 +209,7 @@ class AlignInputs:
     vocab: Any  # its DraftVocab, or None
     tokenizer: Any
     traffic: list[TrafficSample]  # the aligned schema's (or every schema's)
-    others: list[TrafficSample]  # the other schemas' (the forgetting guard), empty without a schema
+    others: list[TrafficSample]  # the kept traffic (the forgetting guard): other schemas', earlier; may be empty
     rejected: list[RejectedDraft]
     schemas: dict[str, dict | None]  # schema key -> its JSON Schema where known (the free-text positions)
 
@@ -241,7 +245,7 @@ def align_draft(inputs: AlignInputs, config: AlignConfig, report: AlignReport, s
     report.train_requests, report.train_rejected, report.train_replayed = len(train_ex), len(rej_ex), len(replay)
     report.train_positions = sum(e.learned if e.mask is None else sum(e.mask) for e in learn)
     log(f"{len(train_ex)} training requests, {len(rej_ex)} rejected drafts, {len(held_ex)} held-out requests"
-        + (f"; other schemas: {len(replay)} replayed, {len(guard_ex)} held out" if inputs.others else ""))
+        + (f"; kept traffic: {len(replay)} replayed, {len(guard_ex)} held out" if inputs.others else ""))
 
     everything = learn + held_ex + guard_ex
     targets = target_topk(inputs.target_executor, everything, config.top_k)
@@ -280,7 +284,7 @@ def align_draft(inputs: AlignInputs, config: AlignConfig, report: AlignReport, s
     if after.overlap < before.overlap:
         problems.append(f"held-out overlap fell {before.overlap:.3f} -> {after.overlap:.3f}")
     if report.guard is not None and report.guard.top1_gain < -config.max_forgetting:
-        problems.append(f"the other schemas' held-out top-1 fell {guard_before.top1:.3f} -> {guard_after.top1:.3f} "
+        problems.append(f"the kept traffic's held-out top-1 fell {guard_before.top1:.3f} -> {guard_after.top1:.3f} "
                         f"(more than {config.max_forgetting})")
     report.verdict = "; ".join(problems) if problems else "held-out agreement did not drop"
     report.seconds["total"] = time.monotonic() - t0
@@ -306,10 +310,11 @@ def write_draft(model, source: Path, out: Path, dtype: torch.dtype) -> None:
 # -- the command's body -------------------------------------------------------------------------------
 
 
-async def read_traffic(store: Any, model: str, schema: str | None, max_requests: int
+async def read_traffic(store: Any, model: str, schema: str | None, max_requests: int, since: float | None = None
                        ) -> tuple[list[TrafficSample], list[TrafficSample], list[RejectedDraft], dict[str, dict | None]]:
-    """(traffic of the schema or of all, the other schemas' traffic, the schema's rejected drafts, the schemas' JSON
-    by key) from an open store. ``schema``: a registered id (its latest version), id@version or a statistics key.
+    """(the traffic aligned to: of the schema or of all, recorded at or after ``since`` if given; the kept traffic:
+    every other sample; the schema's rejected drafts, since ``since``; the schemas' JSON by key) from an open store.
+    ``schema``: a registered id (its latest version), id@version or a statistics key; ``since``: unix seconds.
     Raises: AlignError (no such schema, no traffic)."""
     key = await _schema_key(store, schema)
     everything = await store.read_traffic_samples(model=model, limit=max_requests)
@@ -318,12 +323,18 @@ async def read_traffic(store: Any, model: str, schema: str | None, max_requests:
         hint = f"; traffic is recorded under {', '.join(models)} (--model)" if models else \
             " (a server records it with traffic_samples_per_hour > 0)"
         raise AlignError(f"no traffic samples of model {model} in the store{hint}")
-    traffic = [t for t in everything if key is None or t.schema_key == key]
+    aligned = lambda t: (key is None or t.schema_key == key) and (since is None or t.created_at >= since)  # noqa: E731
+    traffic = [t for t in everything if aligned(t)]
     if not traffic:
-        keys = sorted({t.schema_key for t in everything})
-        raise AlignError(f"no traffic samples of schema {key} for model {model}; recorded: {', '.join(keys)}")
-    others = [t for t in everything if key is not None and t.schema_key != key]
+        keys = sorted({t.schema_key for t in everything if since is None or t.created_at >= since})
+        what = f"schema {key}" if key is not None else "any schema"
+        when = f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(since))} UTC" if since is not None else ""
+        raise AlignError(f"no traffic samples of {what}{when} for model {model}; recorded"
+                         f"{when}: {', '.join(keys) or 'none'}")
+    others = [t for t in everything if not aligned(t)]
     rejected = await store.read_rejected_drafts(model=model, schema_key=key, proposer=DRAFT_PROPOSER, limit=100_000)
+    if since is not None:
+        rejected = [r for r in rejected if r.created_at >= since]
     schemas: dict[str, dict | None] = {}
     for k in {t.schema_key for t in everything}:
         schemas[k] = await _schema_json(store, k)

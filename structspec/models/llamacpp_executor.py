@@ -38,7 +38,8 @@ The pool shrinks the same way when a ``free`` leaves it under a quarter used.
 ``footprint`` is ``max(cells, pow2(sequences x longest))``. The pool never shrinks below
 the size it starts at (``initial_tokens`` cells, ids for ``initial_sequences`` sequences):
 a resize costs ~0.25 s for Gemma 3 270M at 4k cells, so the engine starts it at what a
-steady stream needs (``assembly.make_executor``: the prefix cache's budget and a batch).
+steady stream needs (``assembly.make_executor``: twice the prefix cache's budget, ids for a
+batch and the retained prompts).
 
 Numerics: llama.cpp's CPU kernels are chosen by the shape of a forward, and their rounding
 differs. With weight repacking off (``llamacpp_model``), on a short cache, a forward of up

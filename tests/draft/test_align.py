@@ -134,6 +134,10 @@ def test_clear_errors_without_traffic_store_or_draft(recorded, tmp_path):
     assert unknown.exit_code == 2 and "no registered schema nope" in unknown.output
     missing = runner.invoke(app, [*base, "--data-dir", str(data), "--draft", str(tmp_path / "no-draft")])
     assert missing.exit_code == 2 and "draft folder" in missing.output and "missing" in missing.output
+    bad_since = runner.invoke(app, [*base, "--data-dir", str(data), "--since", "yesterday"])
+    assert bad_since.exit_code == 2 and "--since 'yesterday'" in bad_since.output
+    future = runner.invoke(app, [*base, "--data-dir", str(data), "--schema", "contact", "--since", "4102444800"])
+    assert future.exit_code == 2 and "no traffic samples of schema contact@1 since 2100-01-01" in future.output
     bad = tmp_path / "bad.db"
     bad.write_bytes(b"not a database" * 100)
     unreadable = runner.invoke(app, [*base, "--store-url", f"sqlite:///{bad}"])

@@ -104,14 +104,15 @@ def test_retained_prefixes_give_way_to_requests(make_engine):
     assert engine.core.scheduler.prefix.tokens <= need + 10
 
 
-def test_on_llama_cpp_the_pool_starts_at_the_prefix_budget_and_a_stream_keeps_it(request):
+def test_on_llama_cpp_the_pool_starts_at_twice_the_prefix_budget_and_a_stream_keeps_it(request):
     """A resize moves the whole cache (~0.25 s for Gemma at 4k cells): the engine starts llama.cpp's pool at what
-    retained prompts and a request hold, so a stream of requests over cached prefixes runs in one context."""
+    retained prompts and the requests copying them count, so a stream over cached prefixes runs in one context;
+    never above the KV budget (a pool over it would stop admission)."""
     from structspec.assembly import assemble_engine
     from structspec.engine.config import SchedulerLimits
 
     models = request.getfixturevalue("demo_llamacpp_models")
-    engine = assemble_engine(models, limits=SchedulerLimits(prefix_cache_tokens=4096))
+    engine = assemble_engine(models, limits=SchedulerLimits(prefix_cache_tokens=2048))
     executor = engine.core.executor
     assert executor.cells == 4096
     context = executor._ctx
@@ -125,3 +126,5 @@ def test_on_llama_cpp_the_pool_starts_at_the_prefix_budget_and_a_stream_keeps_it
     assert cached > 0  # prompts were reused
     assert executor._ctx == context and executor.cells == 4096
     assert engine.core.scheduler.prefix.tokens > 0
+    small = assemble_engine(models, limits=SchedulerLimits(prefix_cache_tokens=2048, kv_budget_tokens=3000))
+    assert small.core.executor.cells == 2048  # the power of two under the budget
