@@ -140,7 +140,8 @@ def make_executor(models, model: Any, max_context: int | None = None,
         if limits is None:
             return LlamaCppExecutor(model, max_context=max_context)
         retained = 4  # prompts the prefix cache typically holds beside the batch
-        steady = min(2 * limits.prefix_cache_tokens, limits.kv_budget_tokens)  # over the budget it would block admission
+        # never over the KV budget: the scheduler would then admit nothing beside a running request
+        steady = min(2 * limits.prefix_cache_tokens, limits.kv_budget_tokens)
         return LlamaCppExecutor(model, max_context=max_context,
                                 initial_tokens=max(1024, 1 << max(0, steady.bit_length() - 1)),
                                 initial_sequences=limits.max_batch + retained)

@@ -165,7 +165,8 @@ def align(
     key = traffic[0].schema_key if schema is not None else ""
     typer.echo(f"model {model}: {len(traffic)} traffic samples{' of ' + key if key else ''}"
                f"{' since ' + time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(since_s)) + ' UTC' if since_s else ''}, "
-               f"{len(rejected)} rejected drafts{f', {len(others)} samples kept (other schemas, earlier)' if others else ''}")
+               f"{len(rejected)} rejected drafts"
+               f"{f', {len(others)} samples kept (other schemas, earlier)' if others else ''}")
 
     torch.manual_seed(seed)
     try:

@@ -100,8 +100,8 @@ def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 2
 
 
 def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 30, steps: int = 300,
-                  data_dir: Path | None = None, original_recorded: int = 60, replay_weight: float = 1.0
-                  ) -> dict[str, Any]:
+                  data_dir: Path | None = None, original_recorded: int = 60, replay_weight: float = 1.0,
+                  lr: float = 1e-4) -> dict[str, Any]:
     from structspec.assembly import engine_model_key
     from structspec.bench.workloads import build_workload
     from structspec.models.loading import load_draft, load_profile
@@ -139,7 +139,8 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "structspec.cli", "draft", "align", "--data-dir", str(data_dir), "--schema", key,
            "--model", model, "--profile", "gemma-3-270m", "--draft", get_profile("gemma-3-270m").draft, "--out",
-           str(aligned), "--steps", str(steps), "--since", f"{shift_at:.3f}", "--replay-weight", str(replay_weight)]
+           str(aligned), "--steps", str(steps), "--since", f"{shift_at:.3f}", "--replay-weight", str(replay_weight),
+           "--lr", str(lr)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     t_align = time.monotonic() - t0
     report: dict[str, Any] = {"model": model, "schema_key": key, "command": " ".join(cmd[1:]),
@@ -195,12 +196,14 @@ def main() -> None:
     parser.add_argument("--original-recorded", type=int, default=60, help="original requests served (and recorded) "
                         "before the shift")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=1e-4, help="draft align --lr (at its default 5e-4 the gemma draft "
+                        "forgot the original traffic: refused)")
     parser.add_argument("--replay-weight", type=float, default=1.0, help="draft align --replay-weight: the original "
                         "traffic learned beside the shifted, at this weight")
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
     report = run_alignment(args.out, args.train, args.held, args.original, args.steps, args.data_dir,
-                           args.original_recorded, args.replay_weight)
+                           args.original_recorded, args.replay_weight, args.lr)
     print(format_table(report))
 
 
