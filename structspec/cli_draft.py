@@ -132,7 +132,7 @@ def align(
     import torch
 
     from structspec.draft.align import REPORT_FILE, AlignConfig, AlignError, AlignInputs, AlignReport, align_draft, \
-        write_draft
+        since_text, write_draft
     from structspec.models.loading import DTYPES, ModelLoadError, load_draft, load_profile, weights_version
     from structspec.models.profiles import get_profile
     from structspec.service.settings import load_settings
@@ -164,7 +164,7 @@ def align(
         _fail(str(exc))
     key = traffic[0].schema_key if schema is not None else ""
     typer.echo(f"model {model}: {len(traffic)} traffic samples{' of ' + key if key else ''}"
-               f"{' since ' + time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(since_s)) + ' UTC' if since_s else ''}, "
+               f"{since_text(since_s)}, "
                f"{len(rejected)} rejected drafts"
                f"{f', {len(others)} samples kept (other schemas, earlier)' if others else ''}")
 

@@ -674,8 +674,8 @@ def format_table(report: dict[str, Any]) -> str:
     llamacpp = any(r["config"] in LLAMACPP_BASELINES for r in report["runs"])
     vs = ("x l.cpp+gram", "x l.cpp") if llamacpp else ("x hf+outl",)
     for col in ("config", "conc", "tok/s", "x off", *vs, "x c1", "p50 ms", "p99 ms", "ms/tok",
-                "passes/tok", "eval ms/fwd", "head ms/fwd", "other ms/fwd", "other / model", "forced", "valid", "stop", "fields", "copied", "= off",
-                "acceptance (mean accepted length)"):
+                "passes/tok", "eval ms/fwd", "head ms/fwd", "other ms/fwd", "other / model", "forced", "valid", "stop",
+                "fields", "copied", "= off", "acceptance (mean accepted length)"):
         t.add_column(col)
     for r in report["runs"]:
         if "error" in r:

@@ -310,6 +310,11 @@ def write_draft(model, source: Path, out: Path, dtype: torch.dtype) -> None:
 # -- the command's body -------------------------------------------------------------------------------
 
 
+def since_text(since: float | None) -> str:
+    """`` since <UTC time>`` for messages, or "" without a time."""
+    return f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(since))} UTC" if since is not None else ""
+
+
 async def read_traffic(store: Any, model: str, schema: str | None, max_requests: int, since: float | None = None
                        ) -> tuple[list[TrafficSample], list[TrafficSample], list[RejectedDraft], dict[str, dict | None]]:
     """(the traffic aligned to: of the schema or of all, recorded at or after ``since`` if given; the kept traffic:
@@ -328,7 +333,7 @@ async def read_traffic(store: Any, model: str, schema: str | None, max_requests:
     if not traffic:
         keys = sorted({t.schema_key for t in everything if since is None or t.created_at >= since})
         what = f"schema {key}" if key is not None else "any schema"
-        when = f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(since))} UTC" if since is not None else ""
+        when = since_text(since)
         raise AlignError(f"no traffic samples of {what}{when} for model {model}; recorded"
                          f"{when}: {', '.join(keys) or 'none'}")
     others = [t for t in everything if not aligned(t)]
