@@ -109,7 +109,9 @@ def bench_decode(
                                                      "(default: off, ff, ff+ngram, ff+ngram+history, all, policy and "
                                                      "the executor's baselines: hf_outlines, hf_generate, hf_assisted "
                                                      "on transformers; llamacpp_grammar, llamacpp_grammar_lookup, "
-                                                     "llamacpp_generate on llamacpp)"),
+                                                     "llamacpp_generate on llamacpp); perfect_draft, asked for "
+                                                     "by name: all with a draft model that drafts off's outputs, "
+                                                     "the ceiling of any draft model (with off and --interleave)"),
     executor: str = typer.Option("auto", help="auto | llamacpp | transformers: what runs the engine configurations "
                                               "(auto: as structspec serve would; llamacpp for gemma-3-270m on a CPU "
                                               "where llama-cpp-python is installed)"),

@@ -8,6 +8,9 @@ Engine configurations (structspec's decode loop, grammar-constrained):
   all                + the draft model (profiles that have one)
   policy             every proposer, as the drafting policy decides per schema and batch size from the
                      statistics this run records (the server's default)
+  perfect_draft      ``all`` with a perfect draft model: it drafts the ``off`` row's output of the same
+                     request (``bench.perfect_draft``), the ceiling of what any draft model adds here
+                     (greedy, with ``--interleave``; asked for by name, not in the default list)
 Baselines (HF transformers ``generate``, batch 1; with ``--executor transformers``):
   hf_outlines        constrained by outlines' logits processor
   hf_generate        unconstrained greedy
@@ -59,6 +62,7 @@ SHIFT_MINUTES_PER_REQUEST = 15.0
 INTERLEAVE_BLOCK = 10  # requests each configuration serves before the next one takes its turn
 HF_BASELINES = ("hf_outlines", "hf_generate", "hf_assisted")
 BASELINES = HF_BASELINES + LLAMACPP_BASELINES  # one request at a time, concurrency 1 only
+PERFECT_DRAFT = "perfect_draft"  # all, its draft model replaced by the off row's outputs (bench.perfect_draft)
 
 
 def default_configs(executor: str) -> tuple[str, ...]:
@@ -431,6 +435,9 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
         "runs": [],
     }
     compiler = None
+    if PERFECT_DRAFT in configs and (not interleave or "off" not in configs or temperature > 0):
+        raise ValueError(f"{PERFECT_DRAFT} drafts the off row's greedy outputs of the same block: run it with "
+                         "off, --interleave and temperature 0")
     if interleave:
         if levels != (1,) or any(c in HF_BASELINES for c in configs):
             raise ValueError("interleave runs engine configurations and llama.cpp's baselines at concurrency 1 only")
@@ -516,17 +523,19 @@ def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, sa
             "_compiler": engine.compiler}  # grammars shared across configurations
 
 
-def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=None):
+def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=None, references=None):
     """A started engine for configuration ``name``: (engine, its SpeculationConfig, drafting on, the clock's tick,
-    the opened store in ``data_dir`` its statistics go to, or None)."""
+    the opened store in ``data_dir`` its statistics go to, or None). ``references``: the perfect draft's
+    (``PERFECT_DRAFT``: prompt ids -> the off row's output ids)."""
     from structspec.assembly import assemble_engine, engine_model_key
     from structspec.engine.config import PolicyConfig, SchedulerLimits
     from structspec.models.worker_thread import run_in_worker
     from structspec.stats.book import StatsBook
 
-    spec = speculation_config(name)
+    perfect = name == PERFECT_DRAFT
+    spec = speculation_config("all" if perfect else name)
     proposers = spec.proposers
-    if proposers is not None and proposers.draft and models.draft is None:
+    if proposers is not None and proposers.draft and models.draft is None and not perfect:
         proposers = ProposerSet(proposers.ngram, proposers.history, draft=False)
     recorder, tick, store = None, None, None
     if spec.adaptive or data_dir is not None:  # the policy reads what this run records (from nothing: it starts
@@ -544,6 +553,11 @@ def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=N
     engine = run_in_worker(assemble_engine, models, limits=SchedulerLimits(max_batch=max(16, concurrency)),
                            proposers=proposers, compiler=compiler, stats=recorder,
                            policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0)
+    if perfect:  # before the engine thread runs: nothing else touches the router yet
+        from structspec.bench.perfect_draft import ReferenceDraft
+
+        engine.core.speculator.install_draft(ReferenceDraft(references if references is not None else {}),
+                                             "reference", recorder)
     engine.start()
     return engine, spec, proposers is not None, tick, store
 
@@ -570,6 +584,8 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
     compiler = None
     engines, baselines = {}, {}
     schema_of = lambda i: i.schema if i.kind == "extract" else _tool_schema(i)  # noqa: E731
+    references: dict[tuple[int, ...], list[int]] = {}  # the perfect draft's: filled by the off row, block by block
+    prompt_key = lambda i: tuple(encode_prompt(models.tokenizer, _prompt_for(i)))  # noqa: E731 - as the engine's
     try:
         for name in names:
             if name in LLAMACPP_BASELINES:
@@ -577,7 +593,7 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
                 baselines[name] = baseline = run_in_worker(LlamaCppBaseline, models, name, n_ctx)
                 run_in_worker(baseline.run, warm, max_tokens, schema_of, _prompt_for, Record)
                 continue
-            engines[name] = prepared = _start_engine(name, models, items, 1, compiler, policy, data_dir)
+            engines[name] = prepared = _start_engine(name, models, items, 1, compiler, policy, data_dir, references)
             compiler = prepared[0].compiler
             _warm(prepared, warm, extra_warm, 1, max_tokens, temperature)
             prepared[0].stop()
@@ -585,7 +601,7 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
         spent = {name: ExecutorTime(0, 0.0) for name in names}
         for b, start in enumerate(range(0, len(items), block)):
             chunk = items[start: start + block]
-            for name in names[b % len(names):] + names[: b % len(names)]:
+            for name in _block_order(names, b):
                 if name in baselines:
                     done, _ = run_in_worker(baselines[name].run, chunk, max_tokens, schema_of, _prompt_for, Record)
                     records[name] += done
@@ -603,6 +619,8 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
                     engine.stop()
                 spent[name] = spent[name].plus(ExecutorTime.read(engine.core.executor).since(before))
                 records[name] += done
+                if name == "off":
+                    references.update((prompt_key(i), r.token_ids) for i, r in zip(chunk, done))
                 if progress is not None:
                     progress(name, 1, len(records[name]), len(items), sum(r.output_tokens for r in records[name]))
     finally:
@@ -619,6 +637,16 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
         if name in engines:
             out[name]["executor"] = executor_summary(spent[name], wall)
     return out
+
+
+def _block_order(names: list[str], block: int) -> list[str]:
+    """The configurations' turns in block ``block``: rotated by one each block, the perfect draft moved to just
+    after ``off`` (it drafts off's outputs of the same block)."""
+    order = names[block % len(names):] + names[: block % len(names)]
+    if PERFECT_DRAFT in order and "off" in order:
+        order.remove(PERFECT_DRAFT)
+        order.insert(order.index("off") + 1, PERFECT_DRAFT)
+    return order
 
 
 def _add_identity(runs: list[dict[str, Any]]) -> None:

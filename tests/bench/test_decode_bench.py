@@ -135,3 +135,34 @@ def test_the_overhead_is_the_wall_time_outside_the_models_evaluation():
     assert abs(out["overhead_ms_per_forward"] - 30.0) < 1e-9  # 1.5 s - 1.0 s - 0.2 s over 10 forwards
     assert abs(out["overhead_share_of_eval"] - 0.25) < 1e-9  # 0.3 s of 1.2 s
     assert executor_summary(ExecutorTime(10, 1.0), wall_s=0.9)["overhead_ms_per_forward"] == 0.0
+
+
+def test_the_perfect_draft_is_accepted_whole_and_bounds_the_draft_model():
+    report = run_decode_bench("demo", "freetext", requests=6, max_tokens=96, configs=("all", "off", "perfect_draft"),
+                              interleave=True, save_outputs=True, block=2)
+    rows = {r["config"]: r for r in report["runs"]}
+    perfect, all_, off = rows["perfect_draft"], rows["all"], rows["off"]
+    assert perfect["outputs"] == off["outputs"]
+    assert perfect["drafted"]["draft"] > 0 and perfect["accepted"]["draft"] == perfect["drafted"]["draft"]
+    assert perfect["acceptance"]["draft"] == 1.0 > all_["acceptance"]["draft"]
+    assert perfect["forward_passes_per_token"] < all_["forward_passes_per_token"]
+
+
+def test_the_perfect_draft_needs_the_off_row_interleaved_and_greedy():
+    import pytest
+
+    for kwargs in ({"configs": ("perfect_draft",), "interleave": True}, {"configs": ("off", "perfect_draft")},
+                   {"configs": ("off", "perfect_draft"), "interleave": True, "temperature": 0.5}):
+        with pytest.raises(ValueError, match="perfect_draft"):
+            run_decode_bench("demo", "freetext", requests=1, max_tokens=8, **kwargs)
+
+
+def test_in_every_block_the_perfect_draft_runs_right_after_off_the_rest_rotating():
+    from structspec.bench.decode_bench import _block_order
+
+    names = ["perfect_draft", "all", "off", "ff"]
+    orders = [_block_order(names, b) for b in range(4)]
+    for order in orders:
+        assert sorted(order) == sorted(names) and order[order.index("off") + 1] == "perfect_draft"
+    assert len({o[0] for o in orders}) >= 3  # the turns still rotate
+    assert _block_order(["all", "ff"], 1) == ["ff", "all"]
