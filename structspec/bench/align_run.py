@@ -58,21 +58,35 @@ def stdlib_documents(n: int, min_chars: int = 250, max_chars: int = 800) -> list
     return docs[:n]
 
 
-def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 200) -> dict[str, Any]:
-    """Every proposer on (``all``); the draft model's drafted/accepted tokens and the tokens/s of ``docs``."""
+def _examples(models):
+    from structspec.engine.default_examples import build_example_book
+    from structspec.models.profiles import get_profile
+    from structspec.schemas import load_builtin_schemas
+
+    return build_example_book(get_profile(models.profile).few_shot).for_schema(load_builtin_schemas()[SCHEMA])
+
+
+def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 200, draft_model: bool = True,
+           references: dict[tuple[int, ...], list[int]] | None = None) -> dict[str, Any]:
+    """Copy lookup, history and the draft model on (``all``; ``draft_model`` False: ``ff+ngram+history``;
+    ``references``: the perfect draft in the draft model's place, ``bench.perfect_draft``); the draft's
+    drafted/accepted tokens and the tokens/s of ``docs``."""
     from structspec.assembly import assemble_engine
     from structspec.engine.api import ExtractionRequest
     from structspec.engine.config import SchedulerLimits
-    from structspec.engine.default_examples import build_example_book
     from structspec.engine.types import SamplingParams
-    from structspec.models.profiles import get_profile
     from structspec.schemas import load_builtin_schemas
     from structspec.speculation.configs import ProposerSet
 
     schema = load_builtin_schemas()[SCHEMA]
-    examples = build_example_book(get_profile(models.profile).few_shot).for_schema(schema)
-    engine = assemble_engine(models, limits=SchedulerLimits(), proposers=ProposerSet(True, True, True),
+    examples = _examples(models)
+    engine = assemble_engine(models, limits=SchedulerLimits(),
+                             proposers=ProposerSet(True, True, draft_model or references is not None),
                              stats=recorder, seed=0)
+    if references is not None:
+        from structspec.bench.perfect_draft import ReferenceDraft
+
+        engine.core.speculator.install_draft(ReferenceDraft(references), "reference", recorder)
     engine.start()
 
     async def run():
@@ -92,11 +106,51 @@ def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 2
     drafted = sum(r.usage.drafted.get("draft", 0) for r in results)
     accepted = sum(r.usage.accepted.get("draft", 0) for r in results)
     tokens = sum(r.usage.output_tokens for r in results)
-    return {"requests": len(results), "output_tokens": tokens, "tokens_per_s": tokens / wall,
+    return {"requests": len(results), "output_tokens": tokens, "tokens_per_s": tokens / wall, "wall_s": wall,
             "draft_drafted": drafted, "draft_accepted": accepted,
             "draft_acceptance": accepted / drafted if drafted else None,
             "valid": sum(r.outcome.value == "valid" for r in results) / len(results),
             "outputs": [list(r.token_ids) for r in results]}
+
+
+def prompt_ids(models, doc: str) -> tuple[int, ...]:
+    """The prompt ids the engine builds for ``doc`` sent to the summary schema (``Engine.prepare_extraction``)."""
+    from structspec.prompts import encode_prompt, extraction_prompt
+    from structspec.schemas import load_builtin_schemas
+
+    return tuple(encode_prompt(models.tokenizer, extraction_prompt(load_builtin_schemas()[SCHEMA], doc, None,
+                                                                    _examples(models))))
+
+
+def measure_ceiling(models, key: str, docs: list[str], block: int = 10) -> dict[str, Any]:
+    """``ff+ngram+history``, ``all`` and ``perfect_draft`` (the ceiling of any draft model: it drafts the first
+    row's output of the same request) on ``docs``, in blocks of ``block`` requests, the first two taking turns;
+    tokens/s over the sum of each row's blocks."""
+    from structspec.bench.decode_bench import PERFECT_DRAFT, _block_order
+
+    names = ["ff+ngram+history", "all", PERFECT_DRAFT]
+    rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    references: dict[tuple[int, ...], list[int]] = {}
+    for b, start in enumerate(range(0, len(docs), block)):
+        chunk = docs[start: start + block]
+        for name in _block_order(names, b, reference="ff+ngram+history"):
+            if name == PERFECT_DRAFT:
+                rows[name].append(_serve(models, key, chunk, references=references))
+            else:
+                rows[name].append(r := _serve(models, key, chunk, draft_model=name == "all"))
+                if name == "ff+ngram+history":
+                    references.update((prompt_ids(models, d), o) for d, o in zip(chunk, r["outputs"]))
+    out = {}
+    for name, parts in rows.items():
+        tokens, wall = sum(p["output_tokens"] for p in parts), sum(p["wall_s"] for p in parts)
+        drafted, accepted = sum(p["draft_drafted"] for p in parts), sum(p["draft_accepted"] for p in parts)
+        out[name] = {"requests": sum(p["requests"] for p in parts), "output_tokens": tokens, "wall_s": wall,
+                     "tokens_per_s": tokens / wall, "draft_drafted": drafted, "draft_accepted": accepted,
+                     "draft_acceptance": accepted / drafted if drafted else None}
+    base = out["ff+ngram+history"]["tokens_per_s"]
+    for row in out.values():
+        row["x_ff_ngram_history"] = row["tokens_per_s"] / base
+    return out
 
 
 def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 30, steps: int = 300,
@@ -135,6 +189,7 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     asyncio.run(store.close())
     t_record = time.monotonic() - t0
     before = {"shifted": _serve(models, key, shifted_held), "original": _serve(models, key, originals)}
+    ceiling = measure_ceiling(models, key, shifted_held)
     aligned = data_dir / "aligned"
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "structspec.cli", "draft", "align", "--data-dir", str(data_dir), "--schema", key,
@@ -148,7 +203,7 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
                               "align_stderr": proc.stderr[-2000:], "recorded": {k: v for k, v in recorded.items()
                                                                                 if k != "outputs"},
                               "recorded_before_shift": {k: v for k, v in recorded_before.items() if k != "outputs"},
-                              "seconds": {"record": t_record, "align": t_align}}
+                              "seconds": {"record": t_record, "align": t_align}, "ceiling": {"shifted": ceiling}}
     if proc.returncode == 0:
         loaded = load_draft(str(aligned), models.tokenizer, "gemma-3-270m", models.executor, models.device,
                             models.dtype)
@@ -171,6 +226,21 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     return report
 
 
+def run_ceiling(out: Path, train: int = 120, held: int = 40) -> dict[str, Any]:
+    """The ceiling rows alone, on the held-out shifted documents ``run_alignment`` would measure."""
+    from structspec.assembly import engine_model_key
+    from structspec.models.loading import load_profile
+
+    models = load_profile("gemma-3-270m", with_draft=True, executor="auto")
+    docs = stdlib_documents(train + held)[train:]
+    report = {"model": engine_model_key(models), "schema_key": SCHEMA, "executor": models.executor,
+              "ceiling": {"shifted": measure_ceiling(models, SCHEMA, docs)}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    out.with_suffix(".txt").write_text("\n".join(_ceiling_lines(report)) + "\n")
+    return report
+
+
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"alignment run: {report['model']} / {report['schema_key']} (draft align exit {report['align_exit']})",
              "traffic    draft    requests  draft acceptance  tok/s",
@@ -182,7 +252,20 @@ def format_table(report: dict[str, Any]) -> str:
                 acc = r["draft_acceptance"]
                 lines.append(f"{part:10} {side:8} {r['requests']:8d}  {acc if acc is None else round(acc, 3)!s:16}  "
                              f"{r['tokens_per_s']:.1f}")
+    lines += _ceiling_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _ceiling_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for part, rows in report.get("ceiling", {}).items():
+        lines.append(f"ceiling on the {part} traffic (the shipped draft; perfect_draft: the ceiling of any draft)")
+        lines.append("config             requests  draft acceptance  tok/s  x ff+ngram+history")
+        for name, r in rows.items():
+            acc = r["draft_acceptance"]
+            lines.append(f"{name:18} {r['requests']:8d}  {acc if acc is None else round(acc, 3)!s:16}  "
+                         f"{r['tokens_per_s']:5.1f}  {r['x_ff_ngram_history']:.2f}")
+    return lines
 
 
 def main() -> None:
@@ -201,7 +284,13 @@ def main() -> None:
     parser.add_argument("--replay-weight", type=float, default=1.0, help="draft align --replay-weight: the original "
                         "traffic learned beside the shifted, at this weight")
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--ceiling-only", action="store_true", help="only the ceiling on the held-out shifted "
+                        "traffic: ff+ngram+history, all and perfect_draft (no recording, no alignment)")
     args = parser.parse_args()
+    if args.ceiling_only:
+        report = run_ceiling(args.out, args.train, args.held)
+        print("\n".join(_ceiling_lines(report)))
+        return
     report = run_alignment(args.out, args.train, args.held, args.original, args.steps, args.data_dir,
                            args.original_recorded, args.replay_weight, args.lr)
     print(format_table(report))

@@ -639,13 +639,13 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
     return out
 
 
-def _block_order(names: list[str], block: int) -> list[str]:
+def _block_order(names: list[str], block: int, reference: str = "off") -> list[str]:
     """The configurations' turns in block ``block``: rotated by one each block, the perfect draft moved to just
-    after ``off`` (it drafts off's outputs of the same block)."""
+    after ``reference`` (it drafts that row's outputs of the same block)."""
     order = names[block % len(names):] + names[: block % len(names)]
-    if PERFECT_DRAFT in order and "off" in order:
+    if PERFECT_DRAFT in order and reference in order:
         order.remove(PERFECT_DRAFT)
-        order.insert(order.index("off") + 1, PERFECT_DRAFT)
+        order.insert(order.index(reference) + 1, PERFECT_DRAFT)
     return order
 
 
