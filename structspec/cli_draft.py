@@ -115,7 +115,8 @@ def align(
     holdout: Annotated[float, typer.Option("--holdout", min=0.01, max=0.9, help="share of requests held out (by a "
                                            "hash of the request)")] = 0.2,
     steps: Annotated[int, typer.Option("--steps", min=0, help="training steps")] = 300,
-    lr: Annotated[float, typer.Option("--lr", min=0.0, help="peak learning rate")] = 5e-4,
+    lr: Annotated[Optional[float], typer.Option("--lr", min=0.0, help="peak learning rate (default: the profile's: "
+                                                "demo 5e-4, gemma-3-270m 1e-4)")] = None,
     replay_weight: Annotated[float, typer.Option("--replay-weight", min=0.0, help="the kept traffic's training "
                                                  "requests (other schemas', earlier), learned at this weight against "
                                                  "the aligned traffic's 1 (0: not replayed, only guarded)")] = 0.5,
@@ -140,17 +141,17 @@ def align(
 
     settings = load_settings(None, overrides={"data_dir": data_dir, "store_url": store_url}, validate=False)
     try:
-        config = AlignConfig(holdout=holdout, steps=steps, lr=lr, positions=positions, seed=seed,
-                             replay_weight=replay_weight)
+        prof = get_profile(profile or settings.profile)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    try:
+        config = AlignConfig(holdout=holdout, steps=steps, lr=lr if lr is not None else prof.align_lr,
+                             positions=positions, seed=seed, replay_weight=replay_weight)
         since_s = parse_since(since, time.time()) if since is not None else None
     except ValueError as exc:
         _fail(str(exc))
     if device == "cuda" and not torch.cuda.is_available():
         _fail("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
-    try:
-        prof = get_profile(profile or settings.profile)
-    except KeyError as exc:
-        _fail(str(exc.args[0]))
     source = draft if draft is not None else (Path(prof.draft) if prof.draft else None)
     if source is None:
         _fail(f"profile {prof.name} has no draft model; give --draft FOLDER")

@@ -45,6 +45,7 @@ class ModelProfile:
     gguf: Callable[[], Path] | None = None
     tokenizer: Callable[[], Path] | None = None  # a tokenizer folder that needs no converted target (llama.cpp)
     cpu_executor: str = "transformers"  # what ``auto`` means on a CPU with llama-cpp-python installed
+    align_lr: float = 5e-4  # ``structspec draft align``'s default peak learning rate for this profile's draft
 
     def is_ready(self) -> bool:
         return _is_model_dir(Path(self.target)) and (self.draft is None or _is_model_dir(Path(self.draft)))
@@ -77,6 +78,9 @@ def _gemma_profile() -> ModelProfile:
         # A base LM: without worked examples it writes prose or loops inside the JSON; with one it copies
         # that example's values into a third of its outputs; three varied ones (README: Prompt format).
         few_shot=3,
+        # Its draft starts from the target's own first layers: at 5e-4 an alignment to shifted traffic forgot the
+        # style it was distilled on and the forgetting guard refused it; at 1e-4 it learned the shift and kept it
+        align_lr=1e-4,
     )
 
 

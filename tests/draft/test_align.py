@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 
 from structspec.assembly import engine_model_key
 from structspec.cli import app
+from structspec.models.profiles import get_profile
 from tests.draft.demo_traffic import original_items, record, shifted_items
 
 SHIFTED, ORIGINAL = 240, 100
@@ -98,6 +99,7 @@ def test_align_raises_heldout_agreement_on_shifted_traffic_and_keeps_the_origina
     assert result.exit_code == 0, result.output
     report = json.loads((out / "align_report.json").read_text())
     assert report["written"] and report["model"] == model and report["schema"] == "contact@1"
+    assert report["config"]["lr"] == get_profile("demo").align_lr  # no --lr: the profile's
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in out.iterdir()}
     held, guard = report["heldout"], report["guard"]
     assert held["before"]["positions"] >= 300 and guard["before"]["positions"] >= 300
