@@ -155,7 +155,7 @@ def measure_ceiling(models, key: str, docs: list[str], block: int = 10) -> dict[
 
 def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 30, steps: int = 300,
                   data_dir: Path | None = None, original_recorded: int = 60, replay_weight: float = 1.0,
-                  lr: float = 1e-4) -> dict[str, Any]:
+                  lr: float | None = None) -> dict[str, Any]:
     from structspec.assembly import engine_model_key
     from structspec.bench.workloads import build_workload
     from structspec.models.loading import load_draft, load_profile
@@ -195,7 +195,7 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
     cmd = [sys.executable, "-m", "structspec.cli", "draft", "align", "--data-dir", str(data_dir), "--schema", key,
            "--model", model, "--profile", "gemma-3-270m", "--draft", get_profile("gemma-3-270m").draft, "--out",
            str(aligned), "--steps", str(steps), "--since", f"{shift_at:.3f}", "--replay-weight", str(replay_weight),
-           "--lr", str(lr)]
+           *(["--lr", str(lr)] if lr is not None else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     t_align = time.monotonic() - t0
     report: dict[str, Any] = {"model": model, "schema_key": key, "command": " ".join(cmd[1:]),
@@ -279,8 +279,7 @@ def main() -> None:
     parser.add_argument("--original-recorded", type=int, default=60, help="original requests served (and recorded) "
                         "before the shift")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--lr", type=float, default=1e-4, help="draft align --lr (at its default 5e-4 the gemma draft "
-                        "forgot the original traffic: refused)")
+    parser.add_argument("--lr", type=float, default=None, help="draft align --lr (default: the profile's, 1e-4)")
     parser.add_argument("--replay-weight", type=float, default=1.0, help="draft align --replay-weight: the original "
                         "traffic learned beside the shifted, at this weight")
     parser.add_argument("--data-dir", type=Path, default=None)
