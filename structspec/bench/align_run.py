@@ -134,12 +134,11 @@ def measure_ceiling(models, key: str, docs: list[str], block: int = 10) -> dict[
     for b, start in enumerate(range(0, len(docs), block)):
         chunk = docs[start: start + block]
         for name in _block_order(names, b, reference="ff+ngram+history"):
-            if name == PERFECT_DRAFT:
-                rows[name].append(_serve(models, key, chunk, references=references))
-            else:
-                rows[name].append(r := _serve(models, key, chunk, draft_model=name == "all"))
-                if name == "ff+ngram+history":
-                    references.update((prompt_ids(models, d), o) for d, o in zip(chunk, r["outputs"]))
+            served = _serve(models, key, chunk, draft_model=name == "all",
+                            references=references if name == PERFECT_DRAFT else None)
+            rows[name].append(served)
+            if name == "ff+ngram+history":
+                references.update((prompt_ids(models, d), o) for d, o in zip(chunk, served["outputs"]))
     out = {}
     for name, parts in rows.items():
         tokens, wall = sum(p["output_tokens"] for p in parts), sum(p["wall_s"] for p in parts)
