@@ -84,9 +84,9 @@ def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 2
                              proposers=ProposerSet(True, True, draft_model or references is not None),
                              stats=recorder, seed=0)
     if references is not None:
-        from structspec.bench.perfect_draft import ReferenceDraft
+        from structspec.bench.perfect_draft import install_perfect_draft
 
-        engine.core.speculator.install_draft(ReferenceDraft(references), "reference", recorder)
+        install_perfect_draft(engine, references, recorder)
     engine.start()
 
     async def run():

@@ -553,11 +553,11 @@ def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=N
     engine = run_in_worker(assemble_engine, models, limits=SchedulerLimits(max_batch=max(16, concurrency)),
                            proposers=proposers, compiler=compiler, stats=recorder,
                            policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0)
-    if perfect:  # before the engine thread runs: nothing else touches the router yet
-        from structspec.bench.perfect_draft import ReferenceDraft
+    if perfect:
+        from structspec.bench.perfect_draft import install_perfect_draft
 
-        engine.core.speculator.install_draft(ReferenceDraft(references if references is not None else {}),
-                                             "reference", recorder)
+        # the same dict the off row fills as the run goes (an empty one is not replaced)
+        install_perfect_draft(engine, references if references is not None else {}, recorder)
     engine.start()
     return engine, spec, proposers is not None, tick, store
 

@@ -46,3 +46,9 @@ class ReferenceDraft:
 
     def close(self) -> None:
         """Nothing is held."""
+
+
+def install_perfect_draft(engine, references: Mapping[tuple[int, ...], Sequence[int]], stats=None) -> None:
+    """Seat a ``ReferenceDraft`` over ``references`` in ``engine``'s draft-model place, recording into ``stats``.
+    Before ``engine.start()``: nothing else touches the router yet."""
+    engine.core.speculator.install_draft(ReferenceDraft(references), "reference", stats)
