@@ -5,7 +5,9 @@ lock, no I/O). The server's flush task ``take``s the counters added since the la
 writes them and marks them ``committed`` (or ``restore``s them after a failed write).
 The policy reads ``rows`` from the book: what this process recorded plus, after each
 ``replace_persisted``, what the store holds (every replica's traffic when several share
-one store).
+one store). A reload (``begin_reload`` at the moment the store is read, ``replace_persisted`` with
+what it read) builds the new rows outside the book's lock and swaps them in under it: the
+decode path never waits on the store's counters being re-read.
 
 While the store cannot be written the unwritten counters wait here, at most ``max_unwritten``
 keys of them: a record adds to a key already waiting at no cost, and a record of a new key past
@@ -26,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
 from structspec.stats.counters import (
@@ -45,6 +48,15 @@ from structspec.stats.traffic import FINISHES, TrafficSample, TrafficSampler
 Counters = dict[CounterKey, float]
 
 
+@dataclass
+class Reload:
+    """One reload of the book from the store (``StatsBook.begin_reload``): the unwritten counters at the moment the
+    store was read, and what was recorded since (kept by the book until ``replace_persisted``)."""
+
+    unflushed: Counters
+    added: Counters = field(default_factory=dict)
+
+
 def merge_into(into: Counters, rows: Mapping[CounterKey, float] | Iterable[tuple[CounterKey, float]]) -> Counters:
     items = rows.items() if isinstance(rows, Mapping) else rows
     for key, value in items:
@@ -62,7 +74,7 @@ class StatsBook:
         self.max_unwritten = max_unwritten  # unwritten counter keys kept (pending and in flight together)
         self.dropped = 0  # counter rows not written because ``max_unwritten`` keys were already waiting
         self.samples = RejectionSampler(samples_per_hour)
-        self.traffic = TrafficSampler(traffic_per_hour)
+        self.traffic = TrafficSampler(traffic_per_hour, writer=self.samples.writer)  # one writer: this book
         self.policy = PolicyStates()
         self.totals = ProcessTotals()
         self._lock = threading.Lock()
@@ -70,6 +82,7 @@ class StatsBook:
         self._by_schema: dict[tuple[str, str], set[CounterKey]] = defaultdict(set)
         self._pending: Counters = {}  # recorded, not yet taken by a flush
         self._in_flight: list[Counters] = []  # taken by a flush, not yet committed
+        self._reloads: list[Reload] = []  # reloads under way: each keeps what is recorded meanwhile
 
     # -- recording -------------------------------------------------------------------------------
     def add(self, rows: Iterable[tuple[CounterKey, float]]) -> None:
@@ -85,6 +98,8 @@ class StatsBook:
                 else:
                     self.dropped += 1
                 self._put(key, value)
+                for reload in self._reloads:
+                    reload.added[key] = reload.added.get(key, 0.0) + value
         self.totals.add(rows)
 
     def _put(self, key: CounterKey, value: float) -> None:
@@ -108,6 +123,11 @@ class StatsBook:
         with self._lock:
             self._in_flight = [r for r in self._in_flight if r is not rows]
 
+    def split(self, rows: Counters, parts: Iterable[Counters]) -> None:
+        """``rows`` (taken) are written in ``parts`` that make them up: each is then committed or restored alone."""
+        with self._lock:
+            self._in_flight = [r for r in self._in_flight if r is not rows] + [p for p in parts if p]
+
     def restore(self, rows: Counters) -> None:
         """A write failed: put the rows back so the next flush writes them."""
         with self._lock:
@@ -130,17 +150,43 @@ class StatsBook:
             merge_into(out, part)
         return out
 
-    def replace_persisted(self, stored: Iterable[tuple[CounterKey, float]]) -> None:
-        """Make ``rows`` the store's counters of the horizon (every replica's) plus what is not yet written."""
-        cutoff = hour_of(self.clock() - self.horizon_seconds)
-        with self._lock:  # one hold: a record added meanwhile is in both or neither
-            unflushed = self._unflushed()
-            self._rows, self._by_schema = {}, defaultdict(set)
-            for key, value in stored:
-                if key.hour >= cutoff:
-                    self._put(key, value)
-            for key, value in unflushed.items():
-                self._put(key, value)
+    def begin_reload(self) -> Reload:
+        """Start a reload: call it at the moment the store's counters are read (under the store's lock, so that no
+        flush commits in between); ``replace_persisted`` then takes what was read. O(unwritten keys)."""
+        with self._lock:
+            reload = Reload(self._unflushed())
+            self._reloads.append(reload)
+            return reload
+
+    def replace_persisted(self, stored: Iterable[tuple[CounterKey, float]], reload: Reload | None = None) -> None:
+        """Make ``rows`` the store's counters of the horizon (every replica's) plus what is not yet written.
+
+        ``stored``: what the store held when ``reload`` began (without one: now). The new rows are built outside the
+        lock; the lock is held only to add what was recorded since the reload began and swap them in."""
+        if reload is None:
+            reload = self.begin_reload()
+        try:
+            cutoff = hour_of(self.clock() - self.horizon_seconds)
+            rows: Counters = {}
+            by_schema: dict[tuple[str, str], set[CounterKey]] = defaultdict(set)
+            for part in ((kv for kv in stored if kv[0].hour >= cutoff), reload.unflushed.items()):
+                for key, value in part:
+                    rows[key] = rows.get(key, 0.0) + value
+                    by_schema[(key.model, key.schema_key)].add(key)
+        except BaseException:
+            self.cancel_reload(reload)
+            raise
+        with self._lock:  # a record added meanwhile is in ``reload.added``: in the new rows once
+            self._reloads = [r for r in self._reloads if r is not reload]
+            for key, value in reload.added.items():
+                rows[key] = rows.get(key, 0.0) + value
+                by_schema[(key.model, key.schema_key)].add(key)
+            self._rows, self._by_schema = rows, by_schema
+
+    def cancel_reload(self, reload: Reload) -> None:
+        """The store could not be read after ``begin_reload``: the book stops keeping what is recorded for it."""
+        with self._lock:
+            self._reloads = [r for r in self._reloads if r is not reload]
 
     # -- reading ----------------------------------------------------------------------------------
     def rows_for(self, model: str, schema_key: str, since_hour: int = 0) -> Counters:
@@ -268,7 +314,7 @@ class Recorder:
             self.book.samples.put(RejectedDraft(
                 self.model, schema_key, proposer, hour, slot, now, batch_bucket(batch_size), ctx, decode(ctx), tokens,
                 decode(tokens), position, tokens[position], decode(tokens[position:position + 1]), int(target_token),
-                decode([int(target_token)]), grammatical))
+                decode([int(target_token)]), grammatical, self.book.samples.writer))
             return True
         except Exception:  # noqa: BLE001 - a sample is never worth a request
             return False
@@ -285,7 +331,8 @@ class Recorder:
             if slot is None:
                 return False
             self.book.traffic.put(TrafficSample(self.model, schema_key, hour, slot, now,
-                                                tuple(int(t) for t in prompt), tuple(int(t) for t in output), finish))
+                                                tuple(int(t) for t in prompt), tuple(int(t) for t in output), finish,
+                                                self.book.traffic.writer))
             return True
         except Exception:  # noqa: BLE001 - a sample is never worth a request
             return False

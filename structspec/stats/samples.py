@@ -6,7 +6,10 @@ draft-alignment job learns from, and what a schema's owner reads to see what the
 
 Each hour of each key keeps a uniform sample (a reservoir) of at most ``per_hour`` of its
 rejections, so the sample spreads over the day instead of filling with one burst; the store
-keeps the newest ``KEEP_PER_KEY`` per key. The decode path asks ``slot`` first (a dict lookup and
+keeps the newest ``KEEP_PER_KEY`` per key. A reservoir is one writer's (``writer``: a random id
+per sampler, so per process): replicas sharing a store, and a process restarted within the hour,
+fill reservoirs of their own, never each other's slots; each is a uniform sample of what its
+writer saw. The decode path asks ``slot`` first (a dict lookup and
 one random draw under a lock) and builds the sample, decoding its text, only when it got a slot.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import random
 import threading
+import uuid
 from dataclasses import dataclass
 
 CONTEXT_TOKENS = 32  # the context's last tokens kept with a sample
@@ -39,10 +43,11 @@ class RejectedDraft:
     target_token: int  # what the target chose at that position
     target_text: str
     grammatical: bool  # False: the grammar refused the drafted token (the target could not choose it)
+    writer: str = ""  # the sampler whose reservoir holds it ("": written before reservoirs were per writer)
 
     @property
-    def key(self) -> tuple[str, str, str, int, int]:
-        return (self.model, self.schema_key, self.proposer, self.hour, self.slot)
+    def key(self) -> tuple[str, str, str, int, str, int]:
+        return (self.model, self.schema_key, self.proposer, self.hour, self.writer, self.slot)
 
 
 class RejectionSampler:
@@ -51,20 +56,21 @@ class RejectionSampler:
     Thread-safe. ``per_hour`` 0 samples nothing. At most ``max_keys`` keys are tracked within an
     hour (a flood of new inline schemas gets no more samples, never more memory), and at most
     ``max_pending`` samples wait for the store (while it cannot be written): past that the oldest
-    waiting one is dropped and counted in ``dropped``."""
+    waiting one is dropped and counted in ``dropped``. ``writer``: the id its samples carry (random by default)."""
 
     def __init__(self, per_hour: int = 8, max_keys: int = 1024, rng: random.Random | None = None,
-                 max_pending: int = 10_000):
+                 max_pending: int = 10_000, writer: str | None = None):
         if per_hour < 0:
             raise ValueError("per_hour must be >= 0")
         self.per_hour = per_hour
+        self.writer = uuid.uuid4().hex if writer is None else writer
         self.max_keys = max_keys
         self.max_pending = max_pending
         self.dropped = 0  # samples dropped because ``max_pending`` were already waiting
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str, str], tuple[int, int]] = {}  # key -> (hour, rejections seen in it)
-        self._pending: dict[tuple[str, str, str, int, int], RejectedDraft] = {}
+        self._pending: dict[tuple[str, str, str, int, str, int], RejectedDraft] = {}
 
     def slot(self, model: str, schema_key: str, proposer: str, hour: int) -> int | None:
         """Count one rejection; the reservoir slot its sample goes to, or None when it is not sampled."""

@@ -8,8 +8,8 @@ whoever may read the store itself.
 Each hour of each (model, schema) keeps a uniform sample (a reservoir) of at most ``per_hour``
 of its finished requests (``stop`` or ``length``; a cancelled or failed request's output is no
 evidence of what the target writes), as the rejected drafts do; the store keeps the newest
-``KEEP_PER_KEY`` per (model, schema). The decode path asks ``slot`` first and copies the ids only
-when it got one.
+``KEEP_PER_KEY`` per (model, schema); each writer (process) fills reservoirs of its own. The
+decode path asks ``slot`` first and copies the ids only when it got one.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ class TrafficSample:
     prompt_tokens: tuple[int, ...]  # the whole prompt, as the target saw it
     output_tokens: tuple[int, ...]  # the whole output (forced tokens included)
     finish: str  # stop | length
+    writer: str = ""  # the sampler whose reservoir holds it (``RejectionSampler.writer``)
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
-        return (self.model, self.schema_key, self.hour, self.slot)
+    def key(self) -> tuple[str, str, int, str, int]:
+        return (self.model, self.schema_key, self.hour, self.writer, self.slot)
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -52,8 +53,8 @@ class TrafficSampler(RejectionSampler):
     samples nothing."""
 
     def __init__(self, per_hour: int = 8, max_keys: int = 1024, rng: random.Random | None = None,
-                 max_pending: int = MAX_PENDING):
-        super().__init__(per_hour, max_keys, rng, max_pending)
+                 max_pending: int = MAX_PENDING, writer: str | None = None):
+        super().__init__(per_hour, max_keys, rng, max_pending, writer)
 
     def slot(self, model: str, schema_key: str, hour: int) -> int | None:  # type: ignore[override]
         """Count one finished request; the reservoir slot its sample goes to, or None when it is not sampled."""

@@ -9,15 +9,17 @@ statistics are aggregated per hour with plain add-upserts of each process's delt
 
 What is recorded but not yet written (counters, history outputs, samples, traffic, policy changes) waits
 in memory, each kind within a bound; past it new records are dropped and counted (``backlog``),
-never silently.
+never silently. A row the store refuses for what it holds is quarantined (``quarantine``), counted
+and logged, and holds back none of the rows behind it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
-from structspec.stats.book import Counters, StatsBook
+from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
@@ -56,11 +58,13 @@ BACKLOG_KINDS = ("counters", "history", "samples", "traffic", "policy_changes")
 
 @dataclass(frozen=True)
 class Backlog:
-    """What a store holds in memory, not yet written, per kind (``BACKLOG_KINDS``), and what it dropped (since the
-    process started) because a kind's bound was reached while the store could not be written."""
+    """What a store holds in memory, not yet written, per kind (``BACKLOG_KINDS``), what it dropped (since the
+    process started) because a kind's bound was reached while the store could not be written, and the rows the
+    store refused for what they hold (quarantined, ``structspec.store.quarantine``)."""
 
     unwritten: dict[str, int]
     dropped: dict[str, int]
+    quarantined: dict[str, int] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -151,13 +155,28 @@ class Store(Protocol):
         """The last ``per_key`` outputs of the ``max_keys`` most recent keys, as (key, text), oldest first."""
 
 
-def backlog_of(stats: StatsBook, history: HistoryBuffer) -> Backlog:
-    """A store's ``Backlog`` from its book (counters, samples, policy changes) and its history buffer."""
+def backlog_of(stats: StatsBook, history: HistoryBuffer, quarantined: dict[str, int] | None = None) -> Backlog:
+    """A store's ``Backlog`` from its book (counters, samples, policy changes), its history buffer and its
+    quarantine's counts."""
     return Backlog(
         {"counters": stats.unwritten_keys(), "history": len(history), "samples": len(stats.samples.pending()),
          "traffic": len(stats.traffic.pending()), "policy_changes": len(stats.policy.pending())},
         {"counters": stats.dropped, "history": history.dropped, "samples": stats.samples.dropped,
-         "traffic": stats.traffic.dropped, "policy_changes": stats.policy.dropped})
+         "traffic": stats.traffic.dropped, "policy_changes": stats.policy.dropped},
+        {kind: (quarantined or {}).get(kind, 0) for kind in BACKLOG_KINDS})
+
+
+async def reload_book(stats: StatsBook, stored: Callable[[], Iterable[tuple[CounterKey, float]]], reload: Reload) -> None:
+    """``stats.replace_persisted(stored(), reload)`` in a worker thread (a week of counters is not built on the event
+    loop); the reload ends whatever happens, a cancellation included (the thread then runs to its end)."""
+    def replace() -> None:
+        try:
+            stats.replace_persisted(stored(), reload)
+        finally:
+            stats.cancel_reload(reload)  # ended already unless something failed
+
+    work = asyncio.ensure_future(asyncio.to_thread(replace))
+    await asyncio.shield(work)
 
 
 def newest_samples(stored: Iterable[TrafficSample], unwritten: Iterable[TrafficSample], model: str | None,

@@ -22,15 +22,22 @@ What replicas sharing the database can rely on:
   first, with the same number; if its commit had landed and only the acknowledgement was lost,
   the mark shows it and the retry writes nothing. Rows are written in key order, so two
   replicas' flushes cannot deadlock on the counters.
-- **Reads count every row once**: ``read_counters`` and ``refresh_stats`` read the table and this
-  process's unwritten counters under the same lock a flush holds from its write to marking the
-  rows committed (after a failed flush they first read the mark: a flush that landed is not
-  counted again as unwritten).
+- **A refused row holds back nothing**: a flush the database refuses for its rows (a data error,
+  a constraint; not a lost connection) is written again in parts, each under a number of its
+  own, until each refused row is alone; those are quarantined (``quarantine``: counted, logged),
+  the others written. Callers' and the model's text goes through ``text.encode`` (PostgreSQL's
+  text cannot hold NUL), so any text round-trips.
+- **Reads count every row once**: ``read_counters`` and ``refresh_stats`` read the table in a
+  snapshot taken, with a copy of this process's unwritten counters, under the lock a flush holds
+  from its write to marking the rows committed (after a failed flush they first read the mark: a
+  flush that landed is not counted again as unwritten); the read itself runs outside that lock,
+  so flushes go on while a refresh reads a week of counters.
 - **History**: shared and bounded: the newest ``HISTORY_KEEP`` outputs per (model, key), and
   none older than the retention (``prune``).
-- **Samples** (rejected drafts and traffic): replicas share each hour's reservoir slots (the
-  later write of a slot wins), so an hour keeps at most ``per_hour`` samples per key whatever
-  the number of replicas.
+- **Samples** (rejected drafts and traffic): each process fills reservoirs of its own (its
+  sampler's ``writer`` is part of a slot's key), so replicas, and a process restarted within
+  the hour, never overwrite each other's samples; an hour keeps ``per_hour`` samples per key
+  per process, and the store the newest ``KEEP_PER_KEY`` per key.
 - **Outage**: every failure to reach the database raises ``StoreUnavailable`` (within
   ``timeout`` seconds); nothing recorded is lost while the bounds hold (``backlog``), and the
   pool reconnects by itself when the database is back.
@@ -49,7 +56,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from structspec.stats.book import Counters, StatsBook
+from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
 from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
 from structspec.stats.policy_states import PolicyChange
@@ -58,9 +65,11 @@ from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import KEEP_PER_KEY as TRAFFIC_KEEP
 from structspec.stats.traffic import TrafficSample
 from structspec.store.base import (SPECULATION_MODES, Backlog, SchemaRecord, StoreError, StoreUnavailable, backlog_of,
-                                   newest_samples, sum_counters)
+                                   newest_samples, reload_book, sum_counters)
 from structspec.store.history_buffer import HistoryBuffer, HistoryRow
 from structspec.store.postgres_schema import migrate
+from structspec.store.quarantine import Quarantine, halves, refused
+from structspec.store.text import decode, encode
 
 try:  # the ``postgres`` extra
     import psycopg
@@ -69,43 +78,53 @@ except ImportError:  # pragma: no cover - reported by ``PostgresStore`` itself
     psycopg = None  # type: ignore[assignment]
     AsyncConnectionPool = None  # type: ignore[assignment,misc]
 
+# what psycopg raises when the database refuses a statement's values (SQLSTATE classes 22 and 23), not when it
+# cannot be reached or the statement itself is wrong
+_REFUSALS: tuple[type[BaseException], ...] = (psycopg.DataError, psycopg.IntegrityError) if psycopg else ()
+
 _COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
 _COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
 _SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
-                "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical")
+                "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical, "
+                "writer")
 _CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
-_TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish"
+_TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish, writer"
+_SAMPLE_KEY = ("model", "schema_key", "proposer", "hour", "writer", "slot")  # rejected_drafts' primary key
 
 
 def _record(row: tuple[Any, ...]) -> SchemaRecord:
-    return SchemaRecord(row[0], int(row[1]), row[2], row[3], row[4], float(row[5]), row[6], row[7])
+    return SchemaRecord(row[0], int(row[1]), decode(row[2]), row[3], decode(row[4]), float(row[5]), row[6], row[7])
 
 
 def _sample_row(r: RejectedDraft) -> tuple[Any, ...]:
     return (r.model, r.schema_key, r.proposer, r.hour, r.slot, r.created_at, r.batch_bucket, list(r.context_tokens),
-            r.context_text, list(r.draft_tokens), r.draft_text, r.position, r.rejected_token, r.rejected_text,
-            r.target_token, r.target_text, r.grammatical)
+            encode(r.context_text), list(r.draft_tokens), encode(r.draft_text), r.position, r.rejected_token,
+            encode(r.rejected_text), r.target_token, encode(r.target_text), r.grammatical, r.writer)
 
 
 def _sample(row: tuple[Any, ...]) -> RejectedDraft:
     return RejectedDraft(row[0], row[1], row[2], int(row[3]), int(row[4]), float(row[5]), int(row[6]),
-                         tuple(row[7]), row[8], tuple(row[9]), row[10], int(row[11]), int(row[12]), row[13],
-                         int(row[14]), row[15], bool(row[16]))
+                         tuple(row[7]), decode(row[8]), tuple(row[9]), decode(row[10]), int(row[11]), int(row[12]),
+                         decode(row[13]), int(row[14]), decode(row[15]), bool(row[16]), row[17])
 
 
 def _traffic_row(r: TrafficSample) -> tuple[Any, ...]:
     return (r.model, r.schema_key, r.hour, r.slot, r.created_at, list(r.prompt_tokens), list(r.output_tokens),
-            r.finish)
+            r.finish, r.writer)
 
 
 def _traffic(row: tuple[Any, ...]) -> TrafficSample:
     return TrafficSample(row[0], row[1], int(row[2]), int(row[3]), float(row[4]), tuple(row[5]), tuple(row[6]),
-                         row[7])
+                         row[7], row[8])
 
 
 def _change(row: tuple[Any, ...]) -> PolicyChange:
     return PolicyChange(row[0], row[1], row[2], float(row[3]), row[4], row[5], row[6], int(row[7]),
                         None if row[8] is None else float(row[8]), None if row[9] is None else float(row[9]))
+
+
+def _counters(rows: list[tuple[Any, ...]]) -> list[tuple[CounterKey, float]]:
+    return [(CounterKey(r[0], r[1], int(r[2]), r[3], r[4], int(r[5]), r[6]), float(r[7])) for r in rows]
 
 
 def _matches(item: RejectedDraft | PolicyChange, model: str | None, schema_key: str | None) -> bool:
@@ -122,19 +141,40 @@ def _where(filters: tuple[tuple[str, str | None], ...]) -> tuple[str, list[Any]]
     return sql, args
 
 
+_KINDS = {"counters": "counters", "history": "history", "samples": "samples", "changes": "policy_changes",
+          "traffic": "traffic"}  # a batch's fields -> their backlog kinds
+
+
 @dataclass
 class _Batch:
-    """One flush: what it took from the buffers, written in one transaction under its sequence number."""
+    """One flush (or a part of one): what it took from the buffers, written in one transaction under its sequence
+    number (``seq``: given when it is first written, kept for its retries)."""
 
-    seq: int
-    counters: Counters
+    seq: int | None
+    counters: Counters = field(default_factory=dict)
     history: list[HistoryRow] = field(default_factory=list)
     samples: list[RejectedDraft] = field(default_factory=list)
     changes: list[PolicyChange] = field(default_factory=list)
     traffic: list[TrafficSample] = field(default_factory=list)
 
+    def size(self) -> int:
+        return sum(len(getattr(self, name)) for name in _KINDS)
+
     def empty(self) -> bool:
-        return not (self.counters or self.history or self.samples or self.changes or self.traffic)
+        return self.size() == 0
+
+    def parts(self) -> list["_Batch"]:
+        """Smaller batches that make this one (of two rows or more) up: one per kind, or its one kind's halves."""
+        kinds = [name for name in _KINDS if getattr(self, name)]
+        if len(kinds) > 1:
+            return [_Batch(None, **{name: getattr(self, name)}) for name in kinds]
+        return [_Batch(None, **{kinds[0]: half}) for half in halves(getattr(self, kinds[0]))]
+
+    def row(self) -> tuple[str, Any]:
+        """A one-row batch's (backlog kind, row); a counter's row is its (key, value)."""
+        name = next(name for name in _KINDS if getattr(self, name))
+        rows = getattr(self, name)
+        return _KINDS[name], next(iter(rows.items())) if isinstance(rows, dict) else rows[0]
 
 
 class PostgresStore:
@@ -159,7 +199,10 @@ class PostgresStore:
         self._history = HistoryBuffer(history_limit)
         self._flush_lock = asyncio.Lock()
         self._seq = 0
-        self._retry: _Batch | None = None  # a flush that failed: written again first
+        # taken, not yet written, in order: a flush that failed (written again first, the first under its number),
+        # or the parts of one the database refused
+        self._retry: list[_Batch] = []
+        self.quarantine = Quarantine()  # rows the database refused
 
     @property
     def where(self) -> str:
@@ -253,7 +296,7 @@ class PostgresStore:
                 (schema_id,))).fetchone()
             rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
             await conn.execute(f"INSERT INTO schema_versions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                               (rec.schema_id, rec.version, rec.schema_json, rec.sha256, rec.description,
+                               (rec.schema_id, rec.version, encode(rec.schema_json), rec.sha256, encode(rec.description),
                                 rec.created_at, rec.source, rec.speculation))
             return rec, True
 
@@ -299,20 +342,42 @@ class PostgresStore:
 
     async def flush(self) -> None:
         async with self._flush_lock:
-            if self._retry is not None:
-                await self._write(self._retry)  # raises while the store is unreachable: the batch stays
-                self._landed(self._retry)
-            batch = _Batch(self._seq + 1, self.stats.take(), self._history.take(), self.stats.samples.take(),
+            await self._write_retry()  # raises while the store cannot be written: the batches stay, nothing is taken
+            batch = _Batch(None, self.stats.take(), self._history.take(), self.stats.samples.take(),
                            self.stats.policy.take(), self.stats.traffic.take())
             if batch.empty():
                 return
-            self._seq, self._retry = batch.seq, batch
-            await self._write(batch)
+            self._retry.append(batch)
+            await self._write_retry()
+
+    async def _write_retry(self) -> None:
+        """Write the batches waiting in ``_retry``, in order (under the flush lock). One the database refuses for its
+        rows is replaced by its parts, down to single rows, which are quarantined; any other failure is raised,
+        what is not written kept."""
+        while self._retry:
+            batch = self._retry[0]
+            if batch.seq is None:
+                self._seq += 1
+                batch.seq = self._seq
+            try:
+                await self._write(batch)
+            except Exception as exc:
+                if not refused(exc, _REFUSALS):
+                    raise
+                self._retry.pop(0)  # refused: its transaction rolled back, nothing of it landed
+                if batch.size() > 1:
+                    parts = batch.parts()
+                    self.stats.split(batch.counters, [p.counters for p in parts])
+                    self._retry[0:0] = parts
+                else:
+                    self.quarantine.add(*batch.row(), exc)
+                    self.stats.committed(batch.counters)  # not unwritten any more: quarantined
+                continue
             self._landed(batch)
 
     def _landed(self, batch: _Batch) -> None:
         self.stats.committed(batch.counters)  # under the flush lock: no read counts them twice
-        self._retry = None
+        self._retry.remove(batch)
 
     async def _write(self, b: _Batch) -> None:
         async with self._conn() as conn, conn.transaction():
@@ -330,36 +395,38 @@ class PostgresStore:
                         [(k.model, k.schema_key, k.hour, k.series, k.proposer, k.batch_bucket, k.label, v)
                          for k, v in sorted(b.counters.items())])
                 if b.history:
+                    history = [(m, encode(k), encode(t), at) for m, k, t, at in b.history]
                     await cur.executemany("INSERT INTO history (model, history_key, text, created_at) "
-                                          "VALUES (%s, %s, %s, %s)", b.history)
-                    for model, key in sorted({(m, k) for m, k, _, _ in b.history}):
+                                          "VALUES (%s, %s, %s, %s)", history)
+                    for model, key in sorted({(m, k) for m, k, _, _ in history}):
                         await cur.execute(
                             "DELETE FROM history WHERE model = %s AND history_key = %s AND id NOT IN (SELECT id FROM "
                             "history WHERE model = %s AND history_key = %s ORDER BY id DESC LIMIT %s)",
                             (model, key, model, key, self.HISTORY_KEEP))
                 if b.samples:
-                    marks = ", ".join(["%s"] * 17)
-                    updates = ", ".join(f"{c.strip()} = excluded.{c.strip()}" for c in _SAMPLE_COLS.split(",")[5:])
+                    columns = [c.strip() for c in _SAMPLE_COLS.split(",")]
+                    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in _SAMPLE_KEY)
                     await cur.executemany(
-                        f"INSERT INTO rejected_drafts ({_SAMPLE_COLS}) VALUES ({marks}) ON CONFLICT "
-                        f"(model, schema_key, proposer, hour, slot) DO UPDATE SET {updates}",
+                        f"INSERT INTO rejected_drafts ({_SAMPLE_COLS}) VALUES ({', '.join(['%s'] * len(columns))}) "
+                        f"ON CONFLICT ({', '.join(_SAMPLE_KEY)}) DO UPDATE SET {updates}",
                         [_sample_row(r) for r in sorted(b.samples, key=lambda r: r.key)])
                     for model, key, proposer in sorted({(r.model, r.schema_key, r.proposer) for r in b.samples}):
                         await cur.execute(
                             "DELETE FROM rejected_drafts WHERE model = %s AND schema_key = %s AND proposer = %s AND "
-                            "(hour, slot) NOT IN (SELECT hour, slot FROM rejected_drafts WHERE model = %s AND "
-                            "schema_key = %s AND proposer = %s ORDER BY hour DESC, created_at DESC LIMIT %s)",
-                            (model, key, proposer, model, key, proposer, SAMPLES_KEEP))
+                            "(hour, writer, slot) NOT IN (SELECT hour, writer, slot FROM rejected_drafts WHERE "
+                            "model = %s AND schema_key = %s AND proposer = %s ORDER BY hour DESC, created_at DESC "
+                            "LIMIT %s)", (model, key, proposer, model, key, proposer, SAMPLES_KEEP))
                 if b.traffic:
                     await cur.executemany(
-                        f"INSERT INTO traffic_samples ({_TRAFFIC_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON "
-                        "CONFLICT (model, schema_key, hour, slot) DO UPDATE SET created_at = excluded.created_at, "
-                        "prompt_tokens = excluded.prompt_tokens, output_tokens = excluded.output_tokens, "
-                        "finish = excluded.finish", [_traffic_row(r) for r in sorted(b.traffic, key=lambda r: r.key)])
+                        f"INSERT INTO traffic_samples ({_TRAFFIC_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                        "ON CONFLICT (model, schema_key, hour, writer, slot) DO UPDATE SET created_at = "
+                        "excluded.created_at, prompt_tokens = excluded.prompt_tokens, output_tokens = "
+                        "excluded.output_tokens, finish = excluded.finish",
+                        [_traffic_row(r) for r in sorted(b.traffic, key=lambda r: r.key)])
                     for model, key in sorted({(r.model, r.schema_key) for r in b.traffic}):
                         await cur.execute(
-                            "DELETE FROM traffic_samples WHERE model = %s AND schema_key = %s AND (hour, slot) NOT IN "
-                            "(SELECT hour, slot FROM traffic_samples WHERE model = %s AND schema_key = %s "
+                            "DELETE FROM traffic_samples WHERE model = %s AND schema_key = %s AND (hour, writer, slot) "
+                            "NOT IN (SELECT hour, writer, slot FROM traffic_samples WHERE model = %s AND schema_key = %s "
                             "ORDER BY hour DESC, created_at DESC LIMIT %s)", (model, key, model, key, TRAFFIC_KEEP))
                 if b.changes:
                     await cur.executemany(
@@ -373,43 +440,56 @@ class PostgresStore:
                             "proposer = %s ORDER BY id DESC LIMIT %s)",
                             (model, key, proposer, model, key, proposer, CHANGES_KEEP))
 
-    async def _select(self, since_hour: int, model: str | None, schema_key: str | None) -> list[tuple[CounterKey, float]]:
+    @staticmethod
+    async def _select(conn: Any, since_hour: int, model: str | None, schema_key: str | None) -> list[tuple[Any, ...]]:
+        """The counters' rows (``_counters`` makes them keys)."""
         cond, args = _where((("model", model), ("schema_key", schema_key)))
-        async with self._conn() as conn:
-            rows = await (await conn.execute(f"SELECT {_COUNTER_COLS}, value FROM counters WHERE hour >= %s{cond}",
-                                             [since_hour, *args])).fetchall()
-        return [(CounterKey(r[0], r[1], int(r[2]), r[3], r[4], int(r[5]), r[6]), float(r[7])) for r in rows]
+        return await (await conn.execute(f"SELECT {_COUNTER_COLS}, value FROM counters WHERE hour >= %s{cond}",
+                                         [since_hour, *args])).fetchall()
 
-    async def _settle_retry(self) -> None:
-        """A failed flush may have landed (only its acknowledgement lost): the mark tells, and then its rows are
-        committed rather than unwritten. Call under the flush lock."""
-        retry = self._retry
-        if retry is None:
-            return
-        async with self._conn() as conn:
-            row = await (await conn.execute("SELECT batch FROM flush_marks WHERE replica = %s",
-                                            (self.replica,))).fetchone()
-        if row is not None and int(row[0]) >= retry.seq:
-            self._landed(retry)
+    @contextlib.asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[tuple[Any, Reload]]:
+        """A connection in a read-only transaction whose snapshot holds every flush of this process that landed, and
+        the book's reload begun at that moment (its unwritten counters are exactly those the snapshot lacks). Taken
+        under the flush lock (no flush commits in between), read outside it. The caller ends the reload."""
+        reload: Reload | None = None
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                async with self._flush_lock:  # the lock, then a connection: in a flush's order
+                    conn = await stack.enter_async_context(self._conn())
+                    await stack.enter_async_context(conn.transaction())
+                    await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    # the transaction's first read takes its snapshot; a failed flush may have landed (only its
+                    # acknowledgement lost): the mark tells, and then its rows are committed rather than unwritten
+                    mark = await (await conn.execute("SELECT batch FROM flush_marks WHERE replica = %s",
+                                                     (self.replica,))).fetchone()
+                    head = self._retry[0] if self._retry else None
+                    if head is not None and head.seq is not None and mark is not None and int(mark[0]) >= head.seq:
+                        self._landed(head)
+                    reload = self.stats.begin_reload()
+                yield conn, reload
+        except BaseException:
+            if reload is not None:
+                self.stats.cancel_reload(reload)
+            raise
 
     async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
                             schema_key: str | None = None) -> Counters:
-        async with self._flush_lock:  # no flush of this process commits between the two reads
-            await self._settle_retry()
-            stored = await self._select(hour_of(since), model, schema_key)
-            pending = [(k, v) for k, v in self.stats.unflushed().items()
-                       if (model is None or k.model == model) and (schema_key is None or k.schema_key == schema_key)]
+        async with self._snapshot() as (conn, reload):
+            self.stats.cancel_reload(reload)  # only its unwritten counters are needed
+            stored = _counters(await self._select(conn, hour_of(since), model, schema_key))
+        pending = [(k, v) for k, v in reload.unflushed.items()
+                   if (model is None or k.model == model) and (schema_key is None or k.schema_key == schema_key)]
         return sum_counters(stored + pending, since, until)
 
     async def refresh_stats(self) -> None:
-        async with self._flush_lock:
-            await self._settle_retry()
-            stored = await self._select(hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
-            self.stats.replace_persisted(stored)
-        async with self._conn() as conn:
+        async with self._snapshot() as (conn, reload):
+            stored = await self._select(conn, hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
             latest = await (await conn.execute(
                 f"SELECT DISTINCT ON (model, schema_key, proposer) {_CHANGE_COLS} FROM policy_changes "
                 "ORDER BY model, schema_key, proposer, id DESC")).fetchall()
+        # built outside every lock (and off the event loop: a week of counters), swapped in under the book's
+        await reload_book(self.stats, lambda: _counters(stored), reload)
         self.stats.policy.seed([_change(r) for r in latest])  # a restarted server knows each proposer's state
 
     async def prune(self, before: float) -> int:
@@ -430,19 +510,21 @@ class PostgresStore:
         return n
 
     def backlog(self) -> Backlog:
-        out = backlog_of(self.stats, self._history)
-        retry = self._retry
-        if retry is not None:  # taken by the failed flush, still unwritten
-            for kind, rows in (("history", retry.history), ("samples", retry.samples), ("traffic", retry.traffic),
-                               ("policy_changes", retry.changes)):
-                out.unwritten[kind] += len(rows)
+        out = backlog_of(self.stats, self._history, self.quarantine.counts())
+        for batch in list(self._retry):  # taken by a failed flush, still unwritten (counters: in the book's count)
+            for name, kind in _KINDS.items():
+                if name != "counters":
+                    out.unwritten[kind] += len(getattr(batch, name))
         return out
+
+    def _unwritten(self, name: str) -> list[Any]:
+        """The taken, not yet written rows of one of a batch's fields."""
+        return [r for batch in list(self._retry) for r in getattr(batch, name)]
 
     # -- rejected drafts and the policy's changes ---------------------------------------------------
 
     def _unwritten_samples(self) -> list[RejectedDraft]:
-        retry = self._retry
-        return (retry.samples if retry is not None else []) + self.stats.samples.pending()
+        return self._unwritten("samples") + self.stats.samples.pending()
 
     async def read_rejected_drafts(self, model: str | None = None, schema_key: str | None = None,
                                    proposer: str | None = None, limit: int = 100) -> list[RejectedDraft]:
@@ -464,8 +546,7 @@ class PostgresStore:
             rows = await (await conn.execute(
                 f"SELECT {_TRAFFIC_COLS} FROM traffic_samples WHERE TRUE{cond} ORDER BY created_at DESC LIMIT %s",
                 [*args, limit])).fetchall()
-        retry = self._retry
-        unwritten = (retry.traffic if retry is not None else []) + self.stats.traffic.pending()
+        unwritten = self._unwritten("traffic") + self.stats.traffic.pending()
         return newest_samples(map(_traffic, rows), unwritten, model, schema_key, limit)
 
     async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
@@ -473,8 +554,7 @@ class PostgresStore:
         async with self._conn() as conn:
             rows = await (await conn.execute(
                 f"SELECT {_CHANGE_COLS} FROM policy_changes WHERE TRUE{cond} ORDER BY at, id", args)).fetchall()
-        retry = self._retry
-        unwritten = (retry.changes if retry is not None else []) + self.stats.policy.pending()
+        unwritten = self._unwritten("changes") + self.stats.policy.pending()
         return [_change(r) for r in rows] + [r for r in unwritten if _matches(r, model, schema_key)]
 
     # -- schema history ------------------------------------------------------------------------
@@ -489,4 +569,4 @@ class PostgresStore:
                 "history_key ORDER BY id DESC) AS n FROM history WHERE model = %s AND history_key IN (SELECT "
                 "history_key FROM history WHERE model = %s GROUP BY history_key ORDER BY MAX(id) DESC LIMIT %s)) "
                 "recent WHERE n <= %s ORDER BY id", (model, model, max_keys, per_key))).fetchall()
-        return [(r[0], r[1]) for r in rows]
+        return [(decode(r[0]), decode(r[1])) for r in rows]

@@ -8,7 +8,9 @@ dies midway leaves the schema as it was.
 
 Version numbers are the SQLite store's (``sqlite.py``): version 3 holds the same tables (the
 registry, hourly counters, the schema history, rejected-draft samples, the policy's changes)
-plus ``flush_marks``, which makes a flush land exactly once; version 4 adds the traffic samples.
+plus ``flush_marks``, which makes a flush land exactly once; version 4 adds the traffic samples;
+version 5 keys each reservoir slot by its writer too and stores callers' text through
+``text.encode`` (a value stored before that starts with ``text.MARK`` is encoded by the migration).
 A later version adds its statements to ``MIGRATIONS`` under the version it migrates from, and
 raises ``SCHEMA_VERSION``.
 """
@@ -18,13 +20,14 @@ from __future__ import annotations
 from typing import Any
 
 from structspec.store.base import StoreError
+from structspec.store.text import ENCODED_COLUMNS, MARK
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # The advisory lock's key: any constant 64-bit integer that no other application on the database uses for its own
 # lock ('stsp' in ASCII).
 MIGRATION_LOCK = 0x73747370
 
-TRAFFIC_DDL = """CREATE TABLE traffic_samples (
+TRAFFIC_DDL_4 = """CREATE TABLE traffic_samples (
         model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
         created_at DOUBLE PRECISION NOT NULL, prompt_tokens INTEGER[] NOT NULL, output_tokens INTEGER[] NOT NULL,
         finish TEXT NOT NULL, PRIMARY KEY (model, schema_key, hour, slot))"""
@@ -52,7 +55,8 @@ DDL = (
         context_tokens INTEGER[] NOT NULL, context_text TEXT NOT NULL, draft_tokens INTEGER[] NOT NULL,
         draft_text TEXT NOT NULL, position INTEGER NOT NULL, rejected_token INTEGER NOT NULL,
         rejected_text TEXT NOT NULL, target_token INTEGER NOT NULL, target_text TEXT NOT NULL,
-        grammatical BOOLEAN NOT NULL, PRIMARY KEY (model, schema_key, proposer, hour, slot))""",
+        grammatical BOOLEAN NOT NULL, writer TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (model, schema_key, proposer, hour, writer, slot))""",
     """CREATE TABLE policy_changes (
         id BIGSERIAL PRIMARY KEY, model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL,
         at DOUBLE PRECISION NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, previous TEXT NOT NULL,
@@ -61,10 +65,29 @@ DDL = (
     # per replica process: the sequence number of its latest flush that landed (a retried flush whose number is
     # not above it had landed already: its commit was not acknowledged)
     "CREATE TABLE flush_marks (replica TEXT PRIMARY KEY, batch BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL)",
-    TRAFFIC_DDL,
+    """CREATE TABLE traffic_samples (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, prompt_tokens INTEGER[] NOT NULL, output_tokens INTEGER[] NOT NULL,
+        finish TEXT NOT NULL, writer TEXT NOT NULL DEFAULT '', PRIMARY KEY (model, schema_key, hour, writer, slot))""",
 )
+_MARK_SQL = f"chr({ord(MARK)})"
+
+
+def _writer_in_key(table: str, key: str) -> tuple[str, ...]:
+    """Version 4 -> 5 of one reservoir table: its rows written before are writer ''."""
+    return (f"ALTER TABLE {table} ADD COLUMN writer TEXT NOT NULL DEFAULT ''",
+            f"ALTER TABLE {table} DROP CONSTRAINT {table}_pkey",
+            f"ALTER TABLE {table} ADD PRIMARY KEY ({key}, hour, writer, slot)")
+
+
 # version -> the statements that migrate a store of that version to the next one
-MIGRATIONS: dict[int, tuple[str, ...]] = {3: (TRAFFIC_DDL,)}
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    3: (TRAFFIC_DDL_4,),
+    4: (*_writer_in_key("rejected_drafts", "model, schema_key, proposer"),
+        *_writer_in_key("traffic_samples", "model, schema_key"),
+        *(f"UPDATE {table} SET {column} = {_MARK_SQL} || to_json({column})::text WHERE left({column}, 1) = {_MARK_SQL}"
+          for table, column in ENCODED_COLUMNS)),
+}
 
 
 async def migrate(conn: Any, where: str) -> tuple[int | None, int]:

@@ -1,7 +1,12 @@
 """The default ``Store``: one SQLite file in the data directory.
 
 One connection guarded by a lock; blocking calls run in a worker thread so the event loop
-never waits on disk. WAL mode lets the engine (or a CLI) open the same file concurrently.
+never waits on disk. WAL mode lets the engine (or a CLI) open the same file concurrently, and
+lets the statistics' long reads (``refresh_stats``, ``read_counters``) run on a second
+connection (``_reader``) in a snapshot, so a flush never waits on them.
+Callers' and the model's text goes through ``text.encode``/``decode`` as in the PostgreSQL store,
+so a row means the same in both. Each kind of statistics is written in a transaction of its own;
+rows the file refuses (``quarantine``) hold back neither the other kinds nor the rows behind them.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from structspec.stats.book import Counters, StatsBook
+from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import CounterKey, Series, hour_of
 from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
 from structspec.stats.policy_states import PolicyChange
@@ -22,12 +27,17 @@ from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import KEEP_PER_KEY as TRAFFIC_KEEP
 from structspec.stats.traffic import TrafficSample
 from structspec.store.base import (SPECULATION_MODES, Backlog, SchemaRecord, StoreError, backlog_of, newest_samples,
-                                   sum_counters)
-from structspec.store.history_buffer import HistoryBuffer
+                                   reload_book, sum_counters)
+from structspec.store.history_buffer import HistoryBuffer, HistoryRow
+from structspec.store.quarantine import Quarantine, halves, refused
+from structspec.store.text import ENCODED_COLUMNS, MARK, decode, encode
 
 T = TypeVar("T")
+P = TypeVar("P", list, dict)
 
-_SCHEMA_VERSION = 4
+# what sqlite3 raises when it refuses a statement's values (not when the file cannot be written)
+_REFUSALS = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError)
+_SCHEMA_VERSION = 5
 _DDL = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # last_version survives deletes so version numbers are never reused
@@ -46,25 +56,27 @@ _DDL = (
         id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, history_key TEXT NOT NULL,
         text TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS history_by_key ON history (model, history_key, id)",
-    # a reservoir of rejected drafts per (model, schema, proposer, hour); token lists as JSON arrays
+    # a reservoir of rejected drafts per (model, schema, proposer, hour, writer); token lists as JSON arrays
     """CREATE TABLE IF NOT EXISTS rejected_drafts (
         model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL, hour BIGINT NOT NULL,
         slot INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, batch_bucket INTEGER NOT NULL,
         context_tokens TEXT NOT NULL, context_text TEXT NOT NULL, draft_tokens TEXT NOT NULL, draft_text TEXT NOT NULL,
         position INTEGER NOT NULL, rejected_token INTEGER NOT NULL, rejected_text TEXT NOT NULL,
         target_token INTEGER NOT NULL, target_text TEXT NOT NULL, grammatical INTEGER NOT NULL,
-        PRIMARY KEY (model, schema_key, proposer, hour, slot))""",
+        writer TEXT NOT NULL DEFAULT '', PRIMARY KEY (model, schema_key, proposer, hour, writer, slot))""",
     """CREATE TABLE IF NOT EXISTS policy_changes (
         id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL,
         at DOUBLE PRECISION NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, previous TEXT NOT NULL,
         batch_bucket INTEGER NOT NULL, acceptance DOUBLE PRECISION, threshold DOUBLE PRECISION)""",
     "CREATE INDEX IF NOT EXISTS policy_changes_by_key ON policy_changes (model, schema_key, proposer, at)",
-    # a reservoir of completed requests per (model, schema, hour): prompt and output ids as JSON arrays
+    # a reservoir of completed requests per (model, schema, hour, writer): prompt and output ids as JSON arrays
     """CREATE TABLE IF NOT EXISTS traffic_samples (
         model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
         created_at DOUBLE PRECISION NOT NULL, prompt_tokens TEXT NOT NULL, output_tokens TEXT NOT NULL,
-        finish TEXT NOT NULL, PRIMARY KEY (model, schema_key, hour, slot))""",
+        finish TEXT NOT NULL, writer TEXT NOT NULL DEFAULT '', PRIMARY KEY (model, schema_key, hour, writer, slot))""",
 )
+_RESERVOIRS = {table: next(d for d in _DDL if f"TABLE IF NOT EXISTS {table} " in d)
+               for table in ("rejected_drafts", "traffic_samples")}  # their DDL
 _COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
 _COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
 UNKNOWN_MODEL = "unknown"  # statistics written before they were keyed by model
@@ -91,32 +103,50 @@ def _migrate_from_1(c: sqlite3.Connection) -> None:
 # Version 3 -> 4 adds the traffic samples: a new table, no row of version 3 changes.
 
 
+def _migrate_to_5(c: sqlite3.Connection) -> None:
+    """Version 5 keys each reservoir slot by its writer too (rows written before: writer ''), and stores callers'
+    text through ``text.encode``: a stored value that starts with ``MARK`` is encoded now, so it reads back as
+    it was."""
+    for table, ddl in _RESERVOIRS.items():
+        if "writer" not in {r[1] for r in c.execute(f"PRAGMA table_info({table})")}:
+            cols = [r[1] for r in c.execute(f"PRAGMA table_info({table})")]
+            c.execute(f"ALTER TABLE {table} RENAME TO {table}_v4")
+            c.execute(ddl)
+            c.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {', '.join(cols)} FROM {table}_v4")
+            c.execute(f"DROP TABLE {table}_v4")
+    for table, column in ENCODED_COLUMNS:
+        c.execute(f"UPDATE {table} SET {column} = char(?) || json_quote({column}) WHERE substr({column}, 1, 1) = char(?)",
+                  (ord(MARK), ord(MARK)))
+
+
 _SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
-                "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical")
+                "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical, "
+                "writer")
 _CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
-_TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish"
+_TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish, writer"
 
 
 def _sample_row(r: RejectedDraft) -> tuple[Any, ...]:
     return (r.model, r.schema_key, r.proposer, r.hour, r.slot, r.created_at, r.batch_bucket, json.dumps(r.context_tokens),
-            r.context_text, json.dumps(r.draft_tokens), r.draft_text, r.position, r.rejected_token, r.rejected_text,
-            r.target_token, r.target_text, int(r.grammatical))
+            encode(r.context_text), json.dumps(r.draft_tokens), encode(r.draft_text), r.position, r.rejected_token,
+            encode(r.rejected_text), r.target_token, encode(r.target_text), int(r.grammatical), r.writer)
 
 
 def _sample(row: tuple[Any, ...]) -> RejectedDraft:
     return RejectedDraft(row[0], row[1], row[2], int(row[3]), int(row[4]), float(row[5]), int(row[6]),
-                         tuple(json.loads(row[7])), row[8], tuple(json.loads(row[9])), row[10], int(row[11]),
-                         int(row[12]), row[13], int(row[14]), row[15], bool(row[16]))
+                         tuple(json.loads(row[7])), decode(row[8]), tuple(json.loads(row[9])), decode(row[10]),
+                         int(row[11]), int(row[12]), decode(row[13]), int(row[14]), decode(row[15]), bool(row[16]),
+                         row[17])
 
 
 def _traffic_row(r: TrafficSample) -> tuple[Any, ...]:
     return (r.model, r.schema_key, r.hour, r.slot, r.created_at, json.dumps(r.prompt_tokens),
-            json.dumps(r.output_tokens), r.finish)
+            json.dumps(r.output_tokens), r.finish, r.writer)
 
 
 def _traffic(row: tuple[Any, ...]) -> TrafficSample:
     return TrafficSample(row[0], row[1], int(row[2]), int(row[3]), float(row[4]), tuple(json.loads(row[5])),
-                         tuple(json.loads(row[6])), row[7])
+                         tuple(json.loads(row[6])), row[7], row[8])
 
 
 def _change(row: tuple[Any, ...]) -> PolicyChange:
@@ -129,7 +159,7 @@ def _matches(item: RejectedDraft | PolicyChange, model: str | None, schema_key: 
 
 
 def _record(row: tuple[Any, ...]) -> SchemaRecord:
-    return SchemaRecord(row[0], int(row[1]), row[2], row[3], row[4], float(row[5]), row[6], row[7])
+    return SchemaRecord(row[0], int(row[1]), decode(row[2]), row[3], decode(row[4]), float(row[5]), row[6], row[7])
 
 
 class SQLiteStore:
@@ -141,6 +171,9 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._history = HistoryBuffer(history_limit)  # appended, not yet written
+        self._reader: sqlite3.Connection | None = None  # a file's second connection, for the long reads
+        self._reader_lock = threading.Lock()
+        self.quarantine = Quarantine()  # rows the file refused
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -195,6 +228,8 @@ class SQLiteStore:
                     c.execute(stmt)
                 if found == 1:
                     _migrate_from_1(c)
+                if found is not None and found < 5:
+                    _migrate_to_5(c)
                 c.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     (str(_SCHEMA_VERSION),),
@@ -212,6 +247,8 @@ class SQLiteStore:
                 self._conn = None
             conn.close()
             raise
+        if self.path != ":memory:":  # a second connection to ":memory:" would be another database
+            self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
 
     async def close(self) -> None:
         if self._conn is None:
@@ -221,8 +258,11 @@ class SQLiteStore:
         finally:  # closed even when the last flush fails (its error still reaches the caller)
             with self._lock:
                 conn, self._conn = self._conn, None
-            if conn is not None:
-                conn.close()
+            with self._reader_lock:
+                reader, self._reader = self._reader, None
+            for c in (conn, reader):
+                if c is not None:
+                    c.close()
 
     async def check(self) -> None:
         await self._run(lambda c: c.execute("SELECT 1").fetchone())
@@ -251,8 +291,8 @@ class SQLiteStore:
                 rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
                 c.execute(
                     f"INSERT INTO schema_versions ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (rec.schema_id, rec.version, rec.schema_json, rec.sha256, rec.description, rec.created_at, rec.source,
-                     rec.speculation),
+                    (rec.schema_id, rec.version, encode(rec.schema_json), rec.sha256, encode(rec.description),
+                     rec.created_at, rec.source, rec.speculation),
                 )
                 c.execute("COMMIT")
                 return rec, True
@@ -331,31 +371,60 @@ class SQLiteStore:
                     finally:
                         await self._flush_counters()
 
+    async def _write_parts(self, kind: str, rows: P, write: Callable[[sqlite3.Connection, P], None],
+                           restore: Callable[[P], None], split: Callable[[P, tuple[P, P]], None] = lambda p, h: None,
+                           refuse: Callable[[P], None] = lambda p: None) -> None:
+        """Write ``rows`` (taken from their buffer) with ``write``, one transaction a call. A write the file refuses
+        for its rows is written again in halves (``split`` told) until each refused row is alone: that one is
+        quarantined (``refuse`` told), the others written. When the file cannot be written, what is not written yet
+        is ``restore``d and the error raised."""
+        pending = [rows]
+        try:
+            while pending:
+                part = pending[0]
+                try:
+                    await self._run(lambda c, part=part: write(c, part))
+                except Exception as exc:
+                    if not refused(exc, _REFUSALS):
+                        raise
+                    pending.pop(0)
+                    if len(part) > 1:
+                        pending[0:0] = halves(part)
+                        split(part, (pending[0], pending[1]))
+                    else:
+                        self.quarantine.add(kind, next(iter(part.items())) if isinstance(part, dict) else part[0], exc)
+                        refuse(part)
+                    continue
+                pending.pop(0)
+        except BaseException:
+            if isinstance(rows, dict):
+                for part in pending:
+                    restore(part)
+            elif pending:
+                restore([r for part in pending for r in part])  # one call: they keep their order
+            raise
+
     async def _flush_counters(self) -> None:
         rows = self.stats.take()
         if not rows:
             return
 
-        def write(c: sqlite3.Connection) -> None:
+        def write(c: sqlite3.Connection, part: Counters) -> None:
             c.execute("BEGIN IMMEDIATE")
             try:
                 c.executemany(
                     f"INSERT INTO counters ({_COUNTER_COLS}, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                     f"ON CONFLICT ({_COUNTER_COLS}) DO UPDATE SET value = counters.value + excluded.value",
                     [(k.model, k.schema_key, k.hour, k.series, k.proposer, k.batch_bucket, k.label, v)
-                     for k, v in rows.items()],
+                     for k, v in part.items()],
                 )
                 c.execute("COMMIT")
-                self.stats.committed(rows)  # still under the connection lock: no reader sees them twice
+                self.stats.committed(part)  # still under the connection lock: no reader sees them twice
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
 
-        try:
-            await self._run(write)
-        except BaseException:
-            self.stats.restore(rows)
-            raise
+        await self._write_parts("counters", rows, write, self.stats.restore, self.stats.split, self.stats.committed)
 
     def _select(self, c: sqlite3.Connection, since_hour: int, model: str | None,
                 schema_key: str | None) -> list[tuple[CounterKey, float]]:
@@ -367,27 +436,62 @@ class SQLiteStore:
         return [(CounterKey(r[0], r[1], int(r[2]), r[3], r[4], int(r[5]), r[6]), float(r[7]))
                 for r in c.execute(sql, args).fetchall()]
 
+    async def _snapshot(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T, Reload]:
+        """``fn`` run in a read transaction whose snapshot holds exactly the flushes committed before the book's
+        reload began (taken together under the connection lock, where a flush commits and marks its rows
+        committed): on the reader connection, outside that lock, for a file; under it for ":memory:". The caller
+        ends the reload (``replace_persisted`` or ``cancel_reload``)."""
+        def on_reader() -> tuple[T, Reload]:
+            with self._reader_lock:
+                r = self._reader
+                if r is None:
+                    raise StoreError("store is not open")
+                try:
+                    r.execute("BEGIN")
+                    try:
+                        with self._lock:
+                            r.execute("SELECT 1 FROM meta LIMIT 1").fetchall()  # the first read takes the snapshot
+                            reload = self.stats.begin_reload()
+                        try:
+                            return fn(r), reload
+                        except BaseException:
+                            self.stats.cancel_reload(reload)
+                            raise
+                    finally:
+                        r.execute("ROLLBACK")  # read only: nothing to commit
+                except sqlite3.Error as exc:
+                    raise StoreError(f"sqlite: {exc}") from exc
+
+        if self._reader is None:
+            return await self._run(lambda c: (fn(c), self.stats.begin_reload()))
+        work = asyncio.ensure_future(asyncio.to_thread(on_reader))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:  # the read runs on in its thread: its reload ends when it does
+            work.add_done_callback(
+                lambda w: w.cancelled() or w.exception() is not None or self.stats.cancel_reload(w.result()[1]))
+            raise
+
     async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
                             schema_key: str | None = None) -> Counters:
-        def read(c: sqlite3.Connection) -> list[tuple[CounterKey, float]]:
-            # the unwritten counts are read under the same lock as the table (a flush commits and
-            # marks its rows committed inside it), so every count is seen exactly once
-            pending = [(k, v) for k, v in self.stats.unflushed().items()
-                       if (model is None or k.model == model) and (schema_key is None or k.schema_key == schema_key)]
-            return self._select(c, hour_of(since), model, schema_key) + pending
-
-        return sum_counters(await self._run(read), since, until)
+        stored, reload = await self._snapshot(lambda c: self._select(c, hour_of(since), model, schema_key))
+        self.stats.cancel_reload(reload)  # only its unwritten counters are needed
+        pending = [(k, v) for k, v in reload.unflushed.items()
+                   if (model is None or k.model == model) and (schema_key is None or k.schema_key == schema_key)]
+        return sum_counters(stored + pending, since, until)
 
     async def refresh_stats(self) -> None:
-        def read(c: sqlite3.Connection) -> list[PolicyChange]:
-            stored = self._select(c, hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
-            self.stats.replace_persisted(stored)  # under the lock: no flush commits in between
+        def read(c: sqlite3.Connection) -> tuple[list[tuple[CounterKey, float]], list[PolicyChange]]:
             latest = c.execute(
                 f"SELECT {_CHANGE_COLS} FROM policy_changes p WHERE id = (SELECT MAX(id) FROM policy_changes q WHERE "
                 "q.model = p.model AND q.schema_key = p.schema_key AND q.proposer = p.proposer)").fetchall()
-            return [_change(r) for r in latest]
+            stored = self._select(c, hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
+            return stored, [_change(r) for r in latest]
 
-        self.stats.policy.seed(await self._run(read))  # a restarted server knows each proposer's state
+        (stored, latest), reload = await self._snapshot(read)
+        # built outside every lock (and off the event loop), swapped in under the book's
+        await reload_book(self.stats, lambda: stored, reload)
+        self.stats.policy.seed(latest)  # a restarted server knows each proposer's state
 
     async def prune(self, before: float) -> int:
         cutoff = hour_of(before)
@@ -411,52 +515,44 @@ class SQLiteStore:
         if not rows:
             return
 
-        def write(c: sqlite3.Connection) -> None:
+        def write(c: sqlite3.Connection, part: list[RejectedDraft]) -> None:
             c.execute("BEGIN IMMEDIATE")
             try:
-                marks = ", ".join("?" * len(_sample_row(rows[0])))
+                marks = ", ".join("?" * len(_sample_row(part[0])))
                 c.executemany(f"INSERT OR REPLACE INTO rejected_drafts ({_SAMPLE_COLS}) VALUES ({marks})",
-                              [_sample_row(r) for r in rows])
-                for model, key, proposer in {(r.model, r.schema_key, r.proposer) for r in rows}:
+                              [_sample_row(r) for r in part])
+                for model, key, proposer in {(r.model, r.schema_key, r.proposer) for r in part}:
                     c.execute("DELETE FROM rejected_drafts WHERE model = ? AND schema_key = ? AND proposer = ? AND "
-                              "(hour, slot) NOT IN (SELECT hour, slot FROM rejected_drafts WHERE model = ? AND "
-                              "schema_key = ? AND proposer = ? ORDER BY hour DESC, created_at DESC LIMIT ?)",
+                              "(hour, writer, slot) NOT IN (SELECT hour, writer, slot FROM rejected_drafts WHERE "
+                              "model = ? AND schema_key = ? AND proposer = ? ORDER BY hour DESC, created_at DESC LIMIT ?)",
                               (model, key, proposer, model, key, proposer, SAMPLES_KEEP))
                 c.execute("COMMIT")
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
 
-        try:
-            await self._run(write)
-        except BaseException:
-            self.stats.samples.restore(rows)
-            raise
+        await self._write_parts("samples", rows, write, self.stats.samples.restore)
 
     async def _flush_traffic(self) -> None:
         rows = self.stats.traffic.take()
         if not rows:
             return
 
-        def write(c: sqlite3.Connection) -> None:
+        def write(c: sqlite3.Connection, part: list[TrafficSample]) -> None:
             c.execute("BEGIN IMMEDIATE")
             try:
-                c.executemany(f"INSERT OR REPLACE INTO traffic_samples ({_TRAFFIC_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                              [_traffic_row(r) for r in rows])
-                for model, key in {(r.model, r.schema_key) for r in rows}:
-                    c.execute("DELETE FROM traffic_samples WHERE model = ? AND schema_key = ? AND (hour, slot) NOT IN "
-                              "(SELECT hour, slot FROM traffic_samples WHERE model = ? AND schema_key = ? "
+                c.executemany(f"INSERT OR REPLACE INTO traffic_samples ({_TRAFFIC_COLS}) VALUES "
+                              "(?, ?, ?, ?, ?, ?, ?, ?, ?)", [_traffic_row(r) for r in part])
+                for model, key in {(r.model, r.schema_key) for r in part}:
+                    c.execute("DELETE FROM traffic_samples WHERE model = ? AND schema_key = ? AND (hour, writer, slot) "
+                              "NOT IN (SELECT hour, writer, slot FROM traffic_samples WHERE model = ? AND schema_key = ? "
                               "ORDER BY hour DESC, created_at DESC LIMIT ?)", (model, key, model, key, TRAFFIC_KEEP))
                 c.execute("COMMIT")
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
 
-        try:
-            await self._run(write)
-        except BaseException:
-            self.stats.traffic.restore(rows)
-            raise
+        await self._write_parts("traffic", rows, write, self.stats.traffic.restore)
 
     async def read_traffic_samples(self, model: str | None = None, schema_key: str | None = None,
                                    limit: int = 1000) -> list[TrafficSample]:
@@ -476,13 +572,13 @@ class SQLiteStore:
         if not rows:
             return
 
-        def write(c: sqlite3.Connection) -> None:
+        def write(c: sqlite3.Connection, part: list[PolicyChange]) -> None:
             c.execute("BEGIN IMMEDIATE")
             try:
                 c.executemany(f"INSERT INTO policy_changes ({_CHANGE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                               [(r.model, r.schema_key, r.proposer, r.at, r.state, r.reason, r.previous, r.batch_bucket,
-                                r.acceptance, r.threshold) for r in rows])
-                for model, key, proposer in {r.key for r in rows}:
+                                r.acceptance, r.threshold) for r in part])
+                for model, key, proposer in {r.key for r in part}:
                     c.execute("DELETE FROM policy_changes WHERE model = ? AND schema_key = ? AND proposer = ? AND id "
                               "NOT IN (SELECT id FROM policy_changes WHERE model = ? AND schema_key = ? AND proposer = ? "
                               "ORDER BY id DESC LIMIT ?)", (model, key, proposer, model, key, proposer, CHANGES_KEEP))
@@ -491,11 +587,7 @@ class SQLiteStore:
                 c.execute("ROLLBACK")
                 raise
 
-        try:
-            await self._run(write)
-        except BaseException:
-            self.stats.policy.restore(rows)
-            raise
+        await self._write_parts("policy_changes", rows, write, self.stats.policy.restore)
 
     async def read_rejected_drafts(self, model: str | None = None, schema_key: str | None = None,
                                    proposer: str | None = None, limit: int = 100) -> list[RejectedDraft]:
@@ -535,18 +627,19 @@ class SQLiteStore:
         self._history.append(model, history_key, text, now)
 
     def backlog(self) -> Backlog:
-        return backlog_of(self.stats, self._history)
+        return backlog_of(self.stats, self._history, self.quarantine.counts())
 
     async def _flush_history(self) -> None:
         rows = self._history.take()
         if not rows:
             return
 
-        def write(c: sqlite3.Connection) -> None:
+        def write(c: sqlite3.Connection, part: list[HistoryRow]) -> None:
             c.execute("BEGIN IMMEDIATE")
             try:
-                c.executemany("INSERT INTO history (model, history_key, text, created_at) VALUES (?, ?, ?, ?)", rows)
-                for model, key in {(m, k) for m, k, _, _ in rows}:
+                encoded = [(m, encode(k), encode(t), at) for m, k, t, at in part]
+                c.executemany("INSERT INTO history (model, history_key, text, created_at) VALUES (?, ?, ?, ?)", encoded)
+                for model, key in {(m, k) for m, k, _, _ in encoded}:
                     c.execute("DELETE FROM history WHERE model = ? AND history_key = ? AND id NOT IN (SELECT id FROM "
                               "history WHERE model = ? AND history_key = ? ORDER BY id DESC LIMIT ?)",
                               (model, key, model, key, self.HISTORY_KEEP))
@@ -555,11 +648,7 @@ class SQLiteStore:
                 c.execute("ROLLBACK")
                 raise
 
-        try:
-            await self._run(write)
-        except BaseException:
-            self._history.restore(rows)
-            raise
+        await self._write_parts("history", rows, write, self._history.restore)
 
     async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
         def read(c: sqlite3.Connection) -> list[tuple[str, str]]:
@@ -571,6 +660,6 @@ class SQLiteStore:
                 out += [(int(r[0]), key, r[1]) for r in c.execute(
                     "SELECT id, text FROM history WHERE model = ? AND history_key = ? ORDER BY id DESC LIMIT ?",
                     (model, key, per_key))]
-            return [(key, text) for _, key, text in sorted(out)]
+            return [(decode(key), decode(text)) for _, key, text in sorted(out)]
 
         return await self._run(read)

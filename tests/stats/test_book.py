@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
+
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import HOUR, CounterKey, Series
 from structspec.stats.summary import summarize
@@ -71,3 +75,43 @@ def test_replace_persisted_takes_the_stores_counters_and_keeps_the_unwritten_one
     book.replace_persisted([(key, 5.0), (old, 7.0), (CounterKey("r2", "s", 100 * HOUR, Series.REQUESTS), 3.0)])
     assert book.rows()[key] == 6.0 and old not in book.rows()
     assert book.rows_for("r2", "s") == {CounterKey("r2", "s", 100 * HOUR, Series.REQUESTS): 3.0}
+
+
+def test_a_reload_builds_outside_the_lock_and_counts_what_is_recorded_meanwhile():
+    """The decode path (a recorder's add) never waits for a reload to build the book from the stored counters; what
+    it records meanwhile is in the new rows, once."""
+    book = StatsBook(clock=lambda: 100 * HOUR)
+    rec = book.recorder("m")
+    requests = CounterKey("m", "s", 100 * HOUR, Series.REQUESTS)
+    rec.record_request("s", 1, 1, 0, "stop", 1.0)  # unwritten when the reload begins
+    stored = [(CounterKey("r2", f"s{i}", 100 * HOUR, Series.REQUESTS), 1.0) for i in range(200_000)]
+    stored.append((requests, 10.0))  # another replica's
+    reload = book.begin_reload()
+    recorded, worst = 0, 0.0
+    done = threading.Event()
+
+    def record() -> None:
+        nonlocal recorded, worst
+        while not done.is_set():
+            started = time.perf_counter()
+            rec.record_request("s", 1, 1, 0, "stop", 1.0)
+            worst = max(worst, time.perf_counter() - started)
+            recorded += 1
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=record)
+    gc.disable()  # a collection pauses every thread, whatever the book does: the test measures waiting on the book
+    try:
+        thread.start()
+        started = time.perf_counter()
+        book.replace_persisted(stored, reload)
+        took = time.perf_counter() - started
+        done.set()
+        thread.join()
+    finally:
+        gc.enable()
+    assert took > 0.2, took  # long enough that an add waiting for it would show (it waited all of it)
+    assert worst < took / 3, (worst, took)
+    rows = book.rows()
+    assert rows[requests] == 10 + 1 + recorded and rows[stored[-2][0]] == 1.0
+    assert not book._reloads  # ended

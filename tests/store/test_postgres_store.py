@@ -107,7 +107,7 @@ async def test_a_flush_whose_acknowledgement_was_lost_lands_once(postgres, monke
     with pytest.raises(StoreUnavailable):
         await s.flush()
     monkeypatch.setattr(PostgresStore, "_write", real_write)
-    assert s._retry is not None  # kept for the retry
+    assert s._retry  # kept for the retry
     assert (await s.read_counters(since=NOW - 60))[drafted] == 7  # the mark says it landed: not counted twice
     s.stats.recorder("m").record_verification("k", "ngram", 1, drafted=1, accepted=1, probe=False)
     await s.flush()
@@ -134,7 +134,7 @@ async def test_a_failed_flush_is_retried_with_its_own_number(postgres, monkeypat
     await s.flush()  # the kept batch, then the new one
     assert await scalar(url, "SELECT batch FROM flush_marks WHERE replica = %s", s.replica) == 2
     assert (await s.read_counters(since=NOW - 60))[key("m", "k", Series.REQUESTS)] == 2
-    assert not s.stats.unflushed() and s._retry is None
+    assert not s.stats.unflushed() and not s._retry
     await s.close()
 
 

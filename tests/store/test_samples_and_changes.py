@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,45 @@ async def test_samples_survive_a_restart_and_unwritten_ones_are_read_too(backend
     assert [x.schema_key for x in await s2.read_rejected_drafts(limit=1)] == ["inv@1"]  # newest first
     assert await s2.read_rejected_drafts("other-model") == []
     await s2.close()
+
+
+async def test_two_writers_and_a_restart_never_overwrite_each_others_slots(backend) -> None:
+    """Replicas sharing a store, and a process restarted within the hour: each fills a reservoir of its own."""
+    a, b = await backend.open(samples_per_hour=2), await backend.open(samples_per_hour=2)
+    for s, first in ((a, 100), (b, 200)):
+        assert reject(s, target=first) and reject(s, target=first + 1)  # slots 0 and 1 of the same hour, each
+    await a.flush()
+    await b.flush()
+    assert sorted(r.target_token for r in await a.read_rejected_drafts("m", "inv@1")) == [100, 101, 200, 201]
+    await a.close()
+    a2 = await backend.open(samples_per_hour=2)  # a, restarted within the hour: its reservoir starts at slot 0 again
+    assert reject(a2, target=300)
+    await a2.flush()
+    got = await b.read_rejected_drafts("m", "inv@1")
+    assert sorted(r.target_token for r in got) == [100, 101, 200, 201, 300]
+    assert sorted(r.slot for r in got) == [0, 0, 0, 1, 1]
+    await a2.close()
+    await b.close()
+
+
+async def test_two_writers_samples_stay_uniform(backend) -> None:
+    """Each writer's stored sample is a uniform one of the rejections it saw: 2 of an hour's 10, each kept with odds
+    2 in 10 (30 of 150 trials); where writers shared slots, the second's flush overwrote the first's."""
+    a, b = await backend.open(samples_per_hour=2), await backend.open(samples_per_hour=2)
+    a.stats.samples._rng, b.stats.samples._rng = random.Random(1), random.Random(2)
+    trials = 150
+    for t in range(trials):  # one hour of one key per trial
+        for s, first in ((a, 100), (b, 200)):
+            for i in range(10):
+                reject(s, schema=f"s{t}@1", target=first + i)
+    await a.flush()
+    await b.flush()
+    rows = await a.read_rejected_drafts(limit=10 * trials)
+    assert len(rows) == 4 * trials
+    kept = Counter(r.target_token for r in rows)
+    assert all(12 <= kept[first + i] <= 50 for first in (100, 200) for i in range(10)), kept
+    await a.close()
+    await b.close()
 
 
 async def test_samples_are_bounded_per_key_and_pruned_with_their_hour(backend) -> None:
@@ -144,7 +185,7 @@ async def test_migration_from_version_2(tmp_path: Path) -> None:
     conn.close()
 
     s = await opened(path)
-    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)  # type: ignore[union-attr]
+    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)  # type: ignore[union-attr]
     assert (await s.read_counters(since=0)) == {key("m", "inv@1", Series.DRAFTED, proposer="ngram", bucket=1): 12.0}
     assert (await s.get_schema("inv", 1)).speculation == "off"  # type: ignore[union-attr]
     assert await s.load_history("m", 8, 8) == [("inv@1", '{"a":1}')]
@@ -155,4 +196,56 @@ async def test_migration_from_version_2(tmp_path: Path) -> None:
     s2 = SQLiteStore(path, StatsBook(clock=Clock()))
     await s2.open()  # the current version: nothing to migrate
     assert len(await s2.read_rejected_drafts()) == 1 and len(await s2.read_policy_changes()) == 1
+    await s2.close()
+
+
+# -- migration to version 5 -----------------------------------------------------------------------
+
+_V4_SQLITE = {  # the reservoir tables as version 4 made them: a slot's key without its writer
+    "rejected_drafts": """CREATE TABLE rejected_drafts (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL, hour BIGINT NOT NULL,
+        slot INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, batch_bucket INTEGER NOT NULL,
+        context_tokens TEXT NOT NULL, context_text TEXT NOT NULL, draft_tokens TEXT NOT NULL, draft_text TEXT NOT NULL,
+        position INTEGER NOT NULL, rejected_token INTEGER NOT NULL, rejected_text TEXT NOT NULL,
+        target_token INTEGER NOT NULL, target_text TEXT NOT NULL, grammatical INTEGER NOT NULL,
+        PRIMARY KEY (model, schema_key, proposer, hour, slot))""",
+    "traffic_samples": """CREATE TABLE traffic_samples (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, prompt_tokens TEXT NOT NULL, output_tokens TEXT NOT NULL,
+        finish TEXT NOT NULL, PRIMARY KEY (model, schema_key, hour, slot))""",
+}
+
+
+async def test_migration_to_version_5(backend) -> None:
+    """Rows version 4 wrote read back as they were written (text starting with the codec's marker included), and
+    its reservoir rows (writer '') are overwritten by no writer's slot."""
+    from structspec.store.text import MARK
+
+    await (await backend.open()).close()
+    for table, columns in (("rejected_drafts", "model, schema_key, proposer"), ("traffic_samples", "model, schema_key")):
+        if backend.kind == "sqlite":
+            await backend.execute("db", f"DROP TABLE {table}")
+            await backend.execute("db", _V4_SQLITE[table])
+        else:
+            await backend.execute("db", f"ALTER TABLE {table} DROP COLUMN writer")  # its primary key went with it
+            await backend.execute("db", f"ALTER TABLE {table} ADD PRIMARY KEY ({columns}, hour, slot)")
+    ids = "'[1, 2]'" if backend.kind == "sqlite" else "'{1,2}'"
+    hour = hour_of(NOW)
+    true = "1" if backend.kind == "sqlite" else "TRUE"
+    for sql in ((f"INSERT INTO rejected_drafts VALUES ('m', 'inv@1', 'ngram', {hour}, 0, {NOW}, 1, {ids}, '{MARK}old', "
+                 f"{ids}, 'd', 0, 1, 'r', 2, 't', {true})"),
+                f"INSERT INTO traffic_samples VALUES ('m', 'inv@1', {hour}, 0, {NOW}, {ids}, {ids}, 'stop')",
+                f"INSERT INTO history (model, history_key, text, created_at) VALUES ('m', 'k', '{MARK}\"kept\"', 1.0)",
+                "UPDATE meta SET value = '4' WHERE key = 'schema_version'"):
+        await backend.execute("db", sql)
+
+    s = await backend.open(samples_per_hour=1, traffic_per_hour=1)
+    assert await s.load_history("m", 8, 8) == [("k", f'{MARK}"kept"')]  # as written, not taken for encoded text
+    assert reject(s, target=50) and s.stats.recorder("m").record_traffic("inv@1", [1], [3], "stop")  # slot 0 again
+    await s.close()
+    s2 = await backend.open()
+    samples = sorted(await s2.read_rejected_drafts("m"), key=lambda r: r.writer)
+    assert (samples[0].writer, samples[0].slot, samples[0].context_text) == ("", 0, f"{MARK}old")
+    assert len(samples) == 2 and samples[1].target_token == 50
+    assert sorted(t.output_tokens for t in await s2.read_traffic_samples("m")) == [(1, 2), (3,)]
     await s2.close()

@@ -367,7 +367,7 @@ async def test_migration_from_version_1(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     hour = write_version_1(path)
     s = await opened(path)
-    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)  # type: ignore[union-attr]
+    assert s._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)  # type: ignore[union-attr]
     assert s._conn.execute("SELECT name FROM sqlite_master WHERE name = 'acceptance'").fetchone() is None  # type: ignore[union-attr]
 
     counters = await s.read_counters(since=0)

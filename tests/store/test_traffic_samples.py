@@ -64,6 +64,18 @@ async def test_traffic_survives_a_restart_and_unwritten_samples_are_read_too(bac
     await s2.close()
 
 
+async def test_two_writers_never_overwrite_each_others_slots(backend) -> None:
+    a, b = await backend.open(traffic_per_hour=1), await backend.open(traffic_per_hour=1)
+    assert finish(a, output=(1,)) and finish(b, output=(2,))  # slot 0 of the same hour, each
+    await a.flush()
+    await b.flush()
+    got = await a.read_traffic_samples("m", "inv@1")
+    assert sorted(t.output_tokens for t in got) == [(1,), (2,)]
+    assert {t.writer for t in got} == {a.stats.traffic.writer, b.stats.traffic.writer}
+    await a.close()
+    await b.close()
+
+
 async def test_traffic_is_bounded_per_schema_and_pruned_with_its_hour(backend) -> None:
     clock = Clock(NOW - 700 * HOUR)
     s = await backend.open(clock=clock, traffic_per_hour=1)
@@ -106,7 +118,7 @@ async def test_sqlite_migration_from_version_3(tmp_path) -> None:
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     s2 = SQLiteStore(path, StatsBook(clock=Clock()))
     await s2.open()
-    assert s2._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)  # type: ignore[union-attr]
+    assert s2._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)  # type: ignore[union-attr]
     assert await s2.read_traffic_samples() == []
     assert finish(s2)
     await s2.close()
@@ -127,6 +139,8 @@ async def test_postgres_migration_from_version_3(postgres) -> None:
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:  # as version 3 left it
         await conn.execute("DROP TABLE traffic_samples")
+        await conn.execute("ALTER TABLE rejected_drafts DROP COLUMN writer")  # its primary key went with it
+        await conn.execute("ALTER TABLE rejected_drafts ADD PRIMARY KEY (model, schema_key, proposer, hour, slot)")
         await conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     s2 = PostgresStore(url, StatsBook(clock=Clock()))
     await s2.open()
