@@ -16,7 +16,6 @@ import importlib
 import inspect
 import ipaddress
 import logging
-import math
 import signal
 import threading
 import time
@@ -161,7 +160,7 @@ class StructSpecServer:
         self._builtin_schemas = builtin_schemas
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
-        self._flusher: asyncio.Task[None] | None = None
+        self._flusher: list[asyncio.Task[None]] = []  # the statistics' tasks: flush, refresh, prune
         self._stopped = asyncio.Event()
         self._stopping = False
         self._http: HttpServer | None = None
@@ -241,7 +240,9 @@ class StructSpecServer:
             if self._http is not None:
                 await self._http.stop(0)
             raise
-        self._flusher = asyncio.create_task(self._flush_loop(), name="structspec-stats-flush")
+        self._flusher = [asyncio.create_task(self._flush_loop(), name="structspec-stats-flush"),
+                         asyncio.create_task(self._refresh_loop(), name="structspec-stats-refresh"),
+                         asyncio.create_task(self._prune_loop(), name="structspec-stats-prune")]
         log.info(
             "structspec listening on %s (tls=%s, mtls=%s, auth=%s, OpenAI HTTP port=%s, metrics port=%s)",
             _bind_address(s.host, self.port), s.tls_enabled, s.tls_client_ca_file is not None, auth.enabled,
@@ -306,26 +307,35 @@ class StructSpecServer:
         self.metrics.malformed.labels(rpc).inc()
 
     async def _flush_loop(self) -> None:
-        """Every interval, write what was recorded (or, with nothing to write, check that the store answers);
-        every refresh period, reload the store's counters into the book the drafting policy reads (every
-        replica's traffic) and the registry's records; hourly, prune past the retention. While the store
-        cannot be reached the loop keeps trying each interval and skips the rest."""
+        """Every interval, write what was recorded (or, with nothing to write, check that the store answers). Its
+        own task: a refresh or a prune, however long, never delays it (what a SIGKILL loses is one interval)."""
         s = self.settings
-        last_refresh, last_prune = time.monotonic(), -math.inf  # start() loaded the counters already
         while True:
-            await asyncio.sleep(s.stats_flush_interval_seconds)
+            started = time.monotonic()
             self._report_drops()
-            if not (await self._store_step("writing statistics", self.store.flush())
-                    and await self._store_step("checking the store", self.store.check())):
-                continue
-            now = time.monotonic()
-            if now - last_refresh >= s.stats_refresh_seconds and await self._store_step(
-                    "reloading statistics", self.store.refresh_stats()):
+            if await self._store_step("writing statistics", self.store.flush()):
+                await self._store_step("checking the store", self.store.check())
+            # the next flush one interval after this one started (at once when this one took longer)
+            await asyncio.sleep(max(0.0, s.stats_flush_interval_seconds - (time.monotonic() - started)))
+
+    async def _refresh_loop(self) -> None:
+        """Every refresh period, reload the store's counters into the book the drafting policy reads (every
+        replica's traffic) and the registry's records; skipped while the store cannot be reached."""
+        while True:
+            await asyncio.sleep(self.settings.stats_refresh_seconds)  # start() loaded the counters already
+            if self.store_up and await self._store_step("reloading statistics", self.store.refresh_stats()):
                 await self._store_step("reading the registry", self.registry.warm())
-                last_refresh = now
-            if now - last_prune >= PRUNE_INTERVAL_S and await self._store_step(
+
+    async def _prune_loop(self) -> None:
+        """Hourly (from the start), drop statistics past the retention; retried each refresh period after a
+        failure or while the store cannot be reached."""
+        s = self.settings
+        while True:
+            if self.store_up and await self._store_step(
                     "pruning statistics", self.store.prune(time.time() - s.stats_retention_days * 86400)):
-                last_prune = now
+                await asyncio.sleep(PRUNE_INTERVAL_S)
+            else:
+                await asyncio.sleep(s.stats_refresh_seconds)
 
     async def _store_step(self, what: str, step: Awaitable[Any]) -> bool:
         """Await one store step; an unreachable store is reported once (``_set_store_up``), another failure logged
@@ -389,9 +399,9 @@ class StructSpecServer:
             # both protocols drain at once, within the same grace
             await asyncio.gather(*([self._server.stop(grace)] if self._server is not None else []),
                                  *([self._http.stop(grace)] if self._http is not None else []))
-            if self._flusher is not None:
-                self._flusher.cancel()
-                await asyncio.gather(self._flusher, return_exceptions=True)
+            for task in self._flusher:
+                task.cancel()
+            await asyncio.gather(*self._flusher, return_exceptions=True)
             engine = self._slot.engine
             for name in ("aclose", "close"):
                 closer = getattr(engine, name, None)

@@ -1,10 +1,12 @@
 """Statistics survive the process: `structspec serve --profile demo` (the real engine and recording path) under
 traffic, then SIGKILL (at most one flush interval lost) or SIGTERM (nothing lost); the store's totals are compared
-with what the client saw."""
+with what the client saw. Flushes keep their interval while a refresh reads slowly, and the decode path does not
+wait on the refresh."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -16,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from structspec.client import NO_RETRY, Client, StructSpecError
-from structspec.stats.counters import Series
+from structspec.stats.book import StatsBook
+from structspec.stats.counters import CounterKey, Series, hour_of
 from structspec.store.sqlite import SQLiteStore
+from tests.service.harness import ServerThread, settings_for
 from tests.service.test_sigterm import REPO, free_port, wait_serving
 
 FLUSH_SECONDS = 1.0  # the default flush interval: what SIGKILL may lose
@@ -139,3 +143,74 @@ def test_sigterm_under_traffic_loses_nothing(tmp_path: Path) -> None:
             proc.kill()
     got = stored(tmp_path / "data")
     assert got == pytest.approx(sums(traffic.done)), (got, sums(traffic.done))
+
+
+class SlowRefresh(SQLiteStore):
+    """A store whose refresh reads a week of counters slowly: ``seconds`` in the read, and ``extra`` counters more
+    (another model's) for the book to be rebuilt from. Records when each flush ended."""
+
+    def __init__(self, path: Path, seconds: float = 3.0, extra: int = 150_000):
+        super().__init__(path, StatsBook())
+        self.seconds, self.extra = seconds, extra
+        self.slow = threading.Event()  # set: refreshes are slow
+        self.refreshing = threading.Event()  # set while a slow refresh runs
+        self.flushed: list[float] = []
+
+    async def flush(self) -> None:
+        await super().flush()
+        self.flushed.append(time.monotonic())
+
+    async def refresh_stats(self) -> None:
+        slow = self.slow.is_set()
+        if slow:
+            self.refreshing.set()
+        try:
+            await super().refresh_stats()
+        finally:
+            if slow:
+                self.refreshing.clear()
+                self.slow.clear()
+
+    def _select(self, c, since_hour, model, schema_key):
+        rows = super()._select(c, since_hour, model, schema_key)
+        if self.refreshing.is_set():
+            time.sleep(self.seconds)
+            hour = hour_of(time.time())
+            rows += [(CounterKey("other", f"s{i}", hour, Series.REQUESTS), 1.0) for i in range(self.extra)]
+        return rows
+
+
+def test_flushes_keep_their_interval_and_records_never_wait_while_a_refresh_reads_slowly(tmp_path: Path) -> None:
+    store = SlowRefresh(tmp_path / "s.db")
+    settings = settings_for(tmp_path, stats_flush_interval_seconds=0.1, stats_refresh_seconds=0.3)
+    rec = store.stats.recorder("m")
+    with ServerThread(settings, store=store):
+        store.slow.set()  # the next refresh (start() ran the first one)
+        assert wait_until(store.refreshing.is_set, 10)
+        began, worst, recorded = time.monotonic(), 0.0, 0
+        gc.disable()  # a collection pauses every thread, whatever the refresh holds: measured is waiting on it
+        try:
+            while store.refreshing.is_set():  # the decode path records while the refresh reads and rebuilds the book
+                started = time.perf_counter()
+                rec.record_request("inv@1", 3, 3, 0, "stop", 5.0)
+                worst, recorded = max(worst, time.perf_counter() - started), recorded + 1
+                time.sleep(0.002)
+        finally:
+            gc.enable()
+        ended = time.monotonic()
+        assert wait_until(lambda: not store.stats.unflushed(), 5)  # every record written
+    flushes = [t for t in store.flushed if began <= t <= ended]
+    assert ended - began >= store.seconds
+    # one flush every 0.1 s; with a refresh blocking them, none while it ran
+    assert len(flushes) >= (ended - began) / 0.1 / 2, (len(flushes), ended - began)
+    assert worst < 0.1, worst
+    assert recorded > 100
+
+
+def wait_until(condition, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
