@@ -7,7 +7,8 @@ list): requests by finish reason, output tokens, target passes, drafted and acce
 proposer and batch bucket, decisions by reason, the policy's state and switches. Server-wide:
 the queue, the running batch, KV-cache tokens in use and their peak, grammar compile times and
 the time requests wait for their grammar, the time to the first streamed delta and between
-deltas; the store: whether it can be reached, what waits to be written and what was dropped.
+deltas; the store: whether it can be reached, what waits to be written, what was dropped and what it
+refused (quarantined).
 The service README lists every series.
 """
 
@@ -119,11 +120,17 @@ class BacklogCollector(Collector):
         dropped = CounterMetricFamily("structspec_stats_dropped", "statistics dropped because the store could not "
                                       "be written for so long that a kind's bound was reached, by kind",
                                       labels=("kind",))
+        quarantined = CounterMetricFamily("structspec_stats_quarantined", "statistics rows the store refused for what "
+                                          "they hold (a value it cannot store, a constraint), kept apart instead of "
+                                          "holding back the rows behind them (logged with the reason), by kind",
+                                          labels=("kind",))
         for kind in BACKLOG_KINDS:
             unwritten.add_metric([kind], backlog.unwritten.get(kind, 0))
             dropped.add_metric([kind], backlog.dropped.get(kind, 0))
+            quarantined.add_metric([kind], backlog.quarantined.get(kind, 0))
         yield unwritten
         yield dropped
+        yield quarantined
 
 
 class DeltaTimer:
