@@ -46,8 +46,8 @@ log = logging.getLogger("structspec.service")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StructSpec"].full_name
 # Its own health entry: NOT_SERVING while the store cannot be reached, when registry writes are refused (UNAVAILABLE
-# STORE_UNAVAILABLE) and statistics wait in memory; the server's own ("" and SERVICE_NAME) stays SERVING, since
-# extraction goes on.
+# STORE_UNAVAILABLE) and statistics wait in memory, and while the statistics' flushes fail for another reason; the
+# server's own ("" and SERVICE_NAME) stays SERVING, since extraction goes on.
 STORE_HEALTH_SERVICE = "structspec.store"
 DEFAULT_ENGINE_FACTORY = "structspec.assembly:build_engine"
 # gRPC itself refuses messages above this multiple of max_message_bytes (RESOURCE_EXHAUSTED);
@@ -313,7 +313,7 @@ class StructSpecServer:
         while True:
             started = time.monotonic()
             self._report_drops()
-            if await self._store_step("writing statistics", self.store.flush()):
+            if await self._store_step("writing statistics", self.store.flush(), writes=True):
                 await self._store_step("checking the store", self.store.check())
             # the next flush one interval after this one started (at once when this one took longer)
             await asyncio.sleep(max(0.0, s.stats_flush_interval_seconds - (time.monotonic() - started)))
@@ -337,21 +337,24 @@ class StructSpecServer:
             else:
                 await asyncio.sleep(s.stats_refresh_seconds)
 
-    async def _store_step(self, what: str, step: Awaitable[Any]) -> bool:
+    async def _store_step(self, what: str, step: Awaitable[Any], writes: bool = False) -> bool:
         """Await one store step; an unreachable store is reported once (``_set_store_up``), another failure logged
-        each time (the next period retries). Whether it succeeded."""
+        each time (the next period retries); a flush (``writes``) that fails otherwise marks the store down too, until
+        one succeeds: statistics wait in memory as when it cannot be reached. Whether it succeeded."""
         try:
             await step
         except StoreUnavailable as exc:
             await self._set_store_up(False, str(exc))
             return False
-        except Exception:
+        except Exception as exc:
             log.exception("%s failed (will retry)", what)
+            if writes:
+                await self._set_store_up(False, f"{what} failed: {exc}", unreachable=False)
             return False
         await self._set_store_up(True)
         return True
 
-    async def _set_store_up(self, up: bool, why: str = "") -> None:
+    async def _set_store_up(self, up: bool, why: str = "", unreachable: bool = True) -> None:
         if up == self.store_up:
             return
         self.store_up = up
@@ -361,10 +364,14 @@ class StructSpecServer:
                                    else health_pb2.HealthCheckResponse.NOT_SERVING)
         if up:
             log.info("store reachable again: the statistics kept meanwhile are written; registry writes accepted")
-        else:
+        elif unreachable:
             log.warning("store unreachable (%s): serving from memory (known schemas, the policy's statistics), "
                         "registry writes answer UNAVAILABLE, statistics wait in memory (at most %d counter rows; "
                         "structspec_stats_unwritten)", why, self.settings.stats_buffer_limit)
+        else:
+            log.warning("store cannot be written (%s): statistics wait in memory (at most %d counter rows; "
+                        "structspec_stats_unwritten) and the flush is retried each interval", why,
+                        self.settings.stats_buffer_limit)
 
     def _report_drops(self) -> None:
         """Log statistics dropped since the last report (a kind's bound reached while the store was unreachable)."""

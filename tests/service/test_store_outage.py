@@ -18,7 +18,7 @@ import pytest
 from structspec.client import NO_RETRY, Client, UnavailableError
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import Series
-from structspec.store import StoreUnavailable
+from structspec.store import StoreError, StoreUnavailable
 from structspec.store.sqlite import SQLiteStore
 from tests.service.fakes import FakeEngine
 from tests.service.harness import ServerThread, settings_for
@@ -34,6 +34,7 @@ class CutOffStore:
         self.inner = inner
         self.stats = inner.stats
         self.down = False
+        self.refusing = False  # while set, a flush fails as on a broken table (not StoreUnavailable)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -43,6 +44,8 @@ class CutOffStore:
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.down:
                 raise StoreUnavailable("store cut off by the test")
+            if self.refusing and name == "flush":
+                raise StoreError("sqlite: no such table: counters")
             return await attr(*args, **kwargs)
 
         return call
@@ -123,3 +126,25 @@ def test_statistics_past_the_bound_are_dropped_counted_and_logged(cut_off, caplo
         store.down = False
         wait_for(lambda: metric(st, "structspec_stats_unwritten", kind="counters") == 0)
     assert "store unreachable" in caplog.text and "store reachable again" in caplog.text
+
+
+def test_flushes_that_keep_failing_mark_the_store_not_serving_until_one_lands(cut_off, caplog) -> None:
+    """A flush failing for another reason than an unreachable store (a broken table) each interval: the
+    ``structspec.store`` entry and ``structspec_store_up`` say so, and the log does, until a flush lands."""
+    st, store = cut_off
+    caplog.set_level(logging.INFO, logger="structspec")
+    with Client(st.target, retry=NO_RETRY, timeout=20) as c:
+        store.refusing = True
+        wait_for(lambda: c.health("structspec.store") == "NOT_SERVING")
+        assert c.health() == "SERVING" and metric(st, "structspec_store_up") == 0
+        store.refusing = False
+        wait_for(lambda: c.health("structspec.store") == "SERVING")
+        assert metric(st, "structspec_store_up") == 1
+    assert "store cannot be written (writing statistics failed: sqlite: no such table" in caplog.text
+
+
+def test_quarantined_rows_are_counted_by_kind(cut_off) -> None:
+    st, store = cut_off
+    store.inner.quarantine.add("samples", "a row", ValueError("refused"))
+    assert metric(st, "structspec_stats_quarantined_total", kind="samples") == 1
+    assert metric(st, "structspec_stats_quarantined_total", kind="history") == 0
