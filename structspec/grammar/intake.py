@@ -16,7 +16,7 @@ from urllib.parse import unquote
 import jsonschema
 from jsonschema.protocols import Validator
 
-from structspec.grammar import json_text, schema_walk
+from structspec.grammar import json_text, metaschema, schema_walk
 from structspec.grammar.base import GrammarOptions, SchemaError, SchemaIssue
 from structspec.grammar.keywords import REFUSED
 
@@ -43,7 +43,8 @@ def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Val
         raise SchemaError([SchemaIssue(at, "", f"{size} bytes, over the budget of {options.max_schema_bytes}")],
                           kind="too_large")
     cls = _draft(schema, at)
-    issues = [_metaschema_issue(e, at) for e in _metaschema_validator(cls).iter_errors(schema)]
+    valid = metaschema.surely_valid(cls, schema)  # most of a compile's time without it
+    issues = [] if valid else [_metaschema_issue(e, at) for e in _metaschema_validator(cls).iter_errors(schema)]
     if issues:
         issues.sort(key=lambda i: i.pointer)
         raise SchemaError(issues[:MAX_ISSUES], kind="metaschema")
