@@ -29,14 +29,16 @@ class PolicyConfig:
     acceptance_threshold: float = 0.55  # a proposer under this acceptance (at the batch bucket) is off ...
     acceptance_guard: str = "unmeasured"  # ... always, or unless measured step costs show its drafts paying
     min_evidence_tokens: int = 500  # drafted tokens of evidence before the guard or the cost model switch anything off
-    evidence_window_tokens: int = 1000  # acceptance is measured over the schema's most recent drafted tokens
-    evidence_max_age_hours: float = 6.0  # older drafting evidence is not read (a long-off proposer turns cold again)
+    evidence_window_tokens: int = 1000  # acceptance: over the newest whole hours holding this many drafted tokens
+    evidence_max_age_hours: float = 168.0  # older drafting evidence is not read (newer evidence replaces it before)
     half_life_hours: float = 3.0  # output lengths and step costs an hour old weigh 2^(-1/3)
     min_predicted_length: int = 20  # predicted output tokens under this: fast-forward only
     min_length_evidence: int = 8  # finished requests before their p50 replaces the schema's own estimate
     draft_model_max_batch: int = 32  # no draft-model drafting with more sequences running
     min_arm_requests: int = 8  # complete requests with and without the draft model before the faster one is kept
-    probe_rate: float = 0.02  # share of requests that still draft with switched-off proposers
+    probe_rate: float = 0.02  # share of requests that still draft with switched-off proposers (and explore arms)
+    probe_interval_hours: float = 6.0  # a switched-off proposer not drafting for this long is probed (the floor)
+    probe_max_draft: int = 3  # a probe's draft-length cap
     gain_margin: float = 0.05  # a draft length must beat plain decoding's time per token by this share
     max_draft: int = 8  # the longest draft (the scheduler's KV headroom)
 
@@ -55,6 +57,9 @@ class PolicyConfig:
             (self.draft_model_max_batch >= 0, "draft_model_max_batch", "must be >= 0"),
             (self.min_arm_requests >= 1, "min_arm_requests", "must be >= 1"),
             (0.0 <= self.probe_rate <= 1.0, "probe_rate", "must be in [0, 1]"),
+            (self.probe_interval_hours >= 1 and math.isfinite(self.probe_interval_hours), "probe_interval_hours",
+             "must be >= 1"),
+            (self.probe_max_draft >= 1, "probe_max_draft", "must be >= 1"),
             (0.0 <= self.gain_margin < 1.0, "gain_margin", "must be in [0, 1)"),
             (self.max_draft >= 1, "max_draft", "must be >= 1"),
         ]

@@ -62,7 +62,7 @@ _POLICY = PolicyConfig()
 _POLICY_NAMES = {"acceptance_half_life_hours": "half_life_hours"}
 _POLICY_FIELDS = ("acceptance_threshold", "acceptance_guard", "min_evidence_tokens", "evidence_window_tokens", "evidence_max_age_hours",
                   "acceptance_half_life_hours", "min_predicted_length", "min_length_evidence", "draft_model_max_batch",
-                  "min_arm_requests", "probe_rate", "gain_margin")
+                  "min_arm_requests", "probe_rate", "probe_interval_hours", "probe_max_draft", "gain_margin")
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,12 @@ class ServiceSettings:
                                     "and batch size) before the policy switches anything off; until then it drafts "
                                     "to measure")
     evidence_window_tokens: int = _opt(_POLICY.evidence_window_tokens, "a proposer's acceptance for a schema is "
-                                       "measured over the schema's most recent this many drafted tokens (a change of "
-                                       "traffic shows as soon as that much new evidence exists)")
+                                       "measured over the newest whole hours holding this many drafted tokens (hourly "
+                                       "counters: within an hour old and new evidence mix; a change shows in full once "
+                                       "the hours after it hold that many)")
     evidence_max_age_hours: float = _opt(_POLICY.evidence_max_age_hours, "drafting evidence older than this is not "
-                                         "read: a proposer switched off for that long with too few probes since "
-                                         "drafts again and is measured afresh")
+                                         "read (newer evidence replaces older before: a switched-off proposer is "
+                                         "judged on its probes' evidence and stays off on too little of it)")
     acceptance_half_life_hours: float = _opt(_POLICY.half_life_hours, "age at which a measured output length or step "
                                              "time weighs half in the policy's predictions")
     min_predicted_length: int = _opt(_POLICY.min_predicted_length, "a request whose predicted output (the median of "
@@ -159,7 +160,12 @@ class ServiceSettings:
                                       "sequences than this are running (its own forward stops paying); the cheaper "
                                       "proposers may")
     probe_rate: float = _opt(_POLICY.probe_rate, "share of requests that still draft with the proposers the policy "
-                             "switched off, so their acceptance is re-measured and drafting comes back when it pays")
+                             "switched off, so their acceptance is re-measured and drafting comes back when it pays "
+                             "(and, apart, share sent to the slower of with and without the draft model)")
+    probe_interval_hours: float = _opt(_POLICY.probe_interval_hours, "a switched-off proposer that has not drafted "
+                                       "for this long is probed by the schema's next request, whatever probe_rate "
+                                       "(the floor of a quiet schema's probes)")
+    probe_max_draft: int = _opt(_POLICY.probe_max_draft, "a recovery probe drafts at most this many tokens")
     gain_margin: float = _opt(_POLICY.gain_margin, "a draft length is used only when the cost model predicts it beats "
                               "plain decoding's time per token by this share")
     history_scope: str = _opt("per_token", "whose earlier outputs the schema history drafts from: per_token (the "

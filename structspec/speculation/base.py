@@ -23,6 +23,7 @@ class SequenceSpeculation:
     # The draft version serving it (the router's ``DraftVersion``), bound at admission and kept to its end: a draft
     # loaded meanwhile serves later sequences only, so no output is drafted by two models
     draft: Any = None
+    draw: float | None = None  # the request's uniform draw for the drafting policy, drawn at its first decision
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The drafting policy: from a schema's measured acceptance and the measured step costs, who may draft and how far.
 
-``decide`` is a pure function of (the schema's evidence, the request, the running batch
-size, a random source, the configuration). The router asks it when a request is admitted
+``decide`` is a pure function of (the schema's evidence, the request with its draw, the
+running batch size, the configuration). The router asks it when a request is admitted
 and again when the running batch crosses a bucket boundary; the engine counts every
 decision with its reason. In order:
 
@@ -11,9 +11,10 @@ decision with its reason. In order:
    estimate from the schema) under ``min_predicted_length`` tokens leaves no room to win:
    fast-forward only;
 3. per proposer: the draft model is off past ``draft_model_max_batch`` running sequences;
-   with under ``min_evidence_tokens`` drafted tokens of evidence it drafts (cold: measuring);
-   under ``acceptance_threshold`` over the schema's most recent ``evidence_window_tokens``
-   drafted tokens at this batch bucket it is off (the guard): with ``acceptance_guard``
+   with under ``min_evidence_tokens`` drafted tokens of evidence it drafts (cold: measuring),
+   unless it was switched off before (below); under ``acceptance_threshold`` over the
+   schema's most recent ``evidence_window_tokens`` drafted tokens at this batch bucket (whole
+   hours, ``structspec.stats.evidence``) it is off (the guard): with ``acceptance_guard``
    ``always`` whatever the costs say, with ``unmeasured`` (the default) unless the step costs
    at this bucket are measured and the cost model finds a draft length that pays (on a CPU
    where a verification costs barely more than a decode step, copy lookup at acceptance
@@ -28,24 +29,40 @@ decision with its reason. In order:
    cheap proposers that would draft in its place (its own forward is not free), and no
    per-step model sees that. So the policy keeps, per schema, the measured decode time per
    output token of requests decoded with it and without it (the two arms): while either
-   has under ``min_arm_requests`` it alternates them (cold), then keeps the faster, leaving
-   the draft model out of a ``probe_rate`` share of requests when it is on (explore) so the
-   other arm stays measured. A re-decision inside a request keeps the request's arm;
-5. recovery probes: a request whose proposers are switched off for acceptance or cost still
-   drafts with them with probability ``probe_rate``, and always when the schema has had no
-   probe this hour, so acceptance is re-measured and speculation comes back when the
-   traffic changes.
+   has under ``min_arm_requests`` complete requests in the evidence read (counted, not
+   weighted by age: low traffic does not make a measured arm cold again) it gives the
+   request to the arm with fewer (cold), then keeps the faster by the age-weighted means and
+   sends a ``probe_rate`` share of requests to the slower (explore: the draft model left
+   out, or drafting at its own cap) so that arm stays measured. A re-decision inside a
+   request keeps the request's arm;
+5. recovery probes: a request whose proposers are switched off for acceptance or cost (step 3)
+   drafts with them anyway, at most ``probe_max_draft`` tokens, when its draw is under
+   ``probe_rate``, or when a switched-off proposer's newest drafting or probe (any replica's,
+   through the store) is ``probe_interval_hours`` old: the floor that keeps a quiet schema's
+   evidence fresh, at most one probe per interval whatever the traffic (two replicas can both
+   take it within a refresh). A probe's request is no arm's measurement. A re-decision keeps
+   the request's probe (or its absence); it never draws again.
+
+The draw: each request's own uniform number, drawn once when it is first decided
+(``PolicyRequest.draw``); a probe takes draws under ``probe_rate``, an explore draws at or over
+``1 - probe_rate``, so a request is one or the other, and re-decisions agree with the first.
+
+Known bad stays known bad: a proposer the policy switched off for acceptance or cost
+(``PolicyRequest.off``: its latest state, kept per process and seeded from the store) is not
+cold again when its evidence thins (probes draft little): under ``min_evidence_tokens`` it stays
+off with that reason, and only evidence (``min_evidence_tokens`` of it, probes' included) turns
+it on. The draft model once both arms are measured is held by the end-to-end comparison instead
+(on thin evidence it is cold at step 3, and the arms decide).
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from structspec.engine.config import PolicyConfig
 from structspec.engine.types import SchemaSpeculation, SpeculationReport
-from structspec.stats.counters import Arm, Reason
+from structspec.stats.counters import HOUR, Arm, Reason
 from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence
 
 DRAFT_MODEL = "draft"  # DraftModelProposer.name
@@ -59,13 +76,16 @@ class PolicyRequest:
     schema: Mapping[str, Any] | None  # None for tool calls
     drafting_asked: bool  # False: the request said OFF
     schema_override: SchemaSpeculation = SchemaSpeculation.AUTO
-    probed_this_hour: frozenset[str] = field(default_factory=frozenset)  # proposers probed for the schema this hour
+    draw: float = 0.5  # the request's own uniform draw in [0, 1), the same at every re-decision
+    off: Mapping[str, str] = field(default_factory=dict)  # proposer -> low_acceptance | no_gain: its standing state
+    redecision: bool = False  # the request was decided before (at another batch bucket)
+    probe: bool = False  # a re-decision: the request was a probe so far (kept)
     arm: str = ""  # a re-decision: the arm the request was decoded in so far (kept)
     arm_reason: str = ""  # and the draft model's reason then (kept with it)
 
 
 def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest, batch_size: int,
-           rng: random.Random, config: PolicyConfig, proposers: tuple[str, ...]) -> SpeculationReport:
+           config: PolicyConfig, proposers: tuple[str, ...]) -> SpeculationReport:
     """Which of ``proposers`` (the server's) may draft for ``request`` now, their caps and the reasons. Raises: Never."""
     if not proposers:
         return SpeculationReport(False, Reason.SERVER_OFF)
@@ -82,13 +102,18 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
 
     caps: dict[str, int] = {}
     reasons: dict[str, str] = {}
+    arms_measured = min(evidence.arm_at(a, batch_size, config.min_arm_requests).count
+                        for a in (Arm.DRAFT, Arm.NO_DRAFT)) >= config.min_arm_requests
     for p in proposers:
         if p == DRAFT_MODEL and batch_size > config.draft_model_max_batch:
             reasons[p] = Reason.BATCH_SIZE
             continue
         ev = evidence.at_bucket(p, batch_size, config.min_evidence_tokens)
         if ev is None or ev.drafted < config.min_evidence_tokens:
-            caps[p], reasons[p] = config.max_draft, Reason.COLD
+            if p in request.off and not (p == DRAFT_MODEL and arms_measured):  # known bad stays off
+                reasons[p] = request.off[p]
+            else:
+                caps[p], reasons[p] = config.max_draft, Reason.COLD
         elif ev.acceptance < config.acceptance_threshold:
             k = guarded_draft_length(ev, costs, p, batch_size, config)
             if k == 0:
@@ -102,20 +127,18 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
 
+    switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN)]
     compared = DRAFT_MODEL in caps
     if compared:
-        arm, why = choose_arm(evidence, request, batch_size, rng, config)
+        arm, why = choose_arm(evidence, request, batch_size, config)
         if arm == Arm.NO_DRAFT:
             del caps[DRAFT_MODEL]
+        if arm == Arm.NO_DRAFT or why == Reason.EXPLORE or request.arm:  # a re-decision keeps the reason too
             reasons[DRAFT_MODEL] = why
-        elif request.arm:  # a re-decision keeps the draft model's reason (a probe stays a probe)
-            reasons[DRAFT_MODEL] = why
-    switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN)]
-    if switched_off and not request.arm and (rng.random() < config.probe_rate
-                                             or any(p not in request.probed_this_hour for p in switched_off)):
+    if switched_off and (request.probe if request.redecision else probe_due(evidence, request, switched_off, config)):
         for p in switched_off:
-            caps[p], reasons[p] = config.max_draft, Reason.PROBE
-        return SpeculationReport(True, Reason.PROBE, True, caps, reasons, _arm(caps, compared or DRAFT_MODEL in caps))
+            caps[p], reasons[p] = min(config.probe_max_draft, config.max_draft), Reason.PROBE
+        return SpeculationReport(True, Reason.PROBE, True, caps, reasons, "")  # no arm's measurement
     arm = _arm(caps, compared)
     if caps:
         cold = all(reasons[p] == Reason.COLD for p in caps)
@@ -129,7 +152,19 @@ def _arm(caps: Mapping[str, int], compared: bool) -> str:
     return Arm.DRAFT if DRAFT_MODEL in caps else Arm.NO_DRAFT
 
 
-def choose_arm(evidence: SchemaEvidence, request: PolicyRequest, batch_size: int, rng: random.Random,
+def probe_due(evidence: SchemaEvidence, request: PolicyRequest, switched_off: list[str], config: PolicyConfig) -> bool:
+    """A first decision's recovery probe: its draw is under ``probe_rate``, or a switched-off proposer's newest drafting
+    or probe is ``probe_interval_hours`` old (or there is none in the evidence read)."""
+    if request.draw < config.probe_rate:
+        return True
+    for p in switched_off:
+        newest = evidence.last_measured.get(p)
+        if newest is None or evidence.hour - newest >= config.probe_interval_hours * HOUR:
+            return True
+    return False
+
+
+def choose_arm(evidence: SchemaEvidence, request: PolicyRequest, batch_size: int,
                config: PolicyConfig) -> tuple[str, str]:
     """With or without the draft model (which the guard and the cost model allow), and the draft model's reason."""
     if request.arm:
@@ -137,13 +172,12 @@ def choose_arm(evidence: SchemaEvidence, request: PolicyRequest, batch_size: int
         return request.arm, request.arm_reason or default
     with_draft = evidence.arm_at(Arm.DRAFT, batch_size, config.min_arm_requests)
     without = evidence.arm_at(Arm.NO_DRAFT, batch_size, config.min_arm_requests)
-    if min(with_draft.requests, without.requests) < config.min_arm_requests:  # measuring both, in turn
-        return (Arm.NO_DRAFT if without.requests < with_draft.requests else Arm.DRAFT), Reason.COLD
+    if min(with_draft.count, without.count) < config.min_arm_requests:  # measuring the one with fewer
+        return (Arm.NO_DRAFT if without.count < with_draft.count else Arm.DRAFT), Reason.COLD
+    explore = request.draw >= 1.0 - config.probe_rate  # the other end of the draw from a probe's
     if with_draft.ms_per_token < without.ms_per_token:
-        if rng.random() < config.probe_rate:
-            return Arm.NO_DRAFT, Reason.EXPLORE
-        return Arm.DRAFT, Reason.DRAFTED
-    return Arm.NO_DRAFT, Reason.NO_GAIN
+        return (Arm.NO_DRAFT, Reason.EXPLORE) if explore else (Arm.DRAFT, Reason.DRAFTED)
+    return (Arm.DRAFT, Reason.EXPLORE) if explore else (Arm.NO_DRAFT, Reason.NO_GAIN)
 
 
 def _none(proposers: tuple[str, ...], reason: str) -> SpeculationReport:

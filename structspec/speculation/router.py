@@ -38,14 +38,14 @@ from structspec.speculation.json_position import is_free_text
 from structspec.speculation.ngram import NgramProposer
 from structspec.speculation.policy import DRAFT_MODEL, PolicyRequest, decide
 from structspec.stats.book import Recorder
-from structspec.stats.counters import Reason, hour_of
+from structspec.stats.counters import HOUR, Reason, hour_of
+from structspec.stats.policy_states import OFF
 from structspec.stats.samples import CONTEXT_TOKENS
 from structspec.stats.evidence import CostEvidence, SchemaEvidence, cost_evidence, schema_evidence
 
 log = logging.getLogger(__name__)
 
 EVIDENCE_TTL_SECONDS = 1.0  # the policy's reading of the book is reused this long (admissions come in bursts)
-EVIDENCE_HORIZON_SECONDS = 48 * 3600  # older statistics say little about today's traffic
 
 
 def history_key(seq: EngineSequence) -> str:
@@ -66,7 +66,8 @@ class DraftVersion:
 
 class Router:
     """``policy`` None: every proposer drafts up to the scheduler's limit (a fixed configuration).
-    ``draft_version``: the version of ``draft`` (``weights_version``)."""
+    ``draft_version``: the version of ``draft`` (``weights_version``). ``rng`` draws each request's number for the
+    policy (``PolicyRequest.draw``), once, at its first decision."""
 
     def __init__(self, tokenizer, proposers: ProposerSet, vocab_size: int, history: SchemaHistory | None = None,
                  draft: DraftModelProposer | None = None, stats: Recorder | None = None,
@@ -86,7 +87,6 @@ class Router:
         self._live: set[DraftVersion] = set()  # retired versions that still serve sequences
         self._evidence: dict[tuple[str, str], tuple[float, SchemaEvidence]] = {}  # (model, schema key)
         self._costs: dict[str, tuple[float, CostEvidence]] = {}  # model ->
-        self._probed: dict[tuple[str, str], dict[str, int]] = {}  # (model, schema) -> proposer -> hour of last probe
 
     @property
     def draft(self) -> DraftModelProposer | None:
@@ -152,7 +152,8 @@ class Router:
 
     # -- the policy ------------------------------------------------------------------------------
     def decide(self, seq: EngineSequence, batch_size: int) -> SpeculationReport:
-        names = self._names(self._bind(seq).draft)  # bound first: whatever follows, the sequence has its draft
+        state = self._bind(seq)
+        names = self._names(state.draft)  # bound first: whatever follows, the sequence has its draft
         if self.policy is None:
             if not seq.speculate or not names:
                 reason = Reason.REQUEST_OFF if names else Reason.SERVER_OFF
@@ -161,19 +162,18 @@ class Router:
                                      {p: Reason.DRAFTED for p in names})
         stats = self._stats(seq)
         now = stats.clock() if stats is not None else time.time()
-        hour = hour_of(now)
-        # A new draft version starts with no evidence and no probes of its own: judged as a cold schema is
-        probe_key = (stats.model if stats is not None else "", seq.schema_key)
-        probed = self._probed.get(probe_key, {})
-        request = PolicyRequest(seq.schema_key, seq.schema, seq.speculate, seq.schema_speculation,
-                                frozenset(p for p, h in probed.items() if h == hour),
-                                seq.decision.arm if seq.decision is not None else "",
-                                seq.decision.reasons.get(DRAFT_MODEL, "") if seq.decision is not None else "")
+        if state.draw is None:
+            state.draw = self.rng.random()
+        # A new draft version starts with no evidence and no state of its own: judged as a cold schema is
+        before = seq.decision
+        request = PolicyRequest(seq.schema_key, seq.schema, seq.speculate, seq.schema_speculation, state.draw,
+                                self._standing_off(stats, seq.schema_key, names), before is not None,
+                                before is not None and before.probe, before.arm if before is not None else "",
+                                before.reasons.get(DRAFT_MODEL, "") if before is not None else "")
         evidence, costs = self._read(stats, seq.schema_key, now)
-        report = decide(evidence, costs, request, batch_size, self.rng, self.policy, names)
-        if report.probe:
-            self._probed.setdefault(probe_key, {}).update(
-                {p: hour for p, r in report.reasons.items() if r == Reason.PROBE})
+        report = decide(evidence, costs, request, batch_size, self.policy, names)
+        if report.probe and stats is not None:  # the next decision reads this probe (the engine records it first)
+            self._evidence.pop((stats.model, seq.schema_key), None)
         if stats is not None:
             acceptance = {}
             for p in report.reasons:
@@ -183,12 +183,25 @@ class Router:
                                 self.policy.acceptance_threshold)
         return report
 
+    @staticmethod
+    def _standing_off(stats: Recorder | None, schema_key: str, names: tuple[str, ...]) -> dict[str, str]:
+        """The proposers whose latest state for the schema (this process's decisions, or the store's) is off for
+        acceptance or cost, with that reason."""
+        if stats is None:
+            return {}
+        out = {}
+        for p in names:
+            change = stats.book.policy.get(stats.model, schema_key, p)
+            if change is not None and change.state == OFF and change.reason in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN):
+                out[p] = change.reason
+        return out
+
     def _read(self, stats: Recorder | None, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
         """The evidence of ``schema_key`` and the step costs, both of ``stats``' model (one draft version's)."""
         if stats is None:
             return SchemaEvidence(), CostEvidence()
         book, model, half_life = stats.book, stats.model, self.policy.half_life_hours
-        since = hour_of(now - EVIDENCE_HORIZON_SECONDS)
+        since = hour_of(now - self.policy.evidence_max_age_hours * HOUR)
         cached = self._evidence.get((model, schema_key))
         if cached is None or now - cached[0] > EVIDENCE_TTL_SECONDS or now < cached[0]:
             cached = (now, schema_evidence(book.rows_for(model, schema_key, since), hour_of(now), half_life,

@@ -1,10 +1,17 @@
 """What the drafting policy reads: a schema's recent acceptance and the model's step costs.
 
-Acceptance is measured over the most recent ``window_tokens`` drafted tokens (whole hours,
-newest first, the oldest one scaled to fit) of the last ``max_age_hours``: a change of
-traffic shows as soon as that much new evidence exists, however much old evidence there is. Output lengths and step costs of
-an hour ``age`` hours old weigh ``2^(-age / half_life)``. Cost: one pass over the counters
-of one (model, schema) and of the model's own series.
+The acceptance window. Counters are hourly, so acceptance is measured over whole hours: the
+newest hours (of the last ``max_age_hours``) whose drafted tokens add up to ``window_tokens``,
+newest first, the oldest of them taken in proportion to fit. Within one hour old and new
+evidence cannot be told apart: an hour holding 20,000 tokens at 0.8 and then 1,000 at 0.1 reads
+its mean (0.767); the change shows in full once the hours after it hold ``window_tokens``. However
+old the evidence, it stays until newer evidence replaces it: a proposer that drafts rarely (one
+switched off, probed now and then) is judged on its last ``window_tokens`` whenever they were drafted.
+
+Output lengths, step costs and the arms' times per token of an hour ``age`` hours old weigh
+``2^(-age / half_life)``; the arms' request counts (``ArmEvidence.count``) are not weighted: a
+measured arm stays measured however quiet the schema. Cost: one pass over the counters of one
+(model, schema) and of the model's own series.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from structspec.stats.book import Counters
-from structspec.stats.counters import HOUR, LENGTH_BOUNDS, Series, batch_bucket, histogram_quantile
+from structspec.stats.counters import HOUR, LENGTH_BOUNDS, Reason, Series, batch_bucket, histogram_quantile
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,12 @@ class ProposerEvidence:
 
 @dataclass(frozen=True)
 class ArmEvidence:
-    """Weighted complete requests decoded in one arm (with or without the draft model)."""
+    """Complete requests decoded in one arm (with or without the draft model): weighted by age, and counted."""
 
     requests: float = 0.0
     decode_ms: float = 0.0
     tokens: float = 0.0
+    count: float = 0.0  # the same requests, not weighted
 
     @property
     def ms_per_token(self) -> float:
@@ -67,11 +75,13 @@ class SchemaEvidence:
     finished: float = 0.0  # weighted complete outputs behind output_p50
     arms: dict[tuple[str, int], ArmEvidence] = field(default_factory=dict)  # (arm, bucket)
     arms_pooled: dict[str, ArmEvidence] = field(default_factory=dict)
+    last_measured: dict[str, int] = field(default_factory=dict)  # proposer -> the newest hour it drafted or was probed
+    hour: int = 0  # the hour the evidence was read at
 
     def arm_at(self, arm: str, batch_size: int, min_requests: float) -> ArmEvidence:
         """The arm at ``batch_size``'s bucket; pooled over buckets where that bucket has too few requests."""
         own = self.arms.get((arm, batch_bucket(batch_size)))
-        if own is not None and own.requests >= min_requests:
+        if own is not None and own.count >= min_requests:
             return own
         return self.arms_pooled.get(arm, own or ArmEvidence())
 
@@ -121,13 +131,13 @@ def _weight(hour: int, now_hour: int, half_life_hours: float) -> float:
 
 
 def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
-                    window_tokens: float = 1000.0, max_age_hours: float = 6.0) -> SchemaEvidence:
-    """From one (model, schema)'s counters. Drafting evidence older than ``max_age_hours`` is not read: a proposer
-    switched off long ago with too few probes since is cold again (it drafts, and is measured afresh)."""
+                    window_tokens: float = 1000.0, max_age_hours: float = 168.0) -> SchemaEvidence:
+    """From one (model, schema)'s counters. Drafting evidence older than ``max_age_hours`` is not read."""
     oldest = now_hour - max_age_hours * HOUR
     hourly: dict[tuple[str, int], dict[int, list]] = {}  # (proposer, bucket) -> hour -> counts
     lengths: dict[str, float] = {}
     arms: dict[tuple[str, int], list[float]] = {}
+    last_measured: dict[str, int] = {}
     for key, value in counters.items():
         s = key.series
         if s == Series.OUTPUT_LENGTH:
@@ -135,10 +145,17 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
             lengths[key.label] = lengths.get(key.label, 0.0) + w
             continue
         if s in _ARM_SERIES:
-            row = arms.setdefault((key.label, key.batch_bucket), [0.0, 0.0, 0.0])
+            row = arms.setdefault((key.label, key.batch_bucket), [0.0, 0.0, 0.0, 0.0])
             row[_ARM_SERIES[s]] += _weight(key.hour, now_hour, half_life_hours) * value
+            if s == Series.ARM_REQUESTS:
+                row[3] += value
             continue
-        if s not in (Series.DRAFTED, Series.ACCEPTED, Series.REACHED, Series.ACCEPTED_AT) or key.hour < oldest:
+        if key.hour < oldest:
+            continue
+        if (s == Series.DRAFTED or (s == Series.DECISION and key.label == Reason.PROBE)) and value > 0 \
+                and key.proposer and key.hour > last_measured.get(key.proposer, -1):
+            last_measured[key.proposer] = key.hour
+        if s not in (Series.DRAFTED, Series.ACCEPTED, Series.REACHED, Series.ACCEPTED_AT):
             continue
         row = hourly.setdefault((key.proposer, key.batch_bucket), {}).setdefault(key.hour, [0.0, 0.0, {}, {}])
         _add(row, s, key.label, value)
@@ -153,13 +170,14 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
                     dst[pos] = dst.get(pos, 0.0) + v
     arms_pooled: dict[str, list[float]] = {}
     for (arm, _), row in arms.items():
-        total = arms_pooled.setdefault(arm, [0.0, 0.0, 0.0])
-        for i in range(3):
+        total = arms_pooled.setdefault(arm, [0.0, 0.0, 0.0, 0.0])
+        for i in range(4):
             total[i] += row[i]
     return SchemaEvidence({k: _recent(h, window_tokens) for k, h in hourly.items()},
                           {p: _recent(h, window_tokens) for p, h in pooled.items()},
                           histogram_quantile(lengths, 0.5, LENGTH_BOUNDS), sum(lengths.values()),
-                          {k: ArmEvidence(*v) for k, v in arms.items()}, {a: ArmEvidence(*v) for a, v in arms_pooled.items()})
+                          {k: ArmEvidence(*v) for k, v in arms.items()}, {a: ArmEvidence(*v) for a, v in arms_pooled.items()},
+                          last_measured, now_hour)
 
 
 _ARM_SERIES = {Series.ARM_REQUESTS: 0, Series.ARM_DECODE_MS: 1, Series.ARM_TOKENS: 2}
@@ -177,7 +195,8 @@ def _add(row: list, series: str, label: str, value: float) -> None:
 
 
 def _recent(hours: dict[int, list], window_tokens: float) -> ProposerEvidence:
-    """The newest hours' counts up to ``window_tokens`` drafted tokens (the oldest hour taken in part)."""
+    """The newest hours' counts up to ``window_tokens`` drafted tokens, the oldest of them taken in proportion (the
+    newest alone when it holds the window: its mean, its hour's old and new evidence mixed)."""
     drafted = accepted = 0.0
     reached: dict[int, float] = {}
     acc_at: dict[int, float] = {}

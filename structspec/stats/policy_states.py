@@ -146,6 +146,11 @@ class PolicyStates:
                     self._latest[key] = c
                     self._latest.move_to_end(key, last=False)  # decided before anything this process decided
 
+    def get(self, model: str, schema_key: str, proposer: str) -> PolicyChange | None:
+        """The latest change of one key (None: never decided here nor seeded)."""
+        with self._lock:
+            return self._latest.get((model, schema_key, proposer))
+
     def latest(self) -> dict[tuple[str, str, str], PolicyChange]:
         with self._lock:
             return dict(self._latest)

@@ -228,8 +228,7 @@ def test_the_policy_judges_a_new_draft_version_on_its_own_evidence():
         old.record_verification("invoice@1", "draft", 1, 8, 0, False)
     first, second = DraftStub(), DraftStub()
     router = Router(None, ProposerSet(ngram=False, history=False, draft=True), 16, draft=first, stats=old,
-                    policy=PolicyConfig(), rng=random.Random(0), draft_version="old")
-    router._probed[("demo+draft:old", "invoice@1")] = {"draft": 1000 * HOUR}  # probed this hour: no probe now
+                    policy=PolicyConfig(probe_rate=0.0), rng=random.Random(0), draft_version="old")
     before = Seq(schema=LONG, stats=old)
     assert router.decide(before, 1).reasons["draft"] == Reason.LOW_ACCEPTANCE
     router.install_draft(second, "new", new)

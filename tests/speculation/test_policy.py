@@ -19,8 +19,8 @@ from structspec.speculation.policy import (
     predicted_length,
 )
 from structspec.stats.book import StatsBook
-from structspec.stats.counters import HOUR, Reason
-from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence, cost_evidence, schema_evidence
+from structspec.stats.counters import HOUR, Reason, hour_of
+from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence, schema_evidence
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 LONG = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(8)}}
@@ -39,8 +39,14 @@ def positional(c: float, k: int = 8, drafts: float = 200.0) -> ProposerEvidence:
     return ProposerEvidence(drafted, sum(accepted_at), tuple(reached), tuple(accepted_at))
 
 
-def evidence(**per_proposer: ProposerEvidence) -> SchemaEvidence:
-    return SchemaEvidence({(p, 1): ev for p, ev in per_proposer.items()}, dict(per_proposer), 120.0, 50.0)
+NOW = 100 * HOUR
+
+
+def evidence(drafted_hours_ago: float = 0, **per_proposer: ProposerEvidence) -> SchemaEvidence:
+    """Evidence read at ``NOW``; each proposer's newest drafting ``drafted_hours_ago``."""
+    newest = NOW - int(drafted_hours_ago) * HOUR
+    return SchemaEvidence({(p, 1): ev for p, ev in per_proposer.items()}, dict(per_proposer), 120.0, 50.0,
+                          last_measured={p: newest for p in per_proposer}, hour=NOW)
 
 
 def request(**kw) -> PolicyRequest:
@@ -54,9 +60,8 @@ COSTLY = CostEvidence({(1, k): 0.040 * (1 + 0.8 * k) for k in range(9)})
 
 
 def run(ev: SchemaEvidence, costs: CostEvidence = CostEvidence(), req: PolicyRequest | None = None, batch: int = 1,
-        cfg: PolicyConfig = CFG, seed: int = 0, proposers=PROPOSERS, probed=PROPOSERS):
-    req = req or request(probed_this_hour=frozenset(probed))
-    return decide(ev, costs, req, batch, random.Random(seed), cfg, proposers)
+        cfg: PolicyConfig = CFG, proposers=PROPOSERS):
+    return decide(ev, costs, req or request(), batch, cfg, proposers)
 
 
 @pytest.mark.parametrize("req, reason", [
@@ -155,18 +160,32 @@ def test_ngram_draft_length_shrinks_as_the_batch_grows_where_the_costs_say_so():
     assert best_draft_length(ev, costs, "ngram", 1, CFG) > best_draft_length(ev, costs, "ngram", 16, CFG) >= 1
 
 
-def test_a_switched_off_proposer_is_probed_once_an_hour_at_least():
-    ev = evidence(draft=positional(0.3))
-    first = run(ev, CPU, request(), proposers=("draft",), cfg=ALWAYS)  # nothing probed this hour yet
-    assert first.probe and first.reason == Reason.PROBE and first.max_draft == {"draft": 8}
-    later = run(ev, CPU, request(probed_this_hour=frozenset({"draft"})), proposers=("draft",), cfg=ALWAYS)
-    assert not later.probe and later.reason == Reason.LOW_ACCEPTANCE
+def test_a_switched_off_proposer_is_probed_when_its_newest_evidence_is_probe_interval_old():
+    interval = CFG.probe_interval_hours
+    fresh = run(evidence(interval - 1, draft=positional(0.3)), CPU, proposers=("draft",), cfg=ALWAYS)
+    assert not fresh.probe and fresh.reason == Reason.LOW_ACCEPTANCE
+    stale = run(evidence(interval, draft=positional(0.3)), CPU, proposers=("draft",), cfg=ALWAYS)
+    assert stale.probe and stale.reason == Reason.PROBE
+    assert stale.max_draft == {"draft": CFG.probe_max_draft} and CFG.probe_max_draft < CFG.max_draft  # drafts short
+    drawn = run(evidence(0, draft=positional(0.3)), CPU, request(draw=CFG.probe_rate / 2), proposers=("draft",),
+                cfg=ALWAYS)
+    assert drawn.probe  # the draw's share, whatever the evidence's age
+
+
+def test_a_re_decision_keeps_the_requests_probe_and_never_draws_again():
+    stale = evidence(CFG.probe_interval_hours, draft=positional(0.3))
+    for was_probe in (False, True):  # a request not probed at admission is not probed later, though overdue now
+        again = run(stale, CPU, request(redecision=True, probe=was_probe), proposers=("draft",), cfg=ALWAYS)
+        assert again.probe is was_probe
+    drawn = run(evidence(0, draft=positional(0.3)), CPU, request(draw=0.0, redecision=True), proposers=("draft",),
+                cfg=ALWAYS)
+    assert not drawn.probe
 
 
 def probe_share(cfg: PolicyConfig, n: int = 4000) -> float:
     rng = random.Random(7)
-    ev, req = evidence(draft=positional(0.3)), request(probed_this_hour=frozenset({"draft"}))
-    return sum(decide(ev, COSTLY, req, 1, rng, cfg, ("draft",)).probe for _ in range(n)) / n
+    ev = evidence(draft=positional(0.3))
+    return sum(decide(ev, COSTLY, request(draw=rng.random()), 1, cfg, ("draft",)).probe for _ in range(n)) / n
 
 
 def test_the_probe_rate_is_the_configured_share():
@@ -194,53 +213,6 @@ def test_config_problems_name_the_field():
                                                    "probe_rate"]
 
 
-# -- evidence from counters ------------------------------------------------------------------
-
-
-def test_expected_accepted_chains_the_positional_rates():
-    ev = ProposerEvidence(0, 0, (100.0, 50.0, 10.0), (50.0, 10.0, 10.0))  # c = 0.5, 0.2, 1.0
-    assert ev.expected_accepted(1) == pytest.approx(0.5)
-    assert ev.expected_accepted(3) == pytest.approx(0.5 + 0.1 + 0.1)
-    assert ev.expected_accepted(4) == pytest.approx(0.5 + 0.1 + 0.1 + 0.1)  # unexamined: the last rate
-
-
-def record(book: StatsBook, model: str, schema: str, verifications: int, drafted: int, accepted: int) -> None:
-    rec = book.recorder(model)
-    for _ in range(verifications):
-        rec.record_verification(schema, "draft", 1, drafted, accepted, probe=False)
-
-
-def test_acceptance_is_measured_over_the_most_recent_window_of_drafted_tokens():
-    clock = [100 * HOUR + 10.0]
-    book = StatsBook(clock=lambda: clock[0])
-    record(book, "m", "s", 500, 8, 8)  # 4,000 tokens all accepted, two hours ago
-    clock[0] += 2 * HOUR
-    record(book, "m", "s", 100, 8, 1)  # 800 tokens, 1 in 8 accepted, this hour
-    now = int(clock[0] // HOUR) * HOUR
-    ev = schema_evidence(book.rows_for("m", "s"), now, 3.0, window_tokens=1000).pooled["draft"]
-    assert ev.drafted == pytest.approx(1000)  # 800 of this hour + 200 of the older hour
-    assert ev.accepted == pytest.approx(100 + 200)
-    assert ev.acceptance == pytest.approx((100 + 200) / (100 + 100 + 200))  # examined: 1st + 2nd of this hour's
-    assert ev.reached[0] == pytest.approx(100 + 25) and ev.accepted_at[1] == pytest.approx(25)
-    # the other model's traffic of the same schema is never read
-    record(book, "other", "s", 1000, 8, 8)
-    assert schema_evidence(book.rows_for("m", "s"), now, 3.0, 1000).pooled["draft"].accepted == pytest.approx(300)
-
-
-def test_step_costs_are_means_per_bucket_and_draft_length():
-    book = StatsBook(clock=lambda: 50 * HOUR)
-    rec = book.recorder("m")
-    for _ in range(10):
-        rec.record_step(1, 0, 0.02)
-        rec.record_step(3, 4, 0.06)
-        rec.record_proposal("draft", 4, 0.004)
-    rec.record_step(1, 8, 0.5)  # one sample: under the minimum, not used
-    costs = cost_evidence(book.rows_for("m", ""), 50 * HOUR, 3.0)
-    assert costs.step_seconds(1, 0) == pytest.approx(0.02) and costs.step_seconds(4, 4) == pytest.approx(0.06)
-    assert costs.step_seconds(1, 8) is None and costs.step_seconds(4, 2) is None  # not extrapolated
-    assert costs.propose_seconds("draft", 2) == pytest.approx(0.002)
-
-
 # -- the draft model end to end: with it or without it -----------------------------------------
 
 
@@ -249,7 +221,7 @@ def arms(with_draft: tuple[float, float], without: tuple[float, float]) -> Schem
     (requests, ms per token)."""
     from structspec.stats.evidence import ArmEvidence
 
-    made = {a: ArmEvidence(n, ms * 100 * n, 100 * n) for a, (n, ms) in (("draft", with_draft), ("no_draft", without))}
+    made = {a: ArmEvidence(n, ms * 100 * n, 100 * n, n) for a, (n, ms) in (("draft", with_draft), ("no_draft", without))}
     return SchemaEvidence({}, {"draft": positional(0.9)}, 120.0, 50.0, {}, made)
 
 
@@ -265,30 +237,61 @@ def test_the_faster_arm_is_kept_and_the_other_explored_at_the_probe_rate():
     faster_with = arms((20, 2.0), (20, 3.0))
     kept = run(faster_with, proposers=("draft", "ngram"))
     assert kept.arm == "draft" and kept.reasons["draft"] == Reason.DRAFTED
-    explored = run(faster_with, proposers=("draft", "ngram"), cfg=PolicyConfig(probe_rate=1.0))
-    assert explored.arm == "no_draft" and explored.reasons["draft"] == Reason.EXPLORE
+    top = request(draw=1.0 - CFG.probe_rate)  # the draws at the top end explore; those at the bottom probe
+    explored = run(faster_with, req=top, proposers=("draft", "ngram"))
+    assert explored.arm == "no_draft" and explored.reasons["draft"] == Reason.EXPLORE and not explored.probe
     slower_with = arms((20, 3.0), (20, 2.0))
-    off = run(slower_with, proposers=("draft", "ngram"))  # probed this hour already: off
+    off = run(slower_with, proposers=("draft", "ngram"))
     assert off.arm == "no_draft" and off.reasons["draft"] == Reason.NO_GAIN and off.max_draft == {"ngram": 8}
-    probe = run(slower_with, proposers=("draft", "ngram"), probed=())
-    assert probe.probe and probe.arm == "draft" and probe.max_draft["draft"] == 8
+    explored = run(slower_with, req=top, proposers=("draft", "ngram"))  # the slower arm measured: at its own cap
+    assert explored.arm == "draft" and explored.reasons["draft"] == Reason.EXPLORE and not explored.probe
+    assert explored.max_draft["draft"] == 8
+    assert run(slower_with, req=request(draw=0.0), proposers=("draft", "ngram")).arm == "no_draft"  # no probe
 
 
 def test_a_re_decision_keeps_the_requests_arm():
     slower_with = arms((20, 3.0), (20, 2.0))
-    kept = run(slower_with, req=request(probed_this_hour=frozenset(PROPOSERS), arm="draft", arm_reason="probe"),
-               proposers=("draft",))
-    assert kept.arm == "draft" and "draft" in kept.max_draft and kept.reasons["draft"] == "probe"
+    kept = run(slower_with, req=request(redecision=True, arm="draft", arm_reason="explore"), proposers=("draft",))
+    assert kept.arm == "draft" and "draft" in kept.max_draft and kept.reasons["draft"] == "explore"
     faster_with = arms((20, 2.0), (20, 3.0))
     explored = run(faster_with, req=request(arm="no_draft", arm_reason="explore"), proposers=("draft", "ngram"))
     assert explored.arm == "no_draft" and explored.reasons["draft"] == "explore" and not explored.probe
 
 
-def test_stale_evidence_expires_so_a_long_switched_off_proposer_is_measured_afresh():
+def record(book: StatsBook, verifications: int, drafted: int, accepted: int, proposer: str = "draft") -> None:
+    rec = book.recorder("m")
+    for _ in range(verifications):
+        rec.record_verification("s", proposer, 1, drafted, accepted, probe=False)
+
+
+def bad_hour_then_probes(book: StatsBook, clock: list[float], probe_hours: int) -> None:
+    """720 drafted tokens at acceptance 0.1 per examined token, then an hourly probe of 60 tokens at about 0.1."""
+    record(book, 80, 8, 0)
+    record(book, 10, 8, 1)
+    for _ in range(probe_hours):
+        clock[0] += HOUR
+        record(book, 18, 3, 0)
+        record(book, 2, 3, 1)
+
+
+def test_a_proposer_measured_bad_stays_off_while_only_probes_add_evidence():
+    """Acceptance 0.1 seven hours ago plus six hourly 60-token probes at 0.1: known bad, not cold."""
     clock = [500 * HOUR]
     book = StatsBook(clock=lambda: clock[0])
-    record(book, "m", "s", 200, 8, 0)  # a bad hour: off while it is recent
-    for hours_later, reason in ((1, Reason.LOW_ACCEPTANCE), (5, Reason.LOW_ACCEPTANCE), (7, Reason.COLD)):
-        now = 500 * HOUR + hours_later * HOUR
-        ev = schema_evidence(book.rows_for("m", "s"), now, 3.0, 1000, CFG.evidence_max_age_hours)
-        assert run(ev, proposers=("draft",), cfg=PolicyConfig(min_arm_requests=1)).reasons["draft"] == reason
+    bad_hour_then_probes(book, clock, 6)
+    ev = schema_evidence(book.rows_for("m", "s"), hour_of(clock[0]) + HOUR, 3.0, CFG.evidence_window_tokens,
+                         CFG.evidence_max_age_hours)
+    assert ev.pooled["draft"].acceptance < 0.15
+    assert run(ev, proposers=("draft",)).reasons["draft"] == Reason.LOW_ACCEPTANCE
+
+
+def test_known_bad_stays_off_on_thin_evidence_and_only_evidence_turns_it_on():
+    thin = positional(0.1, k=3, drafts=40)  # 120 tokens: under the evidence floor
+    assert thin.drafted < CFG.min_evidence_tokens
+    assert run(evidence(draft=thin), proposers=("draft",)).reasons["draft"] == Reason.COLD  # never judged: measured
+    for why in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN):
+        kept = run(evidence(draft=thin), req=request(off={"draft": why}), proposers=("draft",))
+        assert kept.reasons["draft"] == why and "draft" not in kept.max_draft
+    good = positional(0.9, k=3, drafts=CFG.min_evidence_tokens / 3)  # enough new evidence, and good
+    back = run(evidence(draft=good), req=request(off={"draft": Reason.LOW_ACCEPTANCE}), proposers=("draft",))
+    assert back.reasons["draft"] == Reason.DRAFTED and "draft" in back.max_draft
