@@ -220,6 +220,19 @@ def bench_step(
     console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
 
 
+@bench_app.command("policy")
+def bench_policy(
+    hours: float = typer.Option(72.0, help="simulated hours per scenario"),
+    seed: int = typer.Option(0, help="the arrivals' and the decoding's random seed"),
+    out: Path = typer.Option(Path("reports/policy-sim.json"), help="where to write the JSON report"),
+) -> None:
+    """The drafting policy over days of one schema's traffic on a simulated clock (4 and 40 requests/h, two replicas
+    sharing a store), against the fixed configurations, in a stated cost model (no model is loaded)."""
+    from structspec.bench.policy_sim import main
+
+    main(["--hours", str(hours), "--seed", str(seed), "--out", str(out)])
+
+
 def _register_optional() -> None:
     """Commands owned by other modules (server, client, statistics, drafts) plug themselves in here."""
     try:
