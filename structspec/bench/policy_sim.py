@@ -30,8 +30,9 @@ requests decoded in it. *probe share*: requests that were recovery probes. *best
 the fixed configurations (every allowed proposer drafting up to ``max_draft``) in the same cost model,
 each decoded over ``fixed_requests`` requests. *speed*: output tokens per second of decoding. The
 *bounds* each share is held to: ``probe_rate`` plus the floor the configuration states, one forced probe
-per ``probe_interval_hours`` (at most one per replica when two race within a refresh) and, for the arm,
-the ``min_arm_requests`` measured at start.
+per ``probe_interval_hours`` (at most one per replica when two race within a refresh) and, for the arm
+over the whole run, the requests measured at start (``min_arm_requests`` an arm; twice that when both
+replicas measure before a refresh shows them each other's).
 """
 
 from __future__ import annotations
@@ -299,8 +300,8 @@ def simulate(scenario: Scenario, config: PolicyConfig | None = None, cost: CostM
             "slower_arm_share_whole_run": config.probe_rate + 1.0 / requests_per_interval
             + 2 * config.min_arm_requests / max(whole.requests, 1),
             "floor": f"one forced probe per {floor_hours:g} h: 1 / ({scenario.rate_per_hour:g} requests/h x "
-                     f"{floor_hours:g} h); the whole run adds the {config.min_arm_requests} requests per arm "
-                     "measured at start",
+                     f"{floor_hours:g} h); the whole run adds up to 2 x {config.min_arm_requests} requests "
+                     "measured at start in the slower arm",
         },
     }
 

@@ -211,6 +211,8 @@ def test_config_problems_name_the_field():
                             acceptance_guard="never").problems()
     assert [p.split(":")[0] for p in problems] == ["acceptance_threshold", "acceptance_guard", "evidence_window_tokens",
                                                    "probe_rate"]
+    problems = PolicyConfig(probe_interval_hours=0.5, probe_max_draft=0).problems()
+    assert [p.split(":")[0] for p in problems] == ["probe_interval_hours", "probe_max_draft"]
 
 
 # -- the draft model end to end: with it or without it -----------------------------------------
