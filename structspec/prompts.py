@@ -56,13 +56,21 @@ def extraction_prompt(
     Few-shot examples repeat the same block with their output, separated by a
     blank line, so a base model sees the pattern before the real request.
     """
+    return f"{extraction_template(schema, instruction, examples)}{text.strip()}\n### JSON:\n"
+
+
+def extraction_template(
+    schema: dict[str, Any],
+    instruction: str | None = None,
+    examples: tuple[FewShotExample, ...] = (),
+) -> str:
+    """The start of ``extraction_prompt`` before the input text: the same for every input."""
     def head(title: str) -> str:
         return f"### Extract {title} as JSON.\n" + (f"{instruction.strip()}\n" if instruction else "")
 
     own = schema_title(schema)
     blocks = [f"{head(ex.title or own)}### Input:\n{ex.text.strip()}\n### JSON:\n{ex.output}\n" for ex in examples]
-    blocks.append(f"{head(own)}### Input:\n{text.strip()}\n### JSON:\n")
-    return "\n".join(blocks)
+    return "\n".join([*blocks, f"{head(own)}### Input:\n"])
 
 
 def describe_tool(tool: ToolSpec) -> str:

@@ -41,6 +41,10 @@ class ExtractionRequest:
     schema_key: str = ""  # stable name for stats ("invoice@3"); defaults to the schema's hash
     history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the schema owner's override
+    tenant: str = ""  # whose request ("": the one tenant): another tenant's cached prompt is reused only where public
+    # The schema is public (registered: every tenant may read it): with the server's worked examples and no
+    # instruction, the prompt before the input text is no caller's data and any tenant may reuse its cache
+    public_template: bool = False
 
     @property
     def input_text(self) -> str:
@@ -74,6 +78,7 @@ class ToolCallRequest:
     request_id: str = ""
     history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the tool list's override (none registered yet)
+    tenant: str = ""  # whose request ("": the one tenant): its prompt (the caller's tool list first) is its own
 
     def validate(self, max_tokens_cap: int) -> None:
         """Raises: InvalidRequest naming the field (``messages``, ``tools[i].name``, ``tools`` or a sampling field)."""

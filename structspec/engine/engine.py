@@ -25,6 +25,7 @@ from structspec.engine.api import ExtractionRequest, ToolCall, ToolCallRequest, 
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
+from structspec.engine.prefix_cache import common_prefix
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupported, DraftUpdate, EngineStopped,
                                      FinishReason, GenerationResult, Outcome, TextDelta)
@@ -32,7 +33,7 @@ from structspec.grammar import GrammarCompiler
 from structspec.grammar.base import CompiledGrammar
 from structspec.grammar.cache import schema_digest
 from structspec.models.worker_thread import run_in_worker
-from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
+from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, extraction_template, toolcall_prompt
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,10 @@ class Engine:
         examples = request.examples or self.examples.for_schema(request.schema)
         prompt = extraction_prompt(request.schema, text, request.instruction, examples)
         key = request.schema_key or schema_digest(request.schema)
-        return self._sequence(request, prompt, grammar, key, request.schema)
+        # a caller's instruction or examples come first in the prompt, so nothing of it is public then
+        public = (extraction_template(request.schema, None, examples)
+                  if request.public_template and request.instruction is None and not request.examples else "")
+        return self._sequence(request, prompt, grammar, key, request.schema, public)
 
     async def _generate_extraction(self, request: ExtractionRequest, stream: bool):
         seq = await asyncio.to_thread(self.prepare_extraction, request)  # compiles can take seconds
@@ -224,7 +228,8 @@ class Engine:
 
     # -- plumbing --------------------------------------------------------------------------------
     def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: str, grammar: CompiledGrammar,
-                  schema_key: str, schema: dict[str, Any] | None) -> EngineSequence:
+                  schema_key: str, schema: dict[str, Any] | None, public: str = "") -> EngineSequence:
+        """``public``: the start of ``prompt`` that is no caller's data ("": none)."""
         if self._stopping:
             raise EngineStopped("the engine is shutting down")
         params = request.sampling
@@ -239,6 +244,7 @@ class Engine:
             deadline=request.deadline, fast_forward=self.fast_forward and request.fast_forward,
             speculate=request.speculation.value != "off", schema_key=schema_key, schema=schema, on_event=lambda *_: None,
             history_scope=request.history_scope, schema_speculation=request.schema_speculation,
+            tenant=request.tenant, public_prefix=common_prefix(encode_prompt(self.tokenizer, public), ids) if public else 0,
         )
 
     async def _run(self, seq: EngineSequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:

@@ -11,6 +11,14 @@ differs. A new sequence looks for the longest common token prefix among
 
 Retained prompts hold KV memory, so the scheduler evicts them before it ever
 makes a request wait for memory: they are a cache, never a reservation.
+
+Tenants. A cached prompt belongs to a *tenant* (``PromptOwner.tenant``: a digest of the caller's
+bearer token; "" when the server has no tokens, one tenant). Reuse is visible to the caller (the
+cached-token count in its usage, and its latency), so a match that ran on into another tenant's
+document would let a caller test guesses of it token by token. A request therefore reuses another
+tenant's prompt only as far as that prompt's *public* part (``PromptOwner.public``: its leading
+tokens that are no caller's data, a registered schema's template and the server's worked examples),
+and its own tenant's prompts in full.
 """
 
 from __future__ import annotations
@@ -33,6 +41,18 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 @dataclass(frozen=True)
+class PromptOwner:
+    """Whose cached prompt it is, and how much of it any tenant may reuse."""
+
+    tenant: str = ""  # "" : the one tenant of a server without tokens
+    public: int = 0  # leading prompt tokens that are no caller's data
+
+    def reusable(self, tenant: str, matched: int) -> int:
+        """Of ``matched`` leading tokens shared with a request of ``tenant``, how many it may reuse."""
+        return matched if tenant == self.tenant else min(matched, self.public)
+
+
+@dataclass(frozen=True)
 class PrefixHit:
     source_id: int  # executor sequence holding the prefix
     tokens: int  # how many leading prompt tokens it can give
@@ -40,13 +60,13 @@ class PrefixHit:
 
 
 class PrefixCache:
-    """Retained prompt caches (executor sequence id -> its prompt tokens), LRU within ``max_tokens``."""
+    """Retained prompt caches (executor sequence id -> its prompt tokens and owner), LRU within ``max_tokens``."""
 
     def __init__(self, max_tokens: int, max_entries: int = 16, min_tokens: int = 16):
         self.max_tokens = max_tokens
         self.max_entries = max_entries
         self.min_tokens = min_tokens  # shorter matches are not worth a copy
-        self._entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], PromptOwner]] = OrderedDict()
         self.tokens = 0
 
     def __len__(self) -> int:
@@ -54,22 +74,24 @@ class PrefixCache:
 
     def longest(self) -> int:
         """Tokens of the longest retained prompt (0 when none)."""
-        return max(map(len, self._entries.values()), default=0)
+        return max((len(tokens) for tokens, _ in self._entries.values()), default=0)
 
-    def lookup(self, prompt: Sequence[int], running: Iterable[tuple[int, Sequence[int], int]]) -> PrefixHit | None:
-        """Best source for ``prompt``: running ``(seq_id, prompt, cached)`` triples or retained entries.
+    def lookup(self, prompt: Sequence[int], running: Iterable[tuple[int, Sequence[int], int, PromptOwner]],
+               tenant: str = "") -> PrefixHit | None:
+        """Best source for ``prompt`` of ``tenant``: running ``(seq_id, prompt, cached, owner)`` or retained entries,
+        each matched only as far as its owner lets ``tenant`` reuse it (``PromptOwner.reusable``).
 
         Only ``len(prompt) - 1`` tokens can be reused: the last prompt position must be
         computed to score the first output token.
         """
         limit = len(prompt) - 1
         best: PrefixHit | None = None
-        for sid, tokens in self._entries.items():
-            n = min(limit, common_prefix(prompt, tokens))
+        for sid, (tokens, owner) in self._entries.items():
+            n = min(limit, owner.reusable(tenant, common_prefix(prompt, tokens)))
             if best is None or n > best.tokens:
                 best = PrefixHit(sid, n, n)
-        for sid, tokens, cached in running:
-            n = min(limit, common_prefix(prompt, tokens))
+        for sid, tokens, cached, owner in running:
+            n = min(limit, owner.reusable(tenant, common_prefix(prompt, tokens)))
             if best is None or n > best.tokens:
                 best = PrefixHit(sid, n, min(n, cached))
         if best is None or best.tokens < self.min_tokens:
@@ -78,15 +100,17 @@ class PrefixCache:
             self._entries.move_to_end(best.source_id)
         return best
 
-    def retain(self, seq_id: int, prompt: Sequence[int]) -> list[int]:
-        """Keep ``seq_id`` (already cut back to ``prompt``); returns the sequences evicted to make room."""
+    def retain(self, seq_id: int, prompt: Sequence[int], owner: PromptOwner = PromptOwner()) -> list[int]:
+        """Keep ``seq_id`` (already cut back to ``prompt``) for ``owner``; returns the sequences evicted to make room."""
         if len(prompt) < self.min_tokens or len(prompt) > self.max_tokens:
             return [seq_id]
-        # The same prompt twice is kept once: the newer copy replaces the older.
-        evicted = [sid for sid, toks in self._entries.items() if toks == tuple(prompt)]
+        # The same prompt twice is kept once: the newer copy replaces the older. Only a tenant's own: another
+        # tenant's copy replacing it would tell the first that its exact prompt was sent again.
+        kept = tuple(prompt)
+        evicted = [sid for sid, (toks, o) in self._entries.items() if toks == kept and o.tenant == owner.tenant]
         for sid in evicted:
-            self.tokens -= len(self._entries.pop(sid))
-        self._entries[seq_id] = tuple(prompt)
+            self.tokens -= len(self._entries.pop(sid)[0])
+        self._entries[seq_id] = (kept, owner)
         self.tokens += len(prompt)
         while self.tokens > self.max_tokens or len(self._entries) > self.max_entries:
             evicted.append(self.evict())
@@ -94,6 +118,6 @@ class PrefixCache:
 
     def evict(self) -> int:
         """Drop the least recently used entry; returns its sequence id (the caller frees it)."""
-        sid, toks = self._entries.popitem(last=False)
+        sid, (toks, _) = self._entries.popitem(last=False)
         self.tokens -= len(toks)
         return sid

@@ -141,9 +141,9 @@ class Scheduler:
         if self.prefix is None:
             self._prefix_unchecked.discard(seq.key)
             return True
-        sources = [(s.seq_id, s.prompt, s.prefilled) for s in self.running
+        sources = [(s.seq_id, s.prompt, s.prefilled, s.prompt_owner) for s in self.running
                    if s is not seq and s.key not in self._prefix_unchecked]
-        hit = self.prefix.lookup(seq.prompt, sources)
+        hit = self.prefix.lookup(seq.prompt, sources, seq.tenant)
         if hit is not None and hit.ready < hit.tokens:
             return False  # a running sequence is prefilling this prefix; computing it twice would waste the step
         self._prefix_unchecked.discard(seq.key)
@@ -168,5 +168,5 @@ class Scheduler:
             self.executor.free(seq.seq_id)
             return
         self.executor.rollback(seq.seq_id, self.executor.seq_len(seq.seq_id) - len(seq.prompt))
-        for sid in self.prefix.retain(seq.seq_id, seq.prompt):
+        for sid in self.prefix.retain(seq.seq_id, seq.prompt, seq.prompt_owner):
             self.executor.free(sid)

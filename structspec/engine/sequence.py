@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from structspec.engine.detok import IncrementalDetokenizer
+from structspec.engine.prefix_cache import PromptOwner
 from structspec.engine.types import FinishReason, SamplingParams, SchemaSpeculation, SpeculationReport, Timings, Usage
 from structspec.grammar.base import CompiledGrammar, Matcher
 
@@ -58,6 +59,8 @@ class EngineSequence:
     status: SequenceStatus = SequenceStatus.WAITING
     submitted: bool = False  # handed to an engine (once: a second submit would double its reservation)
     history_scope: str = ""  # whose earlier outputs of this schema speculation may draft from ("": everyone's)
+    tenant: str = ""  # whose request: other tenants' cached prompts are reused only as far as their public part
+    public_prefix: int = 0  # leading prompt tokens that are no caller's data (any tenant may reuse their cache)
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the schema owner's override
     decision: SpeculationReport | None = None  # the drafting policy's latest decision (from admission on)
     decision_bucket: int = 0  # the running batch's bucket when it was made
@@ -95,6 +98,10 @@ class EngineSequence:
         if not self.speculate or self.decision is None:
             return 0
         return max(self.decision.max_draft.values(), default=0)
+
+    @property
+    def prompt_owner(self) -> PromptOwner:
+        return PromptOwner(self.tenant, self.public_prefix)
 
     @property
     def running(self) -> bool:
