@@ -476,7 +476,7 @@ def stats_tables(entry: Any) -> list[Any]:
 
 
 @schemas_app.command("stats")
-@connection_options(CALL)
+@connection_options((*CALL, "admin_token_file"))
 def schemas_stats(
     schema_id: Annotated[Optional[str], typer.Argument(help="schema id (default: every schema with statistics)")] = None,
     version: Annotated[Optional[int], typer.Option("--version", help="default: latest")] = None,
@@ -489,7 +489,8 @@ def schemas_stats(
     conn: Connection,
 ) -> None:
     """Statistics per model and schema: requests, output lengths, passes per token, finish reasons, drafting
-    per proposer and batch bucket (with acceptance by draft position) and the drafting decisions' reasons."""
+    per proposer and batch bucket (with acceptance by draft position) and the drafting decisions' reasons.
+    Where the server has tokens, only the admin token reads inline schemas' and tool lists' statistics."""
     from dataclasses import asdict
 
     with conn.client() as client:

@@ -157,13 +157,14 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> SchemaStats:
         req = convert.stats_request(schema_id, version, schema_key, windows, model, include_timeline)
-        return SchemaStats.from_pb((await self._call(self._stub.GetSchemaStats, req, timeout)).stats)
+        return SchemaStats.from_pb((await self._call(self._stub.GetSchemaStats, req, timeout, admin=True)).stats)
 
     async def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
                                 include_timeline: bool = False, timeout: float | None = None) -> list[SchemaStats]:
         req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "",
                                         include_timeline=include_timeline)
-        return [SchemaStats.from_pb(s) for s in (await self._call(self._stub.ListSchemaStats, req, timeout)).stats]
+        return [SchemaStats.from_pb(s)
+                for s in (await self._call(self._stub.ListSchemaStats, req, timeout, admin=True)).stats]
 
     async def list_rejected_drafts(self, schema_id: str | None = None, version: int | None = None, *,
                                    schema_key: str | None = None, model: str | None = None,

@@ -213,16 +213,18 @@ class Client:
         timeout: float | None = None,
     ) -> SchemaStats:
         """One schema's statistics on ``model`` (default: the model the server runs); ``include_timeline``: with
-        its hourly timeline and the policy's changes over the longest window."""
+        its hourly timeline and the policy's changes over the longest window. Sent with the admin token when there
+        is one: where tokens are configured, other tokens read registered schemas' statistics only."""
         req = convert.stats_request(schema_id, version, schema_key, windows, model, include_timeline)
-        return SchemaStats.from_pb(self._call(self._stub.GetSchemaStats, req, timeout).stats)
+        return SchemaStats.from_pb(self._call(self._stub.GetSchemaStats, req, timeout, admin=True).stats)
 
     def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
                           include_timeline: bool = False, timeout: float | None = None) -> list[SchemaStats]:
-        """Every (model, schema) with statistics, sorted by model then key; ``model``: only that one's."""
+        """Every (model, schema) with statistics, sorted by model then key; ``model``: only that one's. Without the
+        admin token where tokens are configured: the registered schemas' alone."""
         req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "",
                                         include_timeline=include_timeline)
-        return [SchemaStats.from_pb(s) for s in self._call(self._stub.ListSchemaStats, req, timeout).stats]
+        return [SchemaStats.from_pb(s) for s in self._call(self._stub.ListSchemaStats, req, timeout, admin=True).stats]
 
     def list_rejected_drafts(self, schema_id: str | None = None, version: int | None = None, *,
                              schema_key: str | None = None, model: str | None = None, proposer: str | None = None,

@@ -7,6 +7,10 @@
   hold the last tokens of callers' inputs) and LoadDraft (it loads a model from the server's disk) need an admin token
   whenever any token is configured -> PERMISSION_DENIED for a valid non-admin token. With auth
   tokens but no admin token, registry writes are refused: secure by default.
+- Statistics (GetSchemaStats, ListSchemaStats): any caller may call them, but with tokens configured only an
+  admin token reads every schema's (``reads_every_schema``); another caller reads the registered schemas' alone
+  (the servicer filters and refuses): an inline schema's or a tool list's statistics are keyed by their content,
+  shared by every caller that sends the same one, so they cannot be told apart per tenant.
 
 Tokens are compared in constant time and never logged.
 """
@@ -83,6 +87,11 @@ def authorize_token(token: str | None, config: AuthConfig, admin: bool = False) 
     if not config.tokens or is_admin or (token is not None and _matches(token, config.tokens)):
         return None
     return ServiceError(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid token (authorization: Bearer <token>)", "UNAUTHENTICATED")
+
+
+def reads_every_schema(token: str | None, config: AuthConfig) -> bool:
+    """Whether a caller holding ``token`` may read every schema's statistics: auth off, or an admin token."""
+    return not config.enabled or (token is not None and _matches(token, config.admin_tokens))
 
 
 def _denying_handler(handler: grpc.RpcMethodHandler, err: ServiceError) -> grpc.RpcMethodHandler:

@@ -47,6 +47,7 @@ class Limits:
     max_tokens_cap: int = 4096
     max_message_bytes: int = 4 * 1024 * 1024
     history_per_token: bool = False  # the schema history drafts only from the same auth token's outputs
+    tenants: bool = False  # auth tokens configured: each bearer token is a tenant (whose cached prompts it reuses)
 
 
 _ROLES = {pb.ROLE_SYSTEM: "system", pb.ROLE_USER: "user", pb.ROLE_ASSISTANT: "assistant", pb.ROLE_TOOL: "tool"}
@@ -168,7 +169,7 @@ def schema_speculation(value: int, field: str = "speculation") -> SchemaSpeculat
 
 def extraction_request(
     req: pb.ExtractRequest, schema: ResolvedSchema, request_id: str, deadline: float | None, limits: Limits,
-    history_scope: str = "",
+    history_scope: str = "", tenant: str = "",
 ) -> ExtractionRequest:
     return ExtractionRequest(
         schema=schema.schema,
@@ -184,6 +185,8 @@ def extraction_request(
         schema_key=schema.key,
         history_scope=history_scope,
         schema_speculation=schema.speculation,
+        tenant=tenant,
+        public_template=schema.record is not None,
     )
 
 
@@ -213,7 +216,7 @@ def tool_choice(choice: pb.ToolChoice) -> str:
 
 
 def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | None, limits: Limits,
-                 history_scope: str = "") -> ToolCallRequest:
+                 history_scope: str = "", tenant: str = "") -> ToolCallRequest:
     tool_list = tools(req.tools)
     return ToolCallRequest(
         messages=messages(req.messages),
@@ -227,6 +230,7 @@ def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | Non
         deadline=deadline,
         request_id=request_id,
         history_scope=history_scope,
+        tenant=tenant,
     )
 
 

@@ -21,7 +21,7 @@ from structspec.engine.types import GenerationResult
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 from structspec.service import convert, errors, stats_views
-from structspec.service.auth import bearer_token
+from structspec.service.auth import AuthConfig, bearer_token, reads_every_schema
 from structspec.service.errors import ServiceError
 from structspec.service.metrics import ServiceMetrics
 from structspec.service.registry import ResolvedSchema, SchemaRegistry, registered_stats_key
@@ -67,6 +67,7 @@ class _Call:
     started: float = field(default_factory=time.perf_counter)
     result: GenerationResult | None = None
     schema_field: str = "json_schema"
+    tenant: str = ""  # the caller's tenant ("": the one tenant of a server without tokens)
     history_scope: str = ""  # the caller's scope for the schema history ("": shared)
     delivered: bool = False  # a stream handed its final message to gRPC: closing it now is the normal end
 
@@ -76,9 +77,11 @@ def history_scope_of_token(token: str | None) -> str:
     return f"t:{hashlib.sha256(token.encode()).hexdigest()[:16]}" if token else ""
 
 
-def history_scope_of(context: grpc.aio.ServicerContext) -> str:
-    """The history scope of the caller's bearer token (``history_scope_of_token``)."""
-    return history_scope_of_token(bearer_token(context.invocation_metadata()))
+def caller_scopes(token: str | None, limits: convert.Limits) -> tuple[str, str]:
+    """The caller's tenant (its token's name with auth tokens configured, else "") and its schema-history scope
+    (its tenant with ``history_scope = per_token``, else "": shared)."""
+    tenant = history_scope_of_token(token) if limits.tenants else ""
+    return tenant, tenant if limits.history_per_token else ""
 
 
 def request_id_from(offered: Iterable[str | None]) -> str:
@@ -140,6 +143,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         metrics: ServiceMetrics,
         limits: convert.Limits,
         clock: Callable[[], float] = time.time,
+        auth: AuthConfig = AuthConfig(),
     ):
         self._engine = engine
         self._registry = registry
@@ -147,16 +151,15 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         self._metrics = metrics
         self._limits = limits
         self._clock = clock
+        self._auth = auth
 
     # -- the one place errors are mapped ----------------------------------------------------------
 
-    def _history_scope(self, context: grpc.aio.ServicerContext) -> str:
-        return history_scope_of(context) if self._limits.history_per_token else ""
-
     @contextlib.asynccontextmanager
     async def _rpc(self, rpc: str, request: Message, context: grpc.aio.ServicerContext) -> AsyncIterator[_Call]:
+        tenant, history_scope = caller_scopes(bearer_token(context.invocation_metadata()), self._limits)
         call = _Call(rpc, request_id_of(context, getattr(request, "request_id", "")), deadline_of(context),
-                     history_scope=self._history_scope(context))
+                     tenant=tenant, history_scope=history_scope)
         code = grpc.StatusCode.OK
         try:
             size = request.ByteSize()
@@ -204,7 +207,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
     async def _extraction_request(self, request: pb.ExtractRequest, schema: ResolvedSchema, call: _Call):
         # Off the event loop: checking worked examples runs the caller's schema over the caller's data.
         return await asyncio.to_thread(convert.extraction_request, request, schema, call.request_id, call.deadline,
-                                       self._limits, call.history_scope)
+                                       self._limits, call.history_scope, call.tenant)
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -258,7 +261,8 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         async with self._rpc("CallTool", request, context) as call:
             call.schema_field = "tools"
             engine = self._engine.require()
-            req = convert.tool_request(request, call.request_id, call.deadline, self._limits, call.history_scope)
+            req = convert.tool_request(request, call.request_id, call.deadline, self._limits, call.history_scope,
+                                       call.tenant)
             res = await self._guarded(call, engine.call_tool(req))
             call.result = res.result
             errors.check_result(res.result, call.deadline, schema_field=call.schema_field)
@@ -318,10 +322,19 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             return request.schema_key
         raise errors.invalid("target", "set schema_ref or schema_key")
 
+    def _reads_every_schema(self, context: grpc.aio.ServicerContext) -> bool:
+        """The admin token, or no tokens configured (``stats_views.readable_by_tenants`` says what others read)."""
+        return reads_every_schema(bearer_token(context.invocation_metadata()), self._auth)
+
     async def GetSchemaStats(self, request: pb.GetSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetSchemaStatsResponse:
         async with self._rpc("GetSchemaStats", request, context):
             windows = convert.windows(request.window_seconds)
             key = await self._schema_key(request.WhichOneof("target"), request)
+            if not stats_views.readable_by_tenants(key) and not self._reads_every_schema(context):
+                raise ServiceError(grpc.StatusCode.PERMISSION_DENIED, "the statistics of an inline schema or a tool "
+                                   "list (keyed by content, shared by every caller sending it) need the admin token; "
+                                   "other tokens read registered schemas' (schema_ref, or a key <id>@<version>)",
+                                   "ADMIN_TOKEN_REQUIRED")
             model = request.model or self._engine.model_key()
             (stats,) = await stats_views.read_stats(self._store, windows, model=model, schema_key=key,
                                                     include_timeline=request.include_timeline, now=self._clock())
@@ -333,6 +346,8 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             windows = convert.windows(request.window_seconds)
             stats = await stats_views.read_stats(self._store, windows, model=request.model or None,
                                                  include_timeline=request.include_timeline, now=self._clock())
+            if not self._reads_every_schema(context):
+                stats = [s for s in stats if stats_views.readable_by_tenants(s.schema_key)]
             return pb.ListSchemaStatsResponse(stats=stats)
         raise AssertionError("unreachable")
 

@@ -5,6 +5,13 @@ Per (model, schema key) and window: the summary of its counters, the estimated s
 with the model's own step times in the same window); per (model, schema key): the policy's
 state per proposer and, on request, the hourly timeline and the policy's changes within the
 longest window.
+
+Who reads what (``readable_by_tenants``): where auth tokens are configured, a caller without the admin token reads
+the statistics of registered schemas alone (``<id>@<version>``: schemas every caller may read, registered by an
+admin). An inline schema (``inline:<hash>``) and a tool list (``tools:<hash>``) are keyed by their content and
+shared by every caller that sends the same one, so their statistics cannot be told apart per tenant: they would
+show one tenant another's schemas, names, volumes and latencies. The admin token, or a server without tokens (one
+tenant), reads every key.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Sequence
 
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service import convert
+from structspec.service.registry import SCHEMA_ID_RE
 from structspec.stats.book import Counters
 from structspec.stats.counters import hour_of
 from structspec.stats.evidence import CostEvidence, cost_evidence
@@ -25,6 +33,13 @@ from structspec.store.base import Store, sum_counters
 
 FLAT_HALF_LIFE_HOURS = 1e9  # step times averaged evenly over a window (the policy weighs recent ones more)
 MAX_REJECTED = 1000
+
+
+def readable_by_tenants(schema_key: str) -> bool:
+    """Whether ``schema_key`` names a registered schema version (``<id>@<version>``), whose statistics any caller
+    may read."""
+    schema_id, at, version = schema_key.rpartition("@")
+    return bool(at) and version.isdigit() and SCHEMA_ID_RE.match(schema_id) is not None
 
 
 def _costs(window: Counters, now: float) -> dict[str, CostEvidence]:

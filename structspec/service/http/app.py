@@ -48,8 +48,8 @@ from structspec.service.servicer import (
     REQUEST_ID_KEY,
     EngineSlot,
     cancelled_code,
+    caller_scopes,
     guarded,
-    history_scope_of_token,
     request_id_from,
     service_error,
 )
@@ -267,12 +267,11 @@ class OpenAIApp:
             ex.deadline = ex.arrived + plan.timeout_seconds
         if plan.user:
             log.debug("rpc=%s request_id=%s user=%s", ex.rpc, ex.request_id, plan.user)
-        token = bearer_token(request.headers.items())
-        scope = history_scope_of_token(token) if self._limits.history_per_token else ""
+        tenant, scope = caller_scopes(bearer_token(request.headers.items()), self._limits)
         if isinstance(target, translate.ToolTarget):
             ex.schema_field = "tools"
-            return await self._tools(ex, request, engine, plan, target, scope)
-        return await self._extract(ex, request, engine, plan, target, scope)
+            return await self._tools(ex, request, engine, plan, target, scope, tenant)
+        return await self._extract(ex, request, engine, plan, target, scope, tenant)
 
     def _check_model(self, model: str, engine: EngineAPI) -> None:
         if model not in (self._profile, engine.model_key):
@@ -292,9 +291,9 @@ class OpenAIApp:
             self._store.stats.recorder(engine.model_key).record_name(schema.key, name)
 
     async def _extract(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
-                       target: translate.ExtractionTarget, scope: str) -> Response:
+                       target: translate.ExtractionTarget, scope: str, tenant: str) -> Response:
         schema = await self._schema(ex, target)
-        req = translate.extraction_request(plan, target, schema, ex.request_id, ex.deadline, scope)
+        req = translate.extraction_request(plan, target, schema, ex.request_id, ex.deadline, scope, tenant)
         created = int(self._clock())
         if plan.stream:
             return await self._extract_stream(ex, request, engine, plan, target, schema, req, created)
@@ -366,8 +365,8 @@ class OpenAIApp:
         return _EventStream(events(), lambda: close(cancelled_code(ex.deadline)), ex.request_id)
 
     async def _tools(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
-                     target: translate.ToolTarget, scope: str) -> Response:
-        req = translate.tool_request(plan, target, ex.request_id, ex.deadline, scope)
+                     target: translate.ToolTarget, scope: str, tenant: str) -> Response:
+        req = translate.tool_request(plan, target, ex.request_id, ex.deadline, scope, tenant)
         created = int(self._clock())
         res = await self._unless_gone(request, guarded(ex.deadline, engine.call_tool(req)))
         ex.result = res.result

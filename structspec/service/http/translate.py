@@ -108,7 +108,7 @@ def inline_schema(schema: dict[str, Any]) -> ResolvedSchema:
 
 
 def extraction_request(p: ChatPlan, target: ExtractionTarget, schema: ResolvedSchema, request_id: str,
-                       deadline: float | None, history_scope: str) -> ExtractionRequest:
+                       deadline: float | None, history_scope: str, tenant: str = "") -> ExtractionRequest:
     return ExtractionRequest(
         schema=schema.schema,
         text=target.text,
@@ -121,11 +121,13 @@ def extraction_request(p: ChatPlan, target: ExtractionTarget, schema: ResolvedSc
         schema_key=schema.key,
         history_scope=history_scope,
         schema_speculation=schema.speculation,
+        tenant=tenant,
+        public_template=schema.record is not None,
     )
 
 
 def tool_request(p: ChatPlan, target: ToolTarget, request_id: str, deadline: float | None,
-                 history_scope: str) -> ToolCallRequest:
+                 history_scope: str, tenant: str = "") -> ToolCallRequest:
     return ToolCallRequest(
         messages=target.messages,
         tools=target.tools,
@@ -136,6 +138,7 @@ def tool_request(p: ChatPlan, target: ToolTarget, request_id: str, deadline: flo
         deadline=deadline,
         request_id=request_id,
         history_scope=history_scope,
+        tenant=tenant,
     )
 
 
