@@ -8,20 +8,30 @@ Regular expressions from schemas (``pattern``, ``patternProperties`` and the
 ``additionalProperties`` that depends on them) run on RE2, in time linear in the
 text: jsonschema's own ``re.search`` backtracks, and ``^(a+)+$`` against 40
 characters would pin a core for minutes. Intake refuses a pattern RE2 cannot
-compile (``intake``), so every pattern that reaches a check has a linear matcher.
+compile (``intake``), so every pattern that reaches a check has a linear matcher. Their class
+escapes mean ECMA-262's sets (``ecma_regex``), as they do in the grammars.
+
+Two keywords are checked here with their own code, where jsonschema's could not be told from a
+grammar bug: ``multipleOf`` in exact decimal arithmetic (the grammars' and JSON Schema's meaning;
+jsonschema divides floats, and 0.07 is then no multiple of 0.01), and ``if`` with the branch that
+applied (``then``/``else``) on the error's schema path (jsonschema's error from a ``false``
+branch has no path at all, so a declared post-check-only ``then`` could not excuse it).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from functools import lru_cache
+from decimal import Decimal
+from fractions import Fraction
+from functools import cache, lru_cache
 from typing import Any
 
 import jsonschema
 import re2
 
-from structspec.grammar import schema_walk
+from structspec.grammar import ecma_regex, schema_walk
 
 _FORMATS = jsonschema.FormatChecker()
 
@@ -34,7 +44,7 @@ _RE2_OPTIONS.log_errors = False  # a refused pattern is the caller's error, repo
 def linear_regex(pattern: str) -> re2._Regexp:
     """The RE2 form of a schema's pattern. Raises: ``re2.error`` when RE2 cannot compile it
     (back-references, look-arounds): intake refuses those schemas."""
-    return re2.compile(pattern, _RE2_OPTIONS)
+    return re2.compile(ecma_regex.spell_out(pattern), _RE2_OPTIONS)
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
@@ -65,18 +75,48 @@ def _additional_properties(validator: Any, additional: Any, instance: Any, schem
         yield jsonschema.ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} unexpected)")
 
 
-_LINEAR = {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties}
+def _multiple_of(validator: Any, multiple: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    if validator.is_type(instance, "number") and not _is_multiple(instance, multiple):
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {multiple}")
 
 
-@lru_cache(maxsize=None)
-def _linear_class(cls: type) -> type:
-    return jsonschema.validators.extend(cls, _LINEAR)
+def _is_multiple(instance: float, multiple: float) -> bool:
+    """Exactly, on the decimals the numbers were written as (a float's shortest repr is its JSON text)."""
+    if isinstance(instance, float) and not math.isfinite(instance):
+        return False
+    quotient = _exact(instance) / _exact(multiple)
+    return quotient.denominator == 1
+
+
+def _exact(number: float) -> Fraction:
+    return Fraction(number) if isinstance(number, int) else Fraction(Decimal(repr(number)))
+
+
+def _if(validator: Any, if_schema: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    branch = "then" if validator.evolve(schema=if_schema).is_valid(instance) else "else"
+    if branch not in schema:
+        return
+    if schema[branch] is False:  # jsonschema's descend() returns this error with no schema path
+        yield jsonschema.ValidationError(f"{instance!r} is not allowed: {branch!r} is false here", schema_path=[branch])
+    else:
+        yield from validator.descend(instance, schema[branch], schema_path=branch)
+
+
+_OWN = {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties,
+        "multipleOf": _multiple_of, "if": _if}
+
+
+@cache
+def _post_check_class(cls: type) -> type:
+    # only the keywords the draft has ("if" is draft 7 on): a draft 4 schema's "if" is an unknown keyword
+    return jsonschema.validators.extend(cls, {k: v for k, v in _OWN.items() if k in cls.VALIDATORS})
 
 
 def validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    """The validator of the draft named by ``$schema`` (default 2020-12), formats checked, patterns on RE2."""
+    """The validator of the draft named by ``$schema`` (default 2020-12): formats checked, patterns on RE2,
+    ``multipleOf`` exact, ``if`` errors with their branch."""
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return _linear_class(cls)(schema, format_checker=_FORMATS)
+    return _post_check_class(cls)(schema, format_checker=_FORMATS)
 
 
 def instance_errors(instance: Any, schema: dict[str, Any]) -> list[jsonschema.ValidationError]:
