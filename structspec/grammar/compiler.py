@@ -43,7 +43,7 @@ class GrammarCompiler:
         self.backend = make_backend(backend, view) if isinstance(backend, str) else backend
         self.cache = GrammarCache(cache_size)
 
-    def compile_schema(self, schema: dict[str, Any], options: GrammarOptions | None = None) -> CompiledGrammar:
+    def compile_schema(self, schema: dict[str, Any] | bool, options: GrammarOptions | None = None) -> CompiledGrammar:
         options = options or GrammarOptions()
         key = self._key("schema", schema, options)
         return self.cache.get_or_compile(key, lambda: self._compile_schema(schema, options))
@@ -65,10 +65,11 @@ class GrammarCompiler:
         except (TypeError, ValueError) as exc:
             raise SchemaError([SchemaIssue("", "", f"not JSON: {exc}")], kind="invalid_schema") from exc
 
-    def _compile_schema(self, schema: dict[str, Any], options: GrammarOptions) -> CompiledGrammar:
+    def _compile_schema(self, schema: dict[str, Any] | bool, options: GrammarOptions) -> CompiledGrammar:
         start = time.perf_counter()
         intake.check_schema(schema, options)
-        grammar = run_with_deadline(lambda: self.backend.compile_json_schema(schema, options), options.compile_timeout_s)
+        compiled = intake.for_backends(schema)
+        grammar = run_with_deadline(lambda: self.backend.compile_json_schema(compiled, options), options.compile_timeout_s)
         return _stamped(grammar, start)
 
     def _compile_tools(self, tools: Any, tool_choice: Any, parallel: bool, options: GrammarOptions) -> CompiledGrammar:
@@ -82,9 +83,10 @@ class GrammarCompiler:
         for tool in parsed:
             intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
         spec = toolcalls.call_grammar(parsed, choice, parallel)
+        compiled = None if spec.schema is None else intake.for_backends(spec.schema)
         try:
             grammar = run_with_deadline(
-                lambda: self.backend.compile_text_or_json(spec.schema, spec.allow_text, options),
+                lambda: self.backend.compile_text_or_json(compiled, spec.allow_text, options),
                 options.compile_timeout_s,
             )
         except SchemaError as exc:  # point into the request's tool list, not into the combined schema

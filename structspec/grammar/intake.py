@@ -1,14 +1,24 @@
-"""Schema intake, before any compile: size budget, metaschema, references.
+"""Schema intake, before any compile: size budget, metaschema, references; the schema the backends compile.
 
 Backend-independent refusals, as plain data (``SchemaError`` with pointer + keyword):
 too_deep (nesting past ``json_text``'s limits), too_large, metaschema (against the draft named by ``$schema``, default 2020-12),
-external_ref (a ``$ref`` that leaves the document), unsupported (dynamic references),
-invalid_schema (not an object, a local ``$ref`` that resolves to nothing).
+external_ref (a ``$ref`` that leaves the document), unsupported (dynamic references, integers past
+2^53 in numeric keywords, const or enum), invalid_schema (neither an object nor ``true``, the schema
+``false``, a local ``$ref`` that resolves to nothing).
+
+``for_backends`` spells a schema the way every backend reads it, with the same meaning in JSON
+Schema: ``true`` as ``{}`` (any JSON value), an integer-valued count such as ``"maxLength": 2.0``
+as ``2`` (JSON Schema counts 2.0 as an integer; the engines want an integer literal), and a
+pattern's class escapes as ECMA-262's explicit classes (``ecma_regex``). The post-check
+validates against the caller's own schema.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
+import sys
 from functools import cache
 from typing import Any
 from urllib.parse import unquote
@@ -16,7 +26,7 @@ from urllib.parse import unquote
 import jsonschema
 from jsonschema.protocols import Validator
 
-from structspec.grammar import json_text, metaschema, schema_walk
+from structspec.grammar import ecma_regex, json_text, metaschema, schema_walk
 from structspec.grammar.base import GrammarOptions, SchemaError, SchemaIssue
 from structspec.grammar.keywords import REFUSED
 
@@ -29,8 +39,13 @@ def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Val
 
     ``at`` prefixes every pointer (a tool's parameters live at ``/tools/2/function/parameters``).
     """
+    if schema is True:  # any JSON value
+        return jsonschema.Draft202012Validator
+    if schema is False:
+        raise SchemaError([SchemaIssue(at, "", "the schema false allows no value: nothing could be generated")],
+                          kind="invalid_schema")
     if not isinstance(schema, dict):
-        raise SchemaError([SchemaIssue(at, "", "a schema must be a JSON object")], kind="invalid_schema")
+        raise SchemaError([SchemaIssue(at, "", "a schema must be a JSON object or true")], kind="invalid_schema")
     try:  # first: everything below recurses (json.dumps, the metaschema check, the compile)
         json_text.check_schema_depth(schema)
     except json_text.TooDeep as exc:
@@ -50,7 +65,148 @@ def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Val
         raise SchemaError(issues[:MAX_ISSUES], kind="metaschema")
     _check_references(schema, at)
     _check_patterns(schema, at)
+    _check_numbers(schema, at)
     return cls
+
+
+# Keywords whose value is a count: JSON Schema's non-negative integer, which 2.0 is.
+COUNT_KEYWORDS = frozenset({"maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties",
+                            "maxContains", "minContains"})
+# Bounds, and the side a bound that no 64-bit float holds is rounded to (inward: only narrows).
+BOUND_KEYWORDS = {"minimum": math.inf, "exclusiveMinimum": math.inf, "maximum": -math.inf, "exclusiveMaximum": -math.inf}
+
+
+def for_backends(schema: Any) -> Any:
+    """The schema as backends compile it (see the module docstring); ``schema`` itself when nothing changes."""
+    if schema is True:
+        return {}
+    changes = []
+    for pointer, node in schema_walk.iter_schemas(schema):
+        for keyword in COUNT_KEYWORDS.intersection(node):
+            value = node[keyword]
+            if isinstance(value, float) and value.is_integer():
+                changes.append((pointer, keyword, int(value)))
+        for keyword, toward in BOUND_KEYWORDS.items():
+            value = node.get(keyword)
+            if _is_integer(value) and _inward(value, 0.0) != value and (inward := _inward(value, toward)) is not None:
+                changes.append((pointer, keyword, float(inward)))
+        if isinstance(node.get("pattern"), str) and ecma_regex.spell_out(node["pattern"]) != node["pattern"]:
+            changes.append((pointer, "pattern", ecma_regex.spell_out(node["pattern"])))
+    # llguidance takes no integer past 64 bits, anywhere (a default, an example): those go as floats
+    changes += [(pointer, None, None) for pointer, value in _past_64_bits(schema) if _fits_float(value)]
+    if not changes:
+        return schema
+    out = copy.deepcopy(schema)
+    for pointer, keyword, value in changes:
+        if keyword is not None:
+            schema_walk.resolve(out, pointer)[keyword] = value
+            continue
+        parent, _, last = pointer.rpartition("/")
+        container = schema_walk.resolve(out, parent)
+        key = int(last) if isinstance(container, list) else schema_walk.unescape(last)
+        if _is_integer(container[key]):  # (a bound rounded above is a float already)
+            container[key] = float(container[key])
+    return out
+
+
+def _check_numbers(schema: dict[str, Any], at: str) -> None:
+    """Numbers the grammar engines would not write or compare as they are: they read them as 64-bit floats.
+
+    llguidance rounds 9007199254740993 to ...992, and writes a const or enum number past 2^53
+    from its float (2^63 as 9223372036854776000): such const and enum values are refused, and an
+    integer multipleOf no float holds. A bound no float holds is rounded inward for the backends
+    (``for_backends``: a maximum of 2^62-1 holds as 2^62-512, which only narrows), refused only
+    when no finite float lies inside it; an integer past the float range anywhere else is refused.
+    Numbers at or below -2^63 are refused as bounds and const or enum values: llguidance 1.9 cannot
+    build an integer range there, and one that starts and ends there (``{"const": -2**63}``)
+    crashes the process.
+    """
+    issues = []
+    for pointer, node in schema_walk.iter_schemas(schema):
+        for keyword in ("const", "enum"):
+            wrong = [v for v in _numbers(node.get(keyword)) if abs(v) > 2**53 and not _written_as_is(v)]
+            if keyword in node and wrong:
+                issues.append(SchemaIssue(schema_walk.join(at + pointer, keyword), keyword,
+                                          f"{str(wrong[0])[:40]} is past 2^53: the grammar engine would write it "
+                                          "rounded to a 64-bit float"))
+        for keyword in COUNT_KEYWORDS.intersection(node):
+            if isinstance(node[keyword], (int, float)) and node[keyword] >= 2**64:
+                issues.append(SchemaIssue(schema_walk.join(at + pointer, keyword), keyword,
+                                          f"{str(node[keyword])[:40]} is past 2^64, the largest count the grammar "
+                                          "engines take"))
+        value = node.get("multipleOf")
+        if _is_integer(value) and _inward(value, 0.0) != value:
+            issues.append(SchemaIssue(schema_walk.join(at + pointer, "multipleOf"), "multipleOf",
+                                      f"integer {str(value)[:40]} has no exact 64-bit float: the grammar engine "
+                                      "would divide by it rounded"))
+        for keyword, toward in BOUND_KEYWORDS.items():
+            value = node.get(keyword)
+            if _is_integer(value) and _inward(value, toward) is None:
+                issues.append(SchemaIssue(schema_walk.join(at + pointer, keyword), keyword,
+                                          f"integer {str(value)[:40]} is past the 64-bit float range: no number the "
+                                          "grammar engine can compare lies inside it"))
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and value <= -(2**63):
+                issues.append(SchemaIssue(schema_walk.join(at + pointer, keyword), keyword,
+                                          f"{str(value)[:40]} is at or below -2^63, where the grammar engine "
+                                          "cannot build integer ranges (one ending there crashes it)"))
+    if not issues:
+        issues = [SchemaIssue(at + pointer, "", f"integer {str(value)[:40]}... is past the 64-bit float range")
+                  for pointer, value in _past_64_bits(schema) if not _fits_float(value)]
+    if issues:
+        raise SchemaError(issues[:MAX_ISSUES], kind="unsupported")
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fits_float(number: int) -> bool:
+    return abs(number) <= sys.float_info.max
+
+
+def _numbers(value: Any) -> list[int | float]:
+    found, stack = [], [value]
+    while stack:  # const and enum values nest (bounded by json_text's depth check)
+        item = stack.pop()
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def _written_as_is(number: float) -> bool:
+    """A const number past 2^53 that llguidance writes exactly: a 64-bit integer a float holds."""
+    return _is_integer(number) and -(2**63) < number < 2**63 and _inward(number, 0.0) == number
+
+
+def _past_64_bits(document: Any) -> list[tuple[str, int]]:
+    """(pointer, integer) for every integer outside both int64 and uint64, anywhere in ``document``."""
+    found, stack = [], [("", document)]
+    while stack:
+        pointer, item = stack.pop()
+        if _is_integer(item) and not -(2**63) <= item < 2**64:
+            found.append((pointer, item))
+        elif isinstance(item, dict):
+            stack.extend((schema_walk.join(pointer, k), v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((schema_walk.join(pointer, i), v) for i, v in enumerate(item))
+    return found
+
+
+def _inward(number: int, toward: float) -> int | None:
+    """The value of the 64-bit float nearest ``number`` (``toward`` 0: either side; inf or -inf: not
+    below / not above it), None when no finite float is there."""
+    limit = sys.float_info.max
+    if abs(number) > limit:
+        nearest = limit if number > 0 else -limit
+        return int(nearest) if toward == 0 or (nearest < number) == (toward < 0) else None
+    nearest = float(number)
+    if (toward > 0 and nearest < number) or (toward < 0 and nearest > number):
+        nearest = math.nextafter(nearest, toward)
+    return int(nearest)
 
 
 def _check_patterns(schema: dict[str, Any], at: str) -> None:

@@ -5,6 +5,13 @@ can still be validated by ``jsonschema`` after decoding: such a keyword is eithe
 listed (``CompileInfo.warnings`` + ``post_check_keywords``) or, with
 ``GrammarOptions(allow_post_check=False)``, refused. Nothing is dropped silently: an
 unknown ``format`` that no validator here can check is listed as annotation-only.
+``tests/grammar/test_keywords.py`` probes each assertion keyword and ``false`` subschemas for this.
+
+A grammar generates one spelling of what a schema allows, where JSON Schema accepts several:
+object keys in the schema's order, and a ``const`` or ``enum`` number as one literal, ``1`` for
+``1`` (never ``1.0`` or ``1e0``, which JSON Schema counts equal); for ``1.0`` llguidance writes
+``1`` and outlines-core ``1.0``. That only narrows what is generated: the post-check accepts
+every equal spelling.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from structspec.grammar import (
     GrammarCompiler,
     GrammarOptions,
     SchemaError,
+    intake,
     is_post_check_error,
 )
 from structspec.grammar.deadline import abandoned, run_with_deadline
@@ -222,3 +223,78 @@ def test_self_reference_with_nothing_to_generate_says_so_in_words(compilers):
     assert (issue.pointer, issue.keyword) == ("/$ref", "$ref")
     assert "no JSON value can be generated" in issue.message and "NoExtension" not in issue.message
 
+
+
+# -- boolean schemas, integer-valued counts, integers past 2^53 -----------------------------------
+
+
+def test_true_is_any_json_and_false_is_refused_in_words(compiler, view):
+    grammar = compiler.compile_schema(True)
+    for text in ("1", '"x"', "null", '{"a":[1,{"b":false}]}'):
+        assert accepts(grammar, view, text)
+    err = refusal(compiler, False)
+    assert err.kind == "invalid_schema" and "allows no value" in err.issues[0].message
+
+
+def test_integer_valued_counts_are_integers(compiler, view):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1.0, "maxLength": 2.0},
+                                               "a": {"type": "array", "maxItems": 1.0}},
+              "required": ["s", "a"], "additionalProperties": False}
+    grammar = compiler.compile_schema(schema)
+    assert accepts(grammar, view, '{"s":"ab","a":[1]}')
+    assert not accepts(grammar, view, '{"s":"abc","a":[1]}') and not accepts(grammar, view, '{"s":"ab","a":[1,2]}')
+    assert schema["properties"]["s"]["maxLength"] == 2.0 and isinstance(schema["properties"]["s"]["maxLength"], float)
+    assert refusal(compiler, {"type": "string", "maxLength": 2.5}).kind == "metaschema"
+
+
+def test_counts_in_tool_parameters_too(compiler, view):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "maxLength": 2.0}}, "required": ["s"],
+        "additionalProperties": False}}}]
+    grammar = compiler.compile_tools(tools, "required")
+    assert accepts(grammar, view, '{"name":"f","arguments":{"s":"ab"}}')
+    assert not accepts(grammar, view, '{"name":"f","arguments":{"s":"abc"}}')
+
+
+def test_for_backends_copies_only_what_it_changes():
+    plain = {"type": "string", "maxLength": 2}
+    assert intake.for_backends(plain) is plain
+    assert intake.for_backends(True) == {}
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^\\d+$"}, "minItems": 1.0}
+    out = intake.for_backends(schema)
+    assert out == {"type": "array", "items": {"type": "string", "pattern": "^[0-9]+$"}, "minItems": 1}
+    assert schema["items"]["pattern"] == "^\\d+$" and isinstance(schema["minItems"], float)
+
+
+@pytest.mark.parametrize("schema,pointer", [
+    ({"type": "object", "properties": {"n": {"const": 2**53 + 1}}}, "/properties/n/const"),
+    ({"enum": ["a", {"x": [-(2**53) - 1]}]}, "/enum"),
+    ({"type": "integer", "multipleOf": 2**53 + 1}, "/multipleOf"),
+    ({"type": "integer", "exclusiveMinimum": 10**400}, "/exclusiveMinimum"),  # no finite float above it
+    ({"type": "number", "const": 2.0**62}, "/const"),  # llguidance writes it 4611686018427388000
+    ({"const": -(2**63)}, "/const"),  # crashed the process (llguidance 1.9)
+    ({"type": "integer", "minimum": -(2**63), "maximum": 0}, "/minimum"),
+    ({"type": "string", "maxLength": 2**64}, "/maxLength"),
+    ({"type": "string", "examples": [1, 10**400]}, "/examples/1"),
+])
+def test_integers_a_float_cannot_hold_are_refused(compiler, schema, pointer):
+    err = refusal(compiler, schema)
+    assert err.kind == "unsupported" and [i.pointer for i in err.issues] == [pointer]
+    assert "2^" in err.issues[0].message or "64-bit float" in err.issues[0].message
+
+
+def test_bounds_a_float_cannot_hold_are_rounded_inward(compilers, view):
+    """llguidance compares against the bound as a float: 2^62-1 would be 2^62, and let 2^62 through."""
+    schema = {"type": "integer", "minimum": -(2**62) + 1, "maximum": 2**62 - 1}
+    grammar = compilers["llguidance"].compile_schema(schema)  # outlines leaves bounds to the post-check
+    assert accepts(grammar, view, str(2**62 - 512)) and accepts(grammar, view, str(-(2**62) + 512))
+    assert not accepts(grammar, view, str(2**62)) and not accepts(grammar, view, str(-(2**62)))
+    assert schema["maximum"] == 2**62 - 1  # the caller's schema (the post-check's) as it was
+    grammar = compilers["llguidance"].compile_schema({"type": "integer", "maximum": 2**60})  # exact: as it is
+    assert accepts(grammar, view, str(2**60)) and not accepts(grammar, view, str(2**60 + 1))
+
+
+def test_integers_past_64_bits_elsewhere_compile(compiler, view):
+    """llguidance takes no integer past 64 bits in any position: a default of 2^70 was a crash (ValueError)."""
+    grammar = compiler.compile_schema({"type": "integer", "default": 2**70, "examples": [-(2**80)]})
+    assert accepts(grammar, view, "7")
