@@ -69,7 +69,8 @@ class RestrictedHead:
         return None
 
     def logits(self, hidden: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
-        """hidden [n_embd] float32, ids [n] int64 -> [n] float32 logits of those ids."""
+        """hidden [n_embd] float32, ids [n] int64 -> [n] float32 logits of those ids (n may be 0: a grammar dead
+        end allows nothing, and its row is -inf everywhere). Raises IndexError for an id past the vocabulary."""
         rows = self.weight.data[ids.numpy()]  # [n, row bytes], gathered from the mapped file
         n = rows.shape[0]
         t = self.weight.ggml_type
@@ -80,7 +81,7 @@ class RestrictedHead:
             w = torch.from_numpy(rows.view(np.float16).astype(np.float32))
             return w @ torch.from_numpy(hidden.astype(np.float16).astype(np.float32))
         # numpy throughout: a decode step scores a handful of ids, where torch's per-op dispatch would show
-        blocks = rows.reshape(n, -1, 2 + Q8_BLOCK)
+        blocks = rows.reshape(n, self.n_embd // Q8_BLOCK, 2 + Q8_BLOCK)  # the block count given: n may be 0
         w_scale = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [n, B]
         w_q = blocks[:, :, 2:].view(np.int8).astype(np.float32)  # [n, B, 32]
         x_scale, x_q = _q8_0(np.ascontiguousarray(hidden, dtype=np.float32))
