@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import heapq
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -39,9 +40,11 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from structspec.models.executor import ContextOverflow, StepInput
+from structspec.models.executor import InputError, StepInput, check_inputs
 from structspec.models.profiles import cache_dir
 from structspec.models.small_gemm import FormChoices, OutputHead, fast_linears_enabled, small_row_linears
+
+log = logging.getLogger(__name__)
 
 
 def _return_freed_memory(device: torch.device) -> None:
@@ -301,12 +304,8 @@ class TransformersExecutor:
         if not inputs:
             return []
         lens = [self._len[x.seq_id] for x in inputs]
+        check_inputs(inputs, lens, self.vocab_size, self.max_context)
         counts = [len(x.tokens) for x in inputs]
-        if min(counts) < 1:
-            raise ValueError("every StepInput needs at least one token")
-        for x, n, c in zip(inputs, lens, counts):
-            if n + c > self.max_context:
-                raise ContextOverflow(f"sequence {x.seq_id} would hold {n + c} tokens; the context is {self.max_context}")
         need = max(n + c for n, c in zip(lens, counts))
         if need > self.capacity:  # powers of two, as ``footprint`` assumes
             self._alloc(self.slots, min(self.max_context, _pow2(need)))
@@ -329,15 +328,21 @@ class TransformersExecutor:
         hidden = out.last_hidden_state[0]  # [N, H]
         rows = [c.offset + t % c.count for x, c in zip(inputs, chunks) for t in x.logits_at]
         allowed = [None if x.allowed is None else x.allowed[j] for x in inputs for j in range(len(x.logits_at))]
+        owners = [x.seq_id for x in inputs for _ in x.logits_at]
         splits = [len(x.logits_at) for x in inputs]
-        logits = self._logits(hidden[rows], allowed)  # [sum logits_at, V]
+        faults: dict[int, str] = {}
+        logits = self._logits(hidden[rows], allowed, owners, faults)  # [sum logits_at, V]
+        if faults:  # nothing is counted as cached: the K/V written past each length is overwritten later
+            raise InputError(faults)
         for x, n, c in zip(inputs, lens, counts):
             self._len[x.seq_id] = n + c
         self._peak_tokens = max(self._peak_tokens, sum(self._len.values()))
         return list(logits.cpu().split(splits))
 
-    def _logits(self, hidden: torch.Tensor, allowed: list[torch.Tensor | None]) -> torch.Tensor:
-        """hidden [R, H] -> float32 logits [R, V]; a row with a small ``allowed`` set gets only those (else -inf)."""
+    def _logits(self, hidden: torch.Tensor, allowed: list[torch.Tensor | None], owners: list[int],
+                faults: dict[int, str]) -> torch.Tensor:
+        """hidden [R, H] -> float32 logits [R, V]; a row with a small ``allowed`` set gets only those (else -inf).
+        A row whose allowed ids could not be scored names its sequence (``owners``) in ``faults``."""
         small = [i for i, ids in enumerate(allowed)
                  if ids is not None and len(ids) <= self.restricted_logits_max]
         if not small:
@@ -348,11 +353,15 @@ class TransformersExecutor:
         if full:
             logits[full] = self._finish_logits(self._head(hidden[full]).float())
         for i in small:
-            ids = allowed[i].to(hidden.device)  # [n]
-            part = self._head.weight.index_select(0, ids) @ hidden[i]  # [n, H] @ [H] -> [n]
-            if self._head.bias is not None:
-                part = part + self._head.bias.index_select(0, ids)
-            logits[i, ids] = self._finish_logits(part.float())
+            try:
+                ids = allowed[i].to(hidden.device)  # [n]
+                part = self._head.weight.index_select(0, ids) @ hidden[i]  # [n, H] @ [H] -> [n]
+                if self._head.bias is not None:
+                    part = part + self._head.bias.index_select(0, ids)
+                logits[i, ids] = self._finish_logits(part.float())
+            except Exception as exc:  # noqa: BLE001 - that row's ids fail its sequence, not the step
+                log.exception("scoring the allowed ids of sequence %d failed", owners[i])
+                faults.setdefault(owners[i], f"scoring its allowed ids failed: {type(exc).__name__}: {exc}")
         return logits
 
     def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:

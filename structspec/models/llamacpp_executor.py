@@ -63,9 +63,11 @@ output rows (``restricted_head``, equal to llama.cpp's logits up to summation or
 elsewhere. A forward with any other row runs in full. At start-up one probe forward checks
 the restricted logits against llama.cpp's own; a mismatch turns the path off.
 
-Raises: ``ContextOverflow`` (before running), ``ValueError`` (bad arguments), ``KeyError``
+Raises: ``InputError`` naming the inputs at fault (``ContextOverflow``, bad tokens or
+positions, before running; allowed ids the restricted layer could not score, after), so
+the caller may run the others again; ``ValueError`` (a sequence twice), ``KeyError``
 (unknown sequence), ``LlamaCppError`` (llama.cpp refused a decode, a state move, a
-context). A failed step leaves every sequence as it was before the step.
+context): the whole step. A failed step leaves every sequence as it was before the step.
 Cost notes: a decode step of Gemma 3 270M Q4_K_M takes ~10.5 ms on 2 cores, of which the
 262k-row output layer is ~6 ms per flagged row; K/V in f16 take 18 KB per token.
 """
@@ -84,7 +86,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from structspec.models.executor import ContextOverflow, StepInput
+from structspec.models.executor import InputError, StepInput, check_inputs
 from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel, lib
 from structspec.models.restricted_head import RestrictedHead
 from structspec.models.threads import cpu_budget
@@ -126,6 +128,7 @@ class _Row:
 
     token: int  # index into the packed tokens of the step
     out: int  # row of the step's logits tensor
+    seq: int  # the structspec sequence it scores
     allowed: torch.Tensor | None = None  # the only ids to score (restricted output layer), or None for all
 
 
@@ -417,36 +420,30 @@ class LlamaCppExecutor:
     def step(self, inputs: Sequence[StepInput]) -> list[torch.Tensor]:
         if not inputs:
             return []
-        if len({x.seq_id for x in inputs}) != len(inputs):
-            raise ValueError("a step takes each sequence at most once")
         lens = [self._len[x.seq_id] for x in inputs]
+        check_inputs(inputs, lens, self.vocab_size, self.max_context)
         counts = [len(x.tokens) for x in inputs]
-        if min(counts) < 1:
-            raise ValueError("every StepInput needs at least one token")
-        for x, n, c in zip(inputs, lens, counts):
-            if n + c > self.max_context:
-                raise ContextOverflow(f"sequence {x.seq_id} would hold {n + c} tokens; the context is {self.max_context}")
         # plain lists: a decode step packs a few tokens, where numpy's per-call cost would show (module doc)
         tokens = [int(t) for x in inputs for t in x.tokens]
-        if min(tokens) < 0 or max(tokens) >= self.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.vocab_size})")
         self._grow_for(len(tokens))
         rows, splits, offset = [], [], 0
         limit = self.restricted_logits_max
         for x, c in zip(inputs, counts):
             splits.append(len(x.logits_at))
             for j, t in enumerate(x.logits_at):
-                if not -c <= t < c:
-                    raise ValueError(f"logits_at {t} is outside the {c} new tokens of sequence {x.seq_id}")
                 ids = x.allowed[j] if x.allowed is not None else None
-                rows.append(_Row(offset + t % c, len(rows), ids if ids is not None and len(ids) <= limit else None))
+                rows.append(_Row(offset + t % c, len(rows), x.seq_id,
+                                 ids if ids is not None and len(ids) <= limit else None))
             offset += c
         positions = [p for n, c in zip(lens, counts) for p in range(n, n + c)]
         seqs = [self._lseq[x.seq_id] for x, c in zip(inputs, counts) for _ in range(c)]
         segments = [(x.seq_id, n, c) for x, n, c in zip(inputs, lens, counts)]  # in packing order
         out = torch.empty((len(rows), self.vocab_size), dtype=torch.float32)
+        faults: dict[int, str] = {}
         try:
-            self._decode_all(tokens, positions, seqs, segments, rows, out)
+            self._decode_all(tokens, positions, seqs, segments, rows, out, faults)
+            if faults:
+                raise InputError(faults)
         except BaseException:
             for x, n in zip(inputs, lens):  # whatever llama.cpp took in of this step goes again
                 self._forget(x.seq_id, n)
@@ -457,8 +454,10 @@ class LlamaCppExecutor:
         return list(out.split(splits))
 
     def _decode_all(self, tokens: list[int], positions: list[int], seqs: list[int],
-                    segments: list[tuple[int, int, int]], rows: list[_Row], out: torch.Tensor) -> None:
-        """Run the packed tokens in as few ``llama_decode`` calls as the batch and output limits allow."""
+                    segments: list[tuple[int, int, int]], rows: list[_Row], out: torch.Tensor,
+                    faults: dict[int, str]) -> None:
+        """Run the packed tokens in as few ``llama_decode`` calls as the batch and output limits allow; a row whose
+        allowed ids could not be scored names its sequence in ``faults``."""
         by_token: dict[int, list[_Row]] = {}
         for r in rows:
             by_token.setdefault(r.token, []).append(r)
@@ -472,7 +471,7 @@ class LlamaCppExecutor:
             if m_end - m > self._max_outputs:
                 m_end = m + self._max_outputs
                 end = marks_all[m_end - 1] + 1
-            self._decode(start, end, tokens, positions, seqs, marks_all[m:m_end], by_token, out)
+            self._decode(start, end, tokens, positions, seqs, marks_all[m:m_end], by_token, out, faults)
             if self._swa:  # before any other forward: the cells that just left a window get their guard
                 at = 0
                 for sid, n, c in segments:
@@ -482,7 +481,7 @@ class LlamaCppExecutor:
             start, m = end, m_end
 
     def _decode(self, start: int, end: int, tokens: list[int], positions: list[int], seqs: list[int],
-                marks: list[int], by_token: dict[int, list[_Row]], out: torch.Tensor) -> None:
+                marks: list[int], by_token: dict[int, list[_Row]], out: torch.Tensor, faults: dict[int, str]) -> None:
         """One ``llama_decode`` of tokens [start, end); ``marks`` are the flagged ones (indices into the step)."""
         llama_cpp, b, n = self._lib, self._batch, end - start
         b.tokens[:n], b.pos[:n], b.seq[:n] = tokens[start:end], positions[start:end], seqs[start:end]
@@ -515,7 +514,11 @@ class LlamaCppExecutor:
                 for r in by_token[i]:
                     dense[r.out].fill(-np.inf)
                     t1 = time.perf_counter()
-                    dense[r.out, r.allowed.numpy()] = self._head.logits(hidden[j], r.allowed).numpy()
+                    try:
+                        dense[r.out, r.allowed.numpy()] = self._head.logits(hidden[j], r.allowed).numpy()
+                    except Exception as exc:  # noqa: BLE001 - that row's ids fail its sequence, not the step
+                        log.exception("scoring the allowed ids of sequence %d failed", r.seq)
+                        faults.setdefault(r.seq, f"scoring its allowed ids failed: {type(exc).__name__}: {exc}")
                     self.head_seconds += time.perf_counter() - t1
             return
         row_bytes = 4 * self.vocab_size

@@ -50,14 +50,15 @@ class TableExecutor:
         return self._next_id
 
     def step(self, inputs: Sequence[StepInput]) -> list[torch.Tensor]:
+        over = {x.seq_id: "context overflow" for x in inputs if len(self.cache[x.seq_id]) + len(x.tokens) > self.max_context}
+        if over:  # refused before running, as an executor does: nothing cached
+            raise ContextOverflow(over)
         self.forward_calls += 1
         self.steps.append(list(inputs))
         out = []
         for inp in inputs:
             cached = self.cache[inp.seq_id]
             start = len(cached)
-            if start + len(inp.tokens) > self.max_context:
-                raise ContextOverflow("context overflow")
             cached.extend(inp.tokens)
             n = len(inp.tokens)
             rows = [self.logits(tuple(cached[: start + (i % n) + 1])) for i in inp.logits_at]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-from structspec.models.executor import ContextOverflow, StepInput
+from structspec.models.executor import ContextOverflow, InputError, StepInput
 from structspec.models.hf_executor import TransformersExecutor
 
 TOL = 1e-4
@@ -205,6 +205,40 @@ def test_small_allowed_sets_are_scored_alone(model):
         assert torch.isneginf(row[rest]).all()
     assert (got_a[1] - ref_a[-2]).abs().max() <= TOL
     assert (got_a[2] - ref_a[-1]).abs().max() <= TOL
+
+
+def test_inputs_at_fault_are_named_and_the_others_run_again_without_them(model, monkeypatch):
+    """One input whose allowed ids fail to score (after the forward), one with a token past the vocabulary (before
+    it): ``InputError`` names just that sequence, none is cached, and the others then run as ever; an empty allowed
+    set is a row of -inf."""
+    ex = TransformersExecutor(model)
+    ex.restricted_logits_max = 8
+    rng = random.Random(16)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 9, 3, 7)]
+    seqs = [ex.new_sequence() for _ in prompts]
+    ids, poison, empty = torch.tensor([3, 40, 96]), torch.tensor([4, 41]), torch.empty(0, dtype=torch.long)
+    real = ex._finish_logits
+
+    def finishing(logits):
+        if logits.shape == (len(poison),):  # the poisoned row alone has two ids
+            raise RuntimeError("bad rows")
+        return real(logits)
+
+    monkeypatch.setattr(ex, "_finish_logits", finishing)
+    inputs = [StepInput(s, p, logits_at=(-1,), allowed=(ids,)) for s, p in zip(seqs, prompts)]
+    inputs[1] = StepInput(seqs[1], prompts[1], logits_at=(-1,), allowed=(poison,))
+    inputs[3] = StepInput(seqs[3], prompts[3], logits_at=(-1,), allowed=(empty,))
+    with pytest.raises(InputError) as err:
+        ex.step(inputs)
+    assert err.value.reasons == {seqs[1]: "scoring its allowed ids failed: RuntimeError: bad rows"}
+    assert all(ex.seq_len(s) == 0 for s in seqs)
+    with pytest.raises(InputError) as err:
+        ex.step([inputs[0], StepInput(seqs[2], [1, VOCAB], logits_at=(-1,)), inputs[3]])
+    assert list(err.value.reasons) == [seqs[2]] and "token ids" in err.value.reasons[seqs[2]]
+    got_a, got_d = ex.step([inputs[0], inputs[3]])
+    assert (got_a[0, ids] - reference_logits(model, prompts[0])[-1, ids]).abs().max() <= TOL
+    assert torch.isneginf(got_a[0]).sum() == VOCAB - len(ids) and torch.isneginf(got_d[0]).all()
+    assert ex.seq_len(seqs[0]) == len(prompts[0]) and ex.seq_len(seqs[1]) == 0
 
 
 def test_large_vocabularies_restrict_by_default():

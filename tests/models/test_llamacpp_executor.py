@@ -29,7 +29,7 @@ from tests.conftest import need_llamacpp
 
 need_llamacpp()
 
-from structspec.models.executor import ContextOverflow, StepInput  # noqa: E402
+from structspec.models.executor import ContextOverflow, InputError, StepInput  # noqa: E402
 from structspec.models.gguf_export import export_gguf  # noqa: E402
 from structspec.models.llamacpp_executor import LlamaCppExecutor  # noqa: E402
 from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel, lib  # noqa: E402
@@ -366,6 +366,41 @@ def test_small_allowed_sets_are_scored_alone(model):
     assert (too_many[0] - whole(model, a_tokens + [more, more])[-1]).abs().max() <= TOL
 
 
+def test_inputs_at_fault_are_named_and_the_others_run_again_without_them(model, monkeypatch):
+    """Four inputs in one step: one whose allowed ids the restricted layer fails on (after the forward ran), then
+    one with a token past the vocabulary (before it runs). Each time ``InputError`` names just that sequence, every
+    sequence is as it was, and the others then run without it exactly as ever; an empty allowed set (a grammar dead
+    end) is a row of -inf, not a fault."""
+    ex = LlamaCppExecutor(model)
+    assert ex.restricted_logits_max > 0
+    rng = random.Random(15)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 9, 3, 7)]
+    seqs = [ex.new_sequence() for _ in prompts]
+    ids, poison, empty = torch.tensor([3, 40, 96]), torch.tensor([4, 41]), torch.empty(0, dtype=torch.long)
+    real = ex._head.logits
+    monkeypatch.setattr(ex._head, "logits", lambda hidden, at: (_ for _ in ()).throw(ValueError("bad rows"))
+                        if at is poison else real(hidden, at))
+    inputs = [StepInput(s, p, logits_at=(-1,), allowed=(ids,)) for s, p in zip(seqs, prompts)]
+    inputs[1] = StepInput(seqs[1], prompts[1], logits_at=(-1,), allowed=(poison,))
+    inputs[3] = StepInput(seqs[3], prompts[3], logits_at=(-1,), allowed=(empty,))
+    calls = ex.forward_calls
+    with pytest.raises(InputError) as err:
+        ex.step(inputs)
+    assert err.value.reasons == {seqs[1]: "scoring its allowed ids failed: ValueError: bad rows"}
+    assert ex.forward_calls == calls + 1 and all(ex.seq_len(s) == 0 for s in seqs)
+    bad_token = StepInput(seqs[2], [1, VOCAB], logits_at=(-1,))
+    with pytest.raises(InputError) as err:
+        ex.step([inputs[0], bad_token, inputs[3]])
+    assert list(err.value.reasons) == [seqs[2]] and "token ids" in err.value.reasons[seqs[2]]
+    assert ex.forward_calls == calls + 1 and all(ex.seq_len(s) == 0 for s in seqs)
+    got_a, got_d = ex.step([inputs[0], inputs[3]])
+    want = whole(model, prompts[0])[-1]
+    assert (got_a[0, ids] - want[ids]).abs().max() <= TOL
+    assert torch.isneginf(got_a[0]).sum() == VOCAB - len(ids)
+    assert torch.isneginf(got_d[0]).all()
+    assert ex.seq_len(seqs[0]) == len(prompts[0]) and ex.seq_len(seqs[1]) == 0
+
+
 def test_a_restricted_path_that_disagrees_with_llama_cpp_is_turned_off(model, monkeypatch):
     from structspec.models.restricted_head import RestrictedHead
 
@@ -436,6 +471,9 @@ def test_gemma_restricted_rows_equal_llama_cpp_and_leave_the_cache_as_a_full_for
     (restricted,) = ex.step([StepInput(seq, [5000, 6000], logits_at=(0, 1), allowed=(ids, ids))])
     assert (restricted[:, ids] - full[:, ids]).abs().max() <= 1e-4
     assert torch.isneginf(restricted).sum() == 2 * (262_144 - len(ids))
+    ex.rollback(seq, 2)  # a grammar dead end allows nothing: its row is -inf everywhere, the other scored as ever
+    (dead,) = ex.step([StepInput(seq, [5000, 6000], logits_at=(0, 1), allowed=(torch.empty(0, dtype=torch.long), ids))])
+    assert torch.isneginf(dead[0]).all() and torch.equal(dead[1], restricted[1])
     (after,) = ex.step([StepInput(seq, [7000], logits_at=(0,))])
     assert torch.equal(after, llama_reference(gemma, [prompt, [5000, 6000], [7000]], [[], [], [0]]))
 
