@@ -14,6 +14,12 @@ inbox. ``step()`` reads as its stages:
   5. per sequence: verify (k = 0 is plain decoding), roll the KV cache back over rejected
      draft tokens, commit accepted + recovered/bonus tokens, fast-forward the tokens the
      grammar forces, and finish on stop / length.
+
+Failures: what goes wrong with one sequence (its grammar, its draft, its step input, the rows
+the executor scores for it: ``InputError``) ends that request alone with ERROR, the reason in
+its result, and the rest of the batch goes on as if it had never been there (the forward runs
+again without it). A forward that fails otherwise is the model's failure and ends every
+request of its batch, each error saying so; the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from structspec.engine.speculator import Draft, DraftVerdict, Speculator
 from structspec.engine.types import DraftsUnsupported, DraftUpdate, FinishReason, OverBudget, QueueFull, SpeculationReport
 from structspec.engine.verify import Verdict, verify
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask, small_allowed_set, token_allowed
-from structspec.models.executor import ForwardStep, StepInput
+from structspec.models.executor import ForwardStep, InputError, StepInput
 from structspec.stats.book import Recorder
 from structspec.stats.counters import Reason, batch_bucket
 
@@ -135,14 +141,10 @@ class EngineCore:
         self._admit()
         self._redecide()
         plans = self.scheduler.schedule()
+        plans = [p for p in plans if not p.scores or self._alone(p.seq, "drafting and masking", self._draft, p)]
         if not plans:
             return
-        for plan in plans:
-            if plan.scores:
-                self._draft(plan)
-        outputs = self._timed_forward(plans)
-        if outputs is None:
-            return
+        plans, outputs = self._timed_forward(plans)
         with torch.inference_mode():  # the step's logits are inference tensors, masked in place
             for plan, logits in zip(plans, outputs):
                 self._postprocess(plan, logits)
@@ -184,8 +186,11 @@ class EngineCore:
         for seq in admitted:
             seq.stats, seq.model_key, seq.draft_version = self.stats, self.model_key, self.draft_version
             self._decide(seq, len(self.scheduler.running))
-            self._fast_forward(seq)  # the opening forced tokens ride along with the prompt
-            self._check_done(seq)
+            self._alone(seq, "starting its grammar", self._start, seq)
+
+    def _start(self, seq: EngineSequence) -> None:
+        self._fast_forward(seq)  # the opening forced tokens ride along with the prompt
+        self._check_done(seq)
 
     def _decide(self, seq: EngineSequence, batch_size: int) -> None:
         """Ask the speculator who may draft for ``seq`` at this batch size, and count the decision."""
@@ -272,24 +277,52 @@ class EngineCore:
                 matcher.consume(seq.output[len(seq.output) + walked.consumed:])
 
     # -- 4. one forward ------------------------------------------------------------------------------
-    def _timed_forward(self, plans: list[StepPlan]) -> list[torch.Tensor] | None:
-        """The forward; a step of decodes only (no prompt chunk) is timed for the policy's cost model."""
+    def _timed_forward(self, plans: list[StepPlan]) -> tuple[list[StepPlan], list[torch.Tensor]]:
+        """The forward (``_forward``); a step of decodes only (no prompt chunk), run as planned, is timed for the
+        policy's cost model."""
         decode_only = all(p.seq.status is SequenceStatus.DECODING for p in plans)
         started = time.perf_counter()
-        outputs = self._forward(plans)
-        if outputs is not None and decode_only and self.stats is not None:
+        ran, outputs = self._forward(plans)
+        if len(ran) == len(plans) and decode_only and self.stats is not None:
             longest = max((len(p.draft.tokens) if p.draft else 0) for p in plans)
             self.stats.record_step(len(self.scheduler.running), longest, time.perf_counter() - started)
-        return outputs
+        return ran, outputs
 
-    def _forward(self, plans: list[StepPlan]) -> list[torch.Tensor] | None:
-        try:
-            return self.executor.step([self._step_input(p) for p in plans])
-        except Exception as exc:  # noqa: BLE001 - a model failure ends this batch's requests, not the engine
-            log.exception("forward pass failed for requests %s", [p.seq.request_id for p in plans])
-            for p in plans:
-                self._finish(p.seq, FinishReason.ERROR, f"model failure: {type(exc).__name__}: {exc}")
-            return None
+    def _forward(self, plans: list[StepPlan]) -> tuple[list[StepPlan], list[torch.Tensor]]:
+        """One forward over ``plans``: the plans that ran and their logits.
+
+        A plan whose input cannot be built, or whose input the executor refuses (``InputError``: the executor is
+        left as before the step), ends its request alone, and the forward runs again without it. Any other
+        failure of the forward is the model's: every request of the batch ends with ERROR, and none ran."""
+        batch: list[tuple[StepPlan, StepInput]] = []
+        for p in plans:
+            try:
+                batch.append((p, self._step_input(p)))
+            except Exception as exc:  # noqa: BLE001 - that request's input, not the batch's
+                self._failed_alone(p.seq, "building its step input", exc)
+        while batch:
+            try:
+                return [p for p, _ in batch], self.executor.step([x for _, x in batch])
+            except InputError as exc:
+                at_fault = [p for p, x in batch if x.seq_id in exc.reasons]
+                if not at_fault:  # it names none of them: the model's failure after all
+                    return self._batch_failed(batch, exc)
+                log.warning("the model refused the inputs of requests %s: %s",
+                            [p.seq.request_id for p in at_fault], exc)
+                for p in at_fault:
+                    self._finish(p.seq, FinishReason.ERROR, f"model input refused: {exc.reasons[p.seq.seq_id]}")
+                batch = [(p, x) for p, x in batch if x.seq_id not in exc.reasons]
+            except Exception as exc:  # noqa: BLE001 - a model failure ends this batch's requests, not the engine
+                return self._batch_failed(batch, exc)
+        return [], []
+
+    def _batch_failed(self, batch: list[tuple[StepPlan, StepInput]], exc: Exception) -> tuple[list, list]:
+        log.error("the forward pass failed for the whole batch, requests %s", [p.seq.request_id for p, _ in batch],
+                  exc_info=exc)
+        for p, _ in batch:
+            self._finish(p.seq, FinishReason.ERROR, f"model failure (the forward pass of its whole batch of "
+                                                    f"{len(batch)}): {type(exc).__name__}: {exc}")
+        return [], []
 
     def _step_input(self, plan: StepPlan) -> StepInput:
         draft = plan.draft.tokens if plan.draft else []
@@ -306,25 +339,24 @@ class EngineCore:
 
     # -- 5. verify, roll back, commit, fast-forward ------------------------------------------------
     def _postprocess(self, plan: StepPlan, logits: torch.Tensor) -> None:
+        plan.seq.usage.target_forward_passes += 1
+        self._alone(plan.seq, "committing the step", self._settle, plan, logits)
+
+    def _settle(self, plan: StepPlan, logits: torch.Tensor) -> None:
         seq = plan.seq
-        seq.usage.target_forward_passes += 1
-        try:
-            seq.fed(len(plan.feed))
-            if not plan.scores:
-                return
-            seq.scored()
-            verdict = self._verify(plan, logits)
-            if verdict is None:
-                return
-            self._roll_back(plan, verdict)
-            draft = plan.draft.tokens if plan.draft else []
-            self._commit(seq, draft[: verdict.accepted], verdict.token)
-            if seq.finish is None:
-                self._fast_forward(seq)
-            self._check_done(seq)
-        except Exception as exc:  # noqa: BLE001 - a bug ends this request with ERROR, never a hang
-            log.exception("committing the step failed for request %s", seq.request_id)
-            self._finish(seq, FinishReason.ERROR, f"internal error: {type(exc).__name__}: {exc}")
+        seq.fed(len(plan.feed))
+        if not plan.scores:
+            return
+        seq.scored()
+        verdict = self._verify(plan, logits)
+        if verdict is None:
+            return
+        self._roll_back(plan, verdict)
+        draft = plan.draft.tokens if plan.draft else []
+        self._commit(seq, draft[: verdict.accepted], verdict.token)
+        if seq.finish is None:
+            self._fast_forward(seq)
+        self._check_done(seq)
 
     def _verify(self, plan: StepPlan, logits: torch.Tensor) -> Verdict | None:
         """The verdict on the draft (and the next token); None when the grammar allows nothing (the request ends)."""
@@ -339,6 +371,11 @@ class EngineCore:
         rows = apply_token_bitmask(logits, plan.bitmask, inplace=True, allowed=plan.allowed)
         q = plan.draft.q if plan.draft else None
         verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output), plan.tail)
+        if verdict.accepted and not plan.bitmask[verdict.accepted].numpy().any():
+            # the accepted draft led into a dead end: its row is -inf everywhere, the verdict's token no choice
+            self.executor.rollback(seq.seq_id, len(draft))
+            self._grammar_failed(seq, "grammar allows no token here (dead end)")
+            return None
         if plan.draft is not None:
             seq.record_draft(plan.draft.proposer, plan.drafted, verdict.accepted)
             if self.speculator is not None:
@@ -393,6 +430,19 @@ class EngineCore:
             self._emit(seq)
 
     # -- finishing -----------------------------------------------------------------------------------
+    def _alone(self, seq: EngineSequence, stage: str, fn: Callable[..., None], *args: Any) -> bool:
+        """``fn(*args)``, work on ``seq`` alone: an exception ends that request (never its batch). True if it ran."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a bug ends this request with ERROR, never a hang
+            self._failed_alone(seq, stage, exc)
+            return False
+
+    def _failed_alone(self, seq: EngineSequence, stage: str, exc: Exception) -> None:
+        log.error("%s failed for request %s", stage, seq.request_id, exc_info=exc)
+        self._finish(seq, FinishReason.ERROR, f"internal error while {stage}: {type(exc).__name__}: {exc}")
+
     def _emit(self, seq: EngineSequence, final: bool = False) -> None:
         if seq.detok is not None and seq.deltas:
             text = seq.detok.delta(seq.output, final=final)
@@ -414,7 +464,10 @@ class EngineCore:
             return
         self.scheduler.remove(seq, retain_prompt=reason in (FinishReason.STOP, FinishReason.LENGTH))
         if reason is not FinishReason.CANCELLED:
-            self._emit(seq, final=True)
+            try:
+                self._emit(seq, final=True)
+            except Exception:  # noqa: BLE001 - the result still carries the whole text; the request must end
+                log.exception("the last text delta of request %s failed", seq.request_id)
         seq.end(reason, error, time.monotonic())
         if self.speculator is not None:
             try:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -189,6 +190,32 @@ def test_model_failure_finishes_with_error_and_engine_survives(make_engine):
     assert seq.finish is FinishReason.ERROR and "simulated device failure" in seq.error
     assert engine.core.executor.cached_tokens() == 0
     assert run(engine, request_for(ITEMS[0]))[0].finish is FinishReason.STOP
+
+
+def test_an_input_the_model_refuses_ends_that_request_alone(make_engine):
+    """Another request's failure is never yours: from the third forward on, one request of four sends a token the
+    model does not have, once; it ends with ERROR, the forward runs again without it, and the three beside it give
+    what they give without it."""
+    alone = run(make_engine(max_batch=4), *[request_for(it) for it in ITEMS[:3]])
+    engine = make_engine(max_batch=4)
+    victim = engine.prepare_extraction(request_for(ITEMS[3]))
+    others = [engine.prepare_extraction(request_for(it)) for it in ITEMS[:3]]
+    executor = engine.core.executor
+    real_step, calls = executor.step, {"n": 0, "corrupted": 0}
+
+    def corrupting(inputs):
+        calls["n"] += 1
+        if calls["n"] >= 3 and not calls["corrupted"] and any(x.seq_id == victim.seq_id for x in inputs):
+            calls["corrupted"] = len(inputs)
+            inputs = [replace(x, tokens=[executor.vocab_size]) if x.seq_id == victim.seq_id else x for x in inputs]
+        return real_step(inputs)
+
+    executor.step = corrupting
+    run_until_idle(engine.core, [others[0], victim, *others[1:]])
+    assert calls["corrupted"] == 4  # beside the three others
+    assert victim.finish is FinishReason.ERROR and victim.error.startswith("model input refused: token ids")
+    assert [(s.finish, s.output) for s in others] == [(s.finish, s.output) for s in alone]
+    assert not engine.core.scheduler.running and engine.core.scheduler.reserved == 0
 
 
 async def _two_in_a_row(engine):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from structspec.engine.config import SchedulerLimits
 from structspec.engine.core import EngineCore, run_until_idle
 from structspec.engine.sequence import SequenceStatus
 from structspec.engine.speculator import Draft, DraftVerdict
 from structspec.engine.types import FinishReason
-from tests.engine.fakes import AlwaysDrafts, EOS, TableExecutor, ToyTokenizer, free_slots, make_seq
+from structspec.models.executor import InputError
+from tests.engine.fakes import AlwaysDrafts, EOS, VOCAB, SlotMatcher, TableExecutor, ToyTokenizer, free_slots, make_seq
 
 CYCLE = {t: t % 15 + 1 for t in range(16)}
 
@@ -145,10 +148,12 @@ def test_a_model_failure_ends_that_batch_not_the_engine():
     real = executor.step
     executor.step = lambda inputs: (_ for _ in ()).throw(RuntimeError("out of memory"))
     core = EngineCore(executor, ToyTokenizer(), EOS, SchedulerLimits())
-    failed = make_seq([1], free_slots(3))
-    run_until_idle(core, [failed])
-    assert failed.finish is FinishReason.ERROR and "model failure" in failed.error
-    assert not executor.cache  # its slot was freed
+    failed = [make_seq([1], free_slots(3)), make_seq([2], free_slots(3))]
+    run_until_idle(core, failed)
+    for seq in failed:  # a failure of the forward itself belongs to no one request: the error says so
+        assert seq.finish is FinishReason.ERROR
+        assert seq.error == "model failure (the forward pass of its whole batch of 2): RuntimeError: out of memory"
+    assert not executor.cache  # their slots were freed
     executor.step = real
     ok = make_seq([1], free_slots(3))
     run_until_idle(core, [ok])
@@ -205,3 +210,152 @@ def test_a_proposer_that_rolls_the_matcher_back_too_far_is_undone():
     seq = make_seq([1], free_slots(6))
     run([seq], ScriptedSpeculator(overeager), prefix_cache_tokens=0)
     assert (seq.finish, seq.output) == (FinishReason.STOP, [2, 3, 4, 5, 6, 7])
+
+
+# -- one request's failure is never its batch's ---------------------------------------------------------------
+
+
+class FaultyMatcher(SlotMatcher):
+    """A grammar that breaks on one request's input: ``method`` raises from its call number ``after + 1`` on."""
+
+    def __init__(self, slots, method: str, after: int):
+        super().__init__(slots)
+        self.method, self.after, self.calls = method, after, 0
+
+    def _call(self, name: str) -> None:
+        if name == self.method:
+            self.calls += 1
+            if self.calls > self.after:
+                raise RuntimeError(f"{name} broke")
+
+    def fill_mask(self, bitmask, row=0):
+        self._call("fill_mask")
+        super().fill_mask(bitmask, row)
+
+    def consume(self, tokens):
+        self._call("consume")
+        return super().consume(tokens)
+
+    def forced_tokens(self):
+        self._call("forced_tokens")
+        return super().forced_tokens()
+
+
+def four_with_one_failing(make_failing, speculator_factory=lambda: None, executor=None):
+    """Three requests run alone (the reference), then the same three beside a fourth that fails; returns
+    (reference, the three, the fourth, core, executor)."""
+    reference = [make_seq([p], free_slots(8)) for p in (1, 2, 3)]
+    run(reference, speculator_factory(), prefix_cache_tokens=0)
+    three = [make_seq([p], free_slots(8)) for p in (1, 2, 3)]
+    fourth = make_failing()
+    core, executor = run([three[0], fourth, *three[1:]], speculator_factory(), executor, prefix_cache_tokens=0)
+    return reference, three, fourth, core, executor
+
+
+def assert_alone_failed(reference, three, fourth, core, executor, error: str):
+    assert fourth.finish is FinishReason.ERROR and fourth.error == error
+    for got, want in zip(three, reference):  # as if the fourth had never been there
+        assert (got.finish, got.output) == (want.finish, want.output) == (FinishReason.STOP, want.output)
+        assert got.usage.target_forward_passes == want.usage.target_forward_passes
+        assert got.usage.accepted == want.usage.accepted
+    assert fourth.seq_id not in executor.cache  # its cache was freed
+    assert not core.scheduler.running and core.scheduler.reserved == 0
+
+
+def drafts_the_next_token():
+    return ScriptedSpeculator(lambda seq: [(seq.prompt + seq.output)[-1] % 15 + 1])
+
+
+@pytest.mark.parametrize("method, after, stage", [
+    ("forced_tokens", 0, "starting its grammar"),  # at admission: the opening forced tokens
+    ("fill_mask", 2, "drafting and masking"),
+    ("consume", 1, "committing the step"),  # the draft consumes first, then the commit
+])
+def test_a_grammar_failing_for_one_request_ends_it_alone(method, after, stage):
+    reference, three, fourth, core, executor = four_with_one_failing(
+        lambda: _faulty([4], method, after), drafts_the_next_token)
+    assert_alone_failed(reference, three, fourth, core, executor,
+                        f"internal error while {stage}: RuntimeError: {method} broke")
+
+
+def _faulty(prompt, method, after):
+    seq = make_seq(prompt, free_slots(8))
+    seq.matcher = FaultyMatcher(free_slots(8), method, after)
+    return seq
+
+
+def test_an_input_the_model_refuses_ends_that_request_alone_and_the_rest_run_again():
+    """The executor names one input at fault (its allowed ids could not be scored): that request ends with ERROR,
+    the step runs again without it, and the three others finish as they do alone."""
+    executor = TableExecutor(CYCLE)
+    real = executor.step
+    fourth = make_seq([4], free_slots(8))
+
+    def refusing(inputs):
+        if len(executor.steps) == 2 and any(x.seq_id == fourth.seq_id for x in inputs):
+            raise InputError({fourth.seq_id: "scoring its allowed ids failed: ValueError: cannot reshape"})
+        return real(inputs)
+
+    executor.step = refusing
+    reference, three, _, core, executor = four_with_one_failing(lambda: fourth, drafts_the_next_token, executor)
+    assert_alone_failed(reference, three, fourth, core, executor,
+                        "model input refused: scoring its allowed ids failed: ValueError: cannot reshape")
+    assert [len(step) for step in executor.steps[:4]] == [4, 4, 3, 3]  # the third forward ran again without it
+
+
+def test_an_input_that_cannot_be_built_ends_that_request_alone(monkeypatch):
+    """Listing one request's allowed ids for the executor fails: that request alone ends."""
+    import structspec.engine.core as core_module
+
+    real = core_module.small_allowed_set
+
+    def failing(row, limit):
+        ids = real(row, limit)
+        if ids is not None and ids.tolist() == [9, 10]:  # only the fourth request's grammar allows just these
+            raise MemoryError("no memory for the list")
+        return ids
+
+    monkeypatch.setattr(core_module, "small_allowed_set", failing)
+    executor = TableExecutor(CYCLE)
+    executor.restricted_logits_max = 4
+    reference, three, fourth, core, executor = four_with_one_failing(
+        lambda: make_seq([4], [frozenset(range(1, VOCAB)), frozenset({9, 10})]), executor=executor)
+    assert_alone_failed(reference, three, fourth, core, executor,
+                        "internal error while building its step input: MemoryError: no memory for the list")
+    assert fourth.output == [5]
+
+
+def test_a_draft_accepted_into_a_dead_end_is_an_error_not_a_stop():
+    """Past an accepted draft token the grammar allows nothing: that row is -inf everywhere and its argmax (id 0,
+    here the EOS) is no choice. The request ends as a dead end does at the first row, never as a STOP."""
+    dead = [frozenset(range(1, VOCAB)), frozenset()]
+    plain, drafted = make_seq([1], dead), make_seq([1], dead)
+    run([plain])
+    _, executor = run([drafted], drafts_the_next_token())
+    assert list(executor.steps[0][0].tokens) == [1, 2]  # the draft token 2 was scored (and accepted)
+    for seq in (plain, drafted):
+        assert seq.finish is FinishReason.ERROR and seq.error == "grammar allows no token here (dead end)"
+
+
+class BrittleTokenizer(ToyTokenizer):
+    """Cannot decode the token 15 (a tokenizer's bug on one request's output)."""
+
+    def decode(self, ids, **kwargs) -> str:
+        if 15 in ids:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return super().decode(ids, **kwargs)
+
+
+def test_a_text_delta_failing_for_one_request_ends_it_alone():
+    """Decoding one streaming request's text fails (every time, its last delta too): it ends with ERROR, the
+    others stream on."""
+    reference = [make_seq([p], free_slots(8)) for p in (1, 2, 3)]
+    run(reference)
+    three, fourth = [make_seq([p], free_slots(8)) for p in (1, 2, 3)], make_seq([12], free_slots(8))
+    core = EngineCore(TableExecutor(CYCLE), BrittleTokenizer(), EOS, SchedulerLimits())
+    run_until_idle(core, [three[0], fourth, *three[1:]])
+    assert fourth.finish is FinishReason.ERROR and fourth.output == [13, 14, 15]
+    assert fourth.error == "internal error while committing the step: UnicodeDecodeError: 'utf-8' codec can't " \
+                          "decode byte 0xff in position 0: invalid start byte"
+    assert [(s.finish, s.output) for s in three] == [(s.finish, s.output) for s in reference]
+    assert not core.scheduler.running and core.scheduler.reserved == 0
