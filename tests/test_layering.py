@@ -13,13 +13,14 @@ ROOT = Path(__file__).resolve().parents[1] / "structspec"
 # What each package (or top-level module) may import from the project. Everything else is a layering bug.
 ALLOWED: dict[str, set[str]] = {
     "proto_gen": set(),
-    "grammar": set(),
+    "json_limits": set(),  # how deep a caller's JSON may nest: the server's limits, which the client checks too
+    "grammar": {"json_limits"},
     "models": set(),
     "prompts": set(),
     "schemas": set(),
     "stats": set(),  # counters, the book and their summaries: recorded by the engine, kept by the store
     "store": {"stats"},
-    "client": {"proto_gen"},
+    "client": {"json_limits", "proto_gen"},
     "engine": {"grammar", "models", "prompts", "schemas", "stats"},  # the Speculator protocol is the engine's own
     "speculation": {"engine", "grammar", "models", "stats", "store"},
     "assembly": {"engine", "grammar", "models", "speculation", "stats"},

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from structspec.client.errors import ModelValidationError, SchemaViolationError, TruncatedOutputError
+import grpc
+
+from structspec import json_limits
+from structspec.client.errors import (FieldViolation, InvalidArgumentError, ModelValidationError, SchemaViolationError,
+                                      TruncatedOutputError)
 from structspec.client.results import ExtractionResult, ToolCallResult
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 
@@ -47,12 +51,35 @@ def sampling(
     return msg
 
 
-def model_schema(model: Any) -> dict[str, Any]:
-    """A pydantic model class's JSON Schema."""
+def encode_json(value: Any, field: str, schema: bool = True) -> str:
+    """``value`` (a schema when ``schema``, else an instance) as JSON text for the request field ``field``; text
+    passes as it is (the server checks it). Raises InvalidArgumentError, as the server answers that text, for a
+    value nesting past ``json_limits.MAX_JSON_DEPTH``: SCHEMA_TOO_DEEP or INSTANCE_TOO_DEEP, with the pointer
+    (``json.dumps`` would recurse into a RecursionError before anything is sent)."""
+    if isinstance(value, str):
+        return value
+    pointer = json_limits.value_too_deep(value)
+    if pointer is None:
+        return json.dumps(value)
+    deep = json_limits.TooDeep(pointer, json_limits.MAX_JSON_DEPTH)
+    message, reason = (f"schema {deep}", "SCHEMA_TOO_DEEP") if schema else (str(deep), "INSTANCE_TOO_DEEP")
+    raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}", reason,
+                               field_violations=(FieldViolation(field, message, pointer if schema else ""),))
+
+
+def model_schema(model: Any, field: str = "json_schema") -> dict[str, Any]:
+    """A pydantic model class's JSON Schema. Raises TypeError (not a model class); InvalidArgumentError
+    (SCHEMA_TOO_DEEP, for the request field ``field``) where pydantic recursed too deep to write it."""
     schema_fn = getattr(model, "model_json_schema", None)
     if schema_fn is None:
         raise TypeError(f"{model!r} is not a pydantic model class (it has no model_json_schema)")
-    return schema_fn()
+    try:
+        return schema_fn()
+    except RecursionError:  # pydantic walks the schema it writes (a deep json_schema_extra) recursively
+        message = (f"schema of {getattr(model, '__name__', model)!r} nests too deep for pydantic to write it; the "
+                   f"server takes objects and arrays at most {json_limits.MAX_JSON_DEPTH} levels deep")
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}", "SCHEMA_TOO_DEEP",
+                                   field_violations=(FieldViolation(field, message),)) from None
 
 
 def extract_request(
@@ -97,30 +124,32 @@ def extract_request(
         if version is not None:
             req.schema_ref.version = version
     else:
-        value = model_schema(model) if model is not None else schema
-        req.json_schema = value if isinstance(value, str) else json.dumps(value)
+        req.json_schema = encode_json(model_schema(model) if model is not None else schema, "json_schema")
     return req
 
 
 def example_pbs(examples: Iterable[tuple[str, Any]]) -> list[pb.Example]:
     """Worked examples as ``(input text, output)`` pairs; the output is JSON text or a JSON-able value
     (for a tool call ``{"name": ..., "arguments": {...}}``)."""
-    return [pb.Example(text=text, output_json=out if isinstance(out, str) else json.dumps(out)) for text, out in examples]
+    return [pb.Example(text=text, output_json=encode_json(out, f"examples[{i}].output_json", schema=False))
+            for i, (text, out) in enumerate(examples)]
 
 
-def tool_pb(tool: Any) -> pb.Tool:
+def tool_pb(tool: Any, index: int = 0) -> pb.Tool:
     """OpenAI-style ``{"type": "function", "function": {...}}``, a plain ``{"name", "description",
-    "parameters"}`` dict, or a pydantic model class (name = class name, description = docstring)."""
+    "parameters"}`` dict, or a pydantic model class (name = class name, description = docstring); ``index``: its
+    place in the request's tool list (the field errors name)."""
+    field = f"tools[{index}].parameters_json"
     if isinstance(tool, Mapping):
         fn = tool.get("function", tool)
         params = fn.get("parameters")
         return pb.Tool(
             name=fn["name"],
             description=fn.get("description", ""),
-            parameters_json="" if params is None else (params if isinstance(params, str) else json.dumps(params)),
+            parameters_json="" if params is None else encode_json(params, field),
         )
-    schema = model_schema(tool)
-    return pb.Tool(name=tool.__name__, description=(tool.__doc__ or "").strip(), parameters_json=json.dumps(schema))
+    return pb.Tool(name=tool.__name__, description=(tool.__doc__ or "").strip(),
+                   parameters_json=encode_json(model_schema(tool, field), field))
 
 
 def tool_request(
@@ -148,7 +177,7 @@ def tool_request(
         raise ValueError("speculation must be 'auto' or 'off'")
     return pb.CallToolRequest(
         messages=chat_messages(messages),
-        tools=[tool_pb(t) for t in tools],
+        tools=[tool_pb(t, i) for i, t in enumerate(tools)],
         tool_choice=choice,
         parallel_tool_calls=parallel,
         sampling=sampling(temperature, top_p, top_k, seed, max_tokens),
@@ -160,13 +189,9 @@ def tool_request(
 
 
 def register_request(schema_id: str, schema: Mapping[str, Any] | str | Any, description: str = "") -> pb.RegisterSchemaRequest:
-    if isinstance(schema, str):
-        text = schema
-    elif isinstance(schema, Mapping):
-        text = json.dumps(schema)
-    else:
-        text = json.dumps(model_schema(schema))
-    return pb.RegisterSchemaRequest(schema_id=schema_id, schema_json=text, description=description)
+    value = schema if isinstance(schema, (str, Mapping)) else model_schema(schema, "schema_json")
+    return pb.RegisterSchemaRequest(schema_id=schema_id, schema_json=encode_json(value, "schema_json"),
+                                    description=description)
 
 
 def set_speculation_request(schema_id: str, mode: str, version: int | None = None) -> pb.SetSchemaSpeculationRequest:

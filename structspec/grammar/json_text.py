@@ -3,10 +3,10 @@
 Every JSON document structspec takes from a caller (a schema, a tool's parameters, a worked
 example's output) or makes (an output) is walked by code that recurses: ``json.loads`` and
 ``json.dumps`` in C, jsonschema's validators in Python. Nesting is bounded before any of them
-runs, by scans that do not recurse: ``MAX_JSON_DEPTH`` levels of objects and arrays in any
-document, ``MAX_SCHEMA_DEPTH`` levels of subschemas in a schema. Real schemas stay far below both
-(the deepest of the 7,773 MaskBench schemas nests 63 JSON levels and 14 subschema levels), and
-jsonschema checks a schema at the limit well inside Python's default recursion limit.
+runs, by scans that do not recurse, to the limits of ``structspec.json_limits`` (which the
+client checks too): ``MAX_JSON_DEPTH`` levels of objects and arrays in any document,
+``MAX_SCHEMA_DEPTH`` levels of subschemas in a schema. jsonschema checks a schema at the limit
+well inside Python's default recursion limit.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from structspec.grammar import schema_walk
-
-MAX_JSON_DEPTH = 128  # objects and arrays, in any document
-MAX_SCHEMA_DEPTH = 48  # subschemas within subschemas (properties, items, anyOf, $defs, ...)
+from structspec.json_limits import MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH, TooDeep, value_too_deep  # noqa: F401 - ours too
 
 
 @dataclass(frozen=True)
@@ -84,15 +82,6 @@ def _path(stack: list[list]) -> tuple[str | int, ...]:
     return tuple(path)
 
 
-class TooDeep(ValueError):
-    """A document nests past a limit; ``pointer`` is where (RFC 6901), ``limit`` which one."""
-
-    def __init__(self, pointer: str, limit: int, what: str = "objects and arrays"):
-        self.pointer = pointer
-        self.limit = limit
-        super().__init__(f"nests {what} more than {limit} levels deep (at {pointer or '/'})")
-
-
 def text_too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> str | None:
     """The pointer where ``text`` first nests past ``limit`` objects/arrays, or None. Linear, no recursion."""
     position = scan(text, max_depth=limit)
@@ -112,20 +101,6 @@ def loads(text: str, limit: int = MAX_JSON_DEPTH) -> Any:
         raise
     except ValueError as exc:
         raise json.JSONDecodeError(f"cannot parse a number: {str(exc)[:120]}", text, 0) from None
-
-
-def value_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> str | None:
-    """The pointer of the first dict/list nested past ``limit`` in a parsed value, or None (iterative)."""
-    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
-    while stack:
-        node, pointer, depth = stack.pop()
-        if not isinstance(node, (dict, list)):
-            continue
-        if depth > limit:
-            return pointer
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        stack.extend((child, schema_walk.join(pointer, key), depth + 1) for key, child in items)
-    return None
 
 
 def schema_too_deep(schema: Any, limit: int = MAX_SCHEMA_DEPTH) -> str | None:

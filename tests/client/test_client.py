@@ -11,7 +11,7 @@ from typing import Literal
 
 import grpc
 import pytest
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from structspec.client import (
     NO_RETRY,
@@ -19,6 +19,7 @@ from structspec.client import (
     Client,
     DeadlineExceededError,
     ExtractionResult,
+    InvalidArgumentError,
     ModelValidationError,
     NotFoundError,
     ResourceExhaustedError,
@@ -30,6 +31,7 @@ from structspec.client import (
     UnavailableError,
 )
 from structspec.client.convert import extract_request, tool_pb
+from structspec.json_limits import MAX_JSON_DEPTH
 from tests.service.fakes import FakeEngine
 from tests.service.harness import ServerThread, settings_for
 
@@ -90,6 +92,83 @@ def test_typed_errors_carry_code_and_message(client: Client) -> None:
         client.extract("x", schema_id="nope")
     assert isinstance(err.value, StructSpecError) and err.value.code is grpc.StatusCode.NOT_FOUND
     assert str(err.value).startswith("NOT_FOUND: ")
+
+
+def nested(levels: int) -> dict:
+    """A schema of ``levels`` objects within each other (2 x ``levels`` JSON levels), built without recursion."""
+    node: dict = {"type": "string"}
+    for _ in range(levels):
+        node = {"type": "object", "properties": {"a": node}}
+    return node
+
+
+def nested_text(levels: int) -> str:
+    """``nested(levels)`` as JSON text, written out (``json.dumps`` would raise RecursionError)."""
+    return '{"type": "object", "properties": {"a": ' * levels + '{"type": "string"}' + "}}" * levels
+
+
+class DeepExample(BaseModel):
+    """A model whose schema nests past the limit (its example: 200 levels), within what pydantic writes."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [nested(100)]})
+    x: int
+
+
+class TooDeepForPydantic(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [nested(500)]})
+    x: int
+
+
+def refusal(err: InvalidArgumentError) -> tuple:
+    return err.code, err.reason, err.message, err.field_violations
+
+
+UNREACHABLE = "127.0.0.1:1"  # a request that were sent would fail UNAVAILABLE, not INVALID_ARGUMENT
+
+
+def test_json_too_deep_to_encode_is_refused_before_sending_as_the_server_refuses_its_text(client: Client) -> None:
+    """A schema nested 500 levels (json.dumps would raise RecursionError), in every place a request carries JSON:
+    the client refuses it without sending anything, with the very error the server gives the same text (the
+    field, the limit, the pointer)."""
+    messages = [{"role": "user", "content": "hi"}]
+    with Client(UNREACHABLE, retry=NO_RETRY, timeout=5) as offline:
+        cases = [
+            (lambda c, s: c.extract("x", schema=s), nested(500), nested_text(500)),
+            (lambda c, s: c.register_schema("deep", s), nested(500), nested_text(500)),
+            (lambda c, s: c.call_tool(messages, [Address, {"name": "f", "parameters": s}]), nested(500),
+             nested_text(500)),
+            (lambda c, s: c.extract("x", schema={"type": "object"}, examples=[("a doc", s)]), nested(500),
+             nested_text(500)),
+        ]
+        for call, value, text in cases:
+            with pytest.raises(InvalidArgumentError) as server:
+                call(client, text)
+            with pytest.raises(InvalidArgumentError) as mine:
+                call(offline, value)
+            assert refusal(mine.value) == refusal(server.value)
+            assert f"more than {MAX_JSON_DEPTH} levels deep" in mine.value.message
+        with pytest.raises(InvalidArgumentError) as err:  # a pydantic model's schema: the pointer into it
+            offline.call_tool(messages, [Address, DeepExample])
+        (v,) = err.value.field_violations
+        assert (err.value.reason, v.field) == ("SCHEMA_TOO_DEEP", "tools[1].parameters_json")
+        assert v.json_pointer.startswith("/examples/0/properties/a/") and f"{MAX_JSON_DEPTH} levels" in v.description
+        with pytest.raises(InvalidArgumentError) as err:  # ... or pydantic itself recursing too deep to write it
+            offline.extract("x", model=TooDeepForPydantic)
+        assert err.value.reason == "SCHEMA_TOO_DEEP" and err.value.field_violations[0].field == "json_schema"
+        assert f"at most {MAX_JSON_DEPTH} levels" in err.value.message
+
+
+def test_the_async_client_refuses_json_too_deep_to_encode_before_sending() -> None:
+    async def main() -> None:
+        async with AsyncClient(UNREACHABLE, retry=NO_RETRY, timeout=5) as c:
+            for call in (lambda: c.extract("x", schema=nested(500)), lambda: c.register_schema("deep", nested(500)),
+                         lambda: c.call_tool([("user", "hi")], [{"name": "f", "parameters": nested(500)}]),
+                         lambda: c.extract("x", model=DeepExample)):
+                with pytest.raises(InvalidArgumentError) as err:
+                    await call()
+                assert err.value.reason == "SCHEMA_TOO_DEEP" and f"{MAX_JSON_DEPTH} levels" in err.value.message
+
+    asyncio.run(main())
 
 
 def test_timeout_raises_deadline_exceeded(client: Client) -> None:
