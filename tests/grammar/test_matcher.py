@@ -241,3 +241,68 @@ def test_nothing_is_forced_where_eos_is_an_alternative(compiler, view, backend):
         expected = {view.eos_token_id}
     assert expected <= allowed(matcher, view)
     assert matcher.forced_tokens() == []
+
+
+def test_masks_through_the_layout_are_llguidances_own_bit_for_bit(compilers, view):
+    """``fill_mask`` writes through an address (no tensor view): at every position of a walk, into every
+    row of a batch (negative rows counting from the end), the words are llguidance's own."""
+    import numpy as np
+
+    grammar = compilers["llguidance"].compile_schema(PERSON)
+    matcher, raw = grammar.matcher(), grammar._prototype.deep_copy()
+    words = view.mask_words
+    bitmask = torch.full((3, words), -1, dtype=torch.int32)
+    expected = np.empty(words, dtype=np.int32)
+    tokens = view.encode(PERSON_TEXT)
+    for i, token in enumerate(tokens + [None]):
+        raw.unsafe_compute_mask_ptr(expected.ctypes.data, expected.nbytes)
+        row = (i % 3) - (i % 2) * 3  # 0, -2, 2, 0, -2, ...
+        matcher.fill_mask(bitmask, row)
+        assert (bitmask[row].numpy() == expected).all(), i
+        if token is not None:
+            assert matcher.consume([token]) and raw.consume_token(token)
+    assert view.eos_token_id in allowed(matcher, view)
+
+
+def test_the_mask_path_checks_what_it_writes_into(compiler, view):
+    matcher = compiler.compile_schema(PERSON).matcher()
+    words = view.mask_words
+    for bad in (torch.zeros((1, words), dtype=torch.int64), torch.zeros((words,), dtype=torch.int32),
+                torch.zeros((words, 2), dtype=torch.int32).t(), torch.zeros((1, words - 1), dtype=torch.int32)):
+        with pytest.raises(ValueError):
+            matcher.fill_mask(bad, 0)
+    with pytest.raises(IndexError):
+        matcher.fill_mask(torch.zeros((2, words), dtype=torch.int32), 2)
+
+
+def test_a_layout_is_read_again_for_another_tensor_or_new_memory(view):
+    """The layout kept for the last tensor is never used for another one, nor once that tensor's
+    memory moved (``set_``): each write lands in the tensor it was meant for."""
+    from structspec.grammar.base import mask_layout
+
+    words = view.mask_words
+    a, b = torch.zeros((2, words), dtype=torch.int32), torch.zeros((4, words + 3), dtype=torch.int32)
+    assert mask_layout(a, words).address == a.data_ptr() and mask_layout(a, words).rows == 2
+    assert (mask_layout(b, words).address, mask_layout(b, words).width) == (b.data_ptr(), words + 3)
+    assert mask_layout(b, words).row_address(-1) == b[3].data_ptr()
+    a.set_(torch.zeros((5, words), dtype=torch.int32))
+    layout = mask_layout(a, words)
+    assert (layout.address, layout.rows) == (a.data_ptr(), 5)
+
+
+def test_the_mask_path_makes_no_tensor_view(compilers, view, monkeypatch):
+    """A torch view costs 5-15 us a mask, more than llguidance's cheap masks: the hot path goes through
+    the layout; only a finished or broken sequence (EOS only) takes the view."""
+    from structspec.grammar import llguidance_backend
+
+    matcher = compilers["llguidance"].compile_schema(PERSON).matcher()
+    bitmask = allocate_bitmask(1, view.n_vocab)
+    views = []
+    original = llguidance_backend.bitmask_row
+    monkeypatch.setattr(llguidance_backend, "bitmask_row", lambda *a: views.append(a) or original(*a))
+    matcher.fill_mask(bitmask, 0)
+    assert views == []
+    assert matcher.consume(view.encode(PERSON_TEXT)) and matcher.consume([view.eos_token_id])
+    matcher.fill_mask(bitmask, 0)
+    assert len(views) == 1 and bitmask_to_bool(bitmask[0], view.n_vocab).nonzero().flatten().tolist() == [
+        view.eos_token_id]
