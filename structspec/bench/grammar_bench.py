@@ -45,6 +45,22 @@ schema_violation), or jsonschema here finds no error at all (a format without a
 checker in this environment) and the compile listed unenforced keywords
 (``accepted_unverifiable``). ``allow_post_check=False`` benchmarks the strict mode,
 where any gap is refused at compile time.
+
+Speed is measured beside the grammar engine alone (``raw_*``, llguidance backend only): every
+schema structspec compiles is compiled again by raw llguidance (``LLMatcher`` on the same
+``LLTokenizer``, JSON options and limits; a compile is ready when its first mask is computed,
+which structspec's compile includes), and every walk is replayed on a copy of the raw matcher:
+
+* ``raw_mask_us``: the same calls at the same positions (forced tokens asked where the walk asked
+  them, masks where the walk masked: the positions fast-forward does not cover), so the ratio
+  ``mask_ratio_p99`` is the layer's own cost, and ``mask_overhead_us`` is structspec's time minus
+  raw's at each of those positions;
+* ``raw_all_mask_us``: a plain raw walk over the same tokens that masks at every position, forced
+  ones included (cheap ones), as a raw benchmark reports it; ``selection_p99`` =
+  ``raw_mask_us_p99 / raw_all_mask_us_p99`` is how much of a naive comparison is the selection.
+
+Compile times are the caller's wall time (``compile_schema``: cache key, intake, backend); the
+raw compile runs right after structspec's, on warm caches (if anything, in raw's favour).
 """
 
 from __future__ import annotations
@@ -69,7 +85,7 @@ from structspec.grammar import (
     allocate_bitmask,
 )
 from structspec.grammar import schema_walk
-from structspec.grammar.base import Matcher, token_allowed
+from structspec.grammar.base import GrammarBackend, Matcher, token_allowed
 from structspec.grammar.postcheck import instance_errors, is_post_check_error
 
 MAX_FAILURES = 300  # examples kept in the report, per kind
@@ -123,25 +139,59 @@ class _Tally:
     tokens: int = 0  # valid instances: tokens walked
     forced_tokens: int = 0  # ... of which forced
     resyncs: int = 0
+    raw_refused: int = 0  # compiled by structspec, refused by raw llguidance (expected: none)
     compile_ms: list[float] = field(default_factory=list)
     mask_us: array = field(default_factory=lambda: array("d"))
+    raw_compile_ms: list[float] = field(default_factory=list)  # ready: constructed and its first mask computed
+    raw_construct_ms: list[float] = field(default_factory=list)  # ... constructed only
+    raw_mask_us: array = field(default_factory=lambda: array("d"))  # at the positions of mask_us, in its order
+    raw_all_mask_us: array = field(default_factory=lambda: array("d"))
 
     def report(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
         ms, us = np.asarray(self.compile_ms), np.frombuffer(self.mask_us, dtype=np.float64)
         out.update(
-            compile_ms_p50=_pct(ms, 50), compile_ms_p99=_pct(ms, 99),
-            mask_us_p50=_pct(us, 50), mask_us_p99=_pct(us, 99), mask_us_max=round(float(us.max()), 1) if us.size else None,
+            compile_ms_p50=_pct(ms, 50), compile_ms_p90=_pct(ms, 90), compile_ms_p99=_pct(ms, 99),
+            mask_us_p50=_pct(us, 50), mask_us_p90=_pct(us, 90), mask_us_p99=_pct(us, 99),
+            mask_us_max=round(float(us.max()), 1) if us.size else None,
             masks=int(us.size), ff_share=round(self.forced_tokens / self.tokens, 4) if self.tokens else None,
             # comparable with llguidance's own figure (its strict mode compiles these schemas, and no others)
             validation_error_rate=round(self.validation_errors / self.strict_valid_instances, 5)
             if self.strict_valid_instances else None,
+        )
+        if self.raw_compile_ms:
+            out.update(self._raw_report(ms, us))
+        return out
+
+    def _raw_report(self, ms: np.ndarray, us: np.ndarray) -> dict[str, Any]:
+        raw_ms, built_ms = np.asarray(self.raw_compile_ms), np.asarray(self.raw_construct_ms)
+        raw_us = np.frombuffer(self.raw_mask_us, dtype=np.float64)
+        all_us = np.frombuffer(self.raw_all_mask_us, dtype=np.float64)
+        out: dict[str, Any] = {}
+        for name, values, unit in (("raw_compile", raw_ms, "ms"), ("raw_construct", built_ms, "ms"),
+                                   ("raw_mask", raw_us, "us"), ("raw_all_mask", all_us, "us")):
+            out.update({f"{name}_{unit}_p{q}": _pct(values, q) for q in (50, 90, 99)})
+        out["raw_all_masks"] = int(all_us.size)
+        if raw_us.size == us.size:  # paired: the same positions in the same order
+            diff = us - raw_us
+            out.update({f"mask_overhead_us_p{q}": _pct(diff, q) for q in (50, 90, 99)})
+        out.update(
+            compile_ratio_p50=_ratio(_pct(ms, 50), out["raw_compile_ms_p50"]),
+            compile_ratio_p50_construct=_ratio(_pct(ms, 50), out["raw_construct_ms_p50"]),
+            mask_ratio_p50=_ratio(_pct(us, 50), out["raw_mask_us_p50"]),
+            mask_ratio_p99=_ratio(_pct(us, 99), out["raw_mask_us_p99"]),
+            mask_ratio_p99_all=_ratio(_pct(us, 99), out["raw_all_mask_us_p99"]),
+            selection_p99=_ratio(out["raw_mask_us_p99"], out["raw_all_mask_us_p99"]),
         )
         return out
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values.size else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
 @dataclass
@@ -153,6 +203,11 @@ class _Walk:
     resyncs: int = 0
     mask_us: list[float] = field(default_factory=list)
     key_order: bool = False  # rejected as written, accepted with its keys in schema order
+    # the matcher calls in order: (FORCED, ()), (MASK, ()), (CONSUME, tokens), what a raw replay repeats
+    trace: list[tuple[str, list[int]]] = field(default_factory=list)
+
+
+FORCED, MASK, CONSUME = "forced", "mask", "consume"
 
 
 def run_grammar_bench(
@@ -164,11 +219,15 @@ def run_grammar_bench(
     *,
     timeout_s: float = 10.0,
     allow_post_check: bool = True,
+    raw_reference: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the check; returns a JSON-able report with per-split and ``overall`` counts and timings."""
+    """Run the check; returns a JSON-able report with per-split and ``overall`` counts and timings.
+
+    ``raw_reference`` (llguidance backend only) adds the ``raw_*`` columns (module docstring)."""
     view = tokenizer if isinstance(tokenizer, TokenizerView) else TokenizerView(tokenizer)
     compiler = GrammarCompiler(view, backend=backend, cache_size=0)
+    raw = RawLLGuidance(view, compiler.backend) if raw_reference and compiler.backend.name == "llguidance" else None
     options = GrammarOptions(compile_timeout_s=timeout_s, allow_post_check=allow_post_check)
     files = select_files(Path(directory), split_prefix, limit)
     bitmask = allocate_bitmask(1, view.n_vocab)
@@ -188,10 +247,15 @@ def run_grammar_bench(
         both = (split, overall)
         for t in both:
             t.schemas += 1
+        raw_matcher = None
         try:
             doc = json.loads(path.read_text())
             schema, tests = doc["schema"], doc.get("tests", [])
+            t0 = time.perf_counter()
             grammar = compiler.compile_schema(schema, options)
+            compile_ms = (time.perf_counter() - t0) * 1e3
+            if raw is not None:  # after: only schemas structspec compiles (a refused one may take its deadline)
+                raw_matcher, raw_built_ms, raw_ms = raw.compile(schema, options)
         except SchemaError as exc:
             for t in both:
                 if exc.kind == "timeout":
@@ -208,7 +272,12 @@ def run_grammar_bench(
             continue
         for t in both:
             t.compiled += 1
-            t.compile_ms.append(grammar.info.compile_ms)
+            t.compile_ms.append(compile_ms)
+            if raw is not None and raw_matcher is None:
+                t.raw_refused += 1
+            elif raw is not None:
+                t.raw_compile_ms.append(raw_ms)
+                t.raw_construct_ms.append(raw_built_ms)
         # a compile that approximated nothing is what strict mode compiles too: no second compile
         strict = not allow_post_check or not grammar.info.warnings or _strict_compiles(compiler, schema, options)
         valid_n = sum(1 for test in tests if test["valid"])
@@ -220,6 +289,8 @@ def run_grammar_bench(
             for test in tests:
                 text = json.dumps(test["data"], separators=(",", ":"), ensure_ascii=False)
                 walked = walk(grammar.matcher(), view, text, bitmask, words)
+                if raw_matcher is not None:
+                    _raw_walks(raw, raw_matcher, walked, both)
                 if test["valid"] and not walked.accepted:
                     ordered = json.dumps(schema_ordered(test["data"], schema), separators=(",", ":"),
                                          ensure_ascii=False)
@@ -245,11 +316,20 @@ def run_grammar_bench(
         "split_prefix": split_prefix,
         "limit": limit,
         "allow_post_check": allow_post_check,
+        "raw_reference": raw is not None,
         "elapsed_s": round(time.perf_counter() - started, 1),
         "splits": {name: t.report() for name, t in sorted(tallies.items())},
         "overall": overall.report(),
         "failures": failures,
     }
+
+
+def _raw_walks(raw: RawLLGuidance, prototype: Any, walked: _Walk, tallies) -> None:
+    same = raw.replay(prototype, walked.trace)
+    every = raw.every_position(prototype, walked.trace)
+    for t in tallies:
+        t.raw_mask_us.extend(same)
+        t.raw_all_mask_us.extend(every)
 
 
 def schema_ordered(value: Any, schema: Any, root: Any = None, depth: int = 0) -> Any:
@@ -334,12 +414,14 @@ def walk(matcher: Matcher, view: TokenizerView, text: str, bitmask, words: np.nd
     """Walk ``text`` through ``matcher`` as a decode would (see the module docstring)."""
     data = text.encode()
     result = _Walk(accepted=False)
+    trace = result.trace
     # The grammar engine's own split: the tokenizer's may use ids the grammar never allows (Gemma's HTML tag
     # tokens are special to llguidance), which a decode spells with plain tokens instead.
     tokens, starts = _split(view, _plain_tokens(view, text.encode()), 0)
     pos = i = 0
     while pos < len(data):
         forced = matcher.forced_tokens()
+        trace.append((FORCED, []))
         if forced:
             forced_bytes = view.decode_bytes(forced)
             if not data.startswith(forced_bytes, pos):
@@ -348,6 +430,7 @@ def walk(matcher: Matcher, view: TokenizerView, text: str, bitmask, words: np.nd
             if not matcher.consume(forced):
                 result.reason = f"forced tokens rejected: {matcher.error}"
                 return result
+            trace.append((CONSUME, forced))
             pos += len(forced_bytes)
             result.tokens += len(forced)
             result.forced += len(forced)
@@ -362,23 +445,87 @@ def walk(matcher: Matcher, view: TokenizerView, text: str, bitmask, words: np.nd
         t0 = time.perf_counter_ns()
         matcher.fill_mask(bitmask, 0)
         result.mask_us.append((time.perf_counter_ns() - t0) / 1e3)
+        trace.append((MASK, []))
         if not token_allowed(words, token):
             result.reason = f"at byte {pos}: token {view.decode_bytes([token])!r} not allowed"
             return result
         if not matcher.consume([token]):
             result.reason = f"at byte {pos}: {matcher.error}"
             return result
+        trace.append((CONSUME, [token]))
         pos += len(view.decode_bytes([token]))
         i += 1
         result.tokens += 1
     t0 = time.perf_counter_ns()
     matcher.fill_mask(bitmask, 0)
     result.mask_us.append((time.perf_counter_ns() - t0) / 1e3)
+    trace.append((MASK, []))
     eos = view.eos_token_id
     result.accepted = matcher.is_accepting() and token_allowed(words, eos)
     if not result.accepted:
         result.reason = "text complete but the grammar is not accepting"
     return result
+
+
+class RawLLGuidance:
+    """llguidance alone, the reference for speed: the same tokenizer object, JSON options and limits as
+    the llguidance backend, masks written through a pointer into one preallocated buffer."""
+
+    def __init__(self, view: TokenizerView, backend: GrammarBackend):
+        from structspec.grammar.llguidance_backend import json_overrides
+
+        self.tokenizer = view.ll_tokenizer
+        self.limits = backend.limits
+        self._overrides = json_overrides
+        self.buffer = np.zeros(view.mask_words, dtype=np.int32)
+        self._ptr, self._nbytes = self.buffer.ctypes.data, self.buffer.nbytes
+
+    def compile(self, schema: dict[str, Any], options: GrammarOptions) -> tuple[Any, float, float]:
+        """(matcher or None when refused, ms to construct it, ms until its first mask is computed)."""
+        import llguidance
+
+        t0 = time.perf_counter()
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=self._overrides(options))
+        except Exception:  # noqa: BLE001 - refused: counted, never stops the run
+            return None, 0.0, 0.0
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.limits)
+        if matcher.is_error():
+            return None, 0.0, 0.0
+        t1 = time.perf_counter()
+        matcher.unsafe_compute_mask_ptr(self._ptr, self._nbytes)
+        t2 = time.perf_counter()
+        return matcher, (t1 - t0) * 1e3, (t2 - t0) * 1e3
+
+    def replay(self, prototype: Any, trace: list[tuple[str, list[int]]]) -> list[float]:
+        """The walk's calls on a copy of ``prototype``; the microseconds of each mask."""
+        matcher, ptr, nbytes = prototype.deep_copy(), self._ptr, self._nbytes
+        out: list[float] = []
+        for op, tokens in trace:
+            if op == MASK:
+                t0 = time.perf_counter_ns()
+                matcher.unsafe_compute_mask_ptr(ptr, nbytes)
+                out.append((time.perf_counter_ns() - t0) / 1e3)
+            elif op == FORCED:
+                matcher.compute_ff_tokens()
+            elif not matcher.consume_tokens(tokens):
+                break
+        return out
+
+    def every_position(self, prototype: Any, trace: list[tuple[str, list[int]]]) -> list[float]:
+        """A plain walk over the tokens the walk consumed: a mask before every token and one at the end."""
+        matcher, ptr, nbytes = prototype.deep_copy(), self._ptr, self._nbytes
+        out: list[float] = []
+        for token in (t for op, tokens in trace if op == CONSUME for t in tokens):
+            t0 = time.perf_counter_ns()
+            matcher.unsafe_compute_mask_ptr(ptr, nbytes)
+            out.append((time.perf_counter_ns() - t0) / 1e3)
+            if not matcher.consume_token(token):
+                return out
+        t0 = time.perf_counter_ns()
+        matcher.unsafe_compute_mask_ptr(ptr, nbytes)
+        out.append((time.perf_counter_ns() - t0) / 1e3)
+        return out
 
 
 def _plain_tokens(view: TokenizerView, data: bytes) -> list[int]:
@@ -414,19 +561,41 @@ _COLUMNS = [
     ("mask_us_p99", "mask p99 us"), ("mask_us_max", "mask max us"), ("ff_share", "ff share"),
 ]
 
+# structspec beside raw llguidance (module docstring); ratios are structspec / raw
+_SPEED_COLUMNS = [
+    ("compile_ms_p50", "comp p50 ms"), ("compile_ms_p90", "p90"), ("compile_ms_p99", "p99"),
+    ("raw_compile_ms_p50", "raw comp p50 ms"), ("raw_compile_ms_p90", "p90"), ("raw_compile_ms_p99", "p99"),
+    ("compile_ratio_p50", "comp ratio p50"),
+    ("mask_us_p50", "mask p50 us"), ("mask_us_p90", "p90"), ("mask_us_p99", "p99"),
+    ("raw_mask_us_p50", "raw mask p50 us"), ("raw_mask_us_p90", "p90"), ("raw_mask_us_p99", "p99"),
+    ("mask_ratio_p99", "mask ratio p99"), ("mask_overhead_us_p50", "overhead p50 us"),
+    ("mask_overhead_us_p99", "p99"),
+    ("raw_all_mask_us_p50", "raw every pos. p50 us"), ("raw_all_mask_us_p99", "p99"), ("selection_p99", "selection p99"),
+]
+
 
 def format_table(report: dict[str, Any]) -> str:
-    """A plain-text table (rich box drawing, no colour or markup) of the per-split and overall rows."""
+    """Plain-text tables (rich box drawing, no colour or markup) of the per-split and overall rows:
+    coverage, then speed beside raw llguidance when the report has it."""
+    title = f"grammar bench: {report['backend']} ({report['elapsed_s']} s)"
+    text = _table(title, _COLUMNS, report)
+    if report.get("raw_reference"):
+        text += _table("speed: structspec beside raw llguidance (same schemas, tokenizer and positions)",
+                       _SPEED_COLUMNS, report)
+    return text
+
+
+def _table(title: str, columns: list[tuple[str, str]], report: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"grammar bench: {report['backend']} ({report['elapsed_s']} s)", title_justify="left")
+    table = Table(title=title, title_justify="left")
     table.add_column("split")
-    for _, header in _COLUMNS:
+    for _, header in columns:
         table.add_column(header, justify="right")
     rows = list(report["splits"].items()) + [("overall", report["overall"])]
     for i, (name, row) in enumerate(rows):
-        table.add_row(name, *(_cell(row.get(key)) for key, _ in _COLUMNS), end_section=i == len(rows) - 2)
+        table.add_row(name, *(_cell(row.get(key)) for key, _ in columns), end_section=i == len(rows) - 2)
     buffer = StringIO()
     Console(file=buffer, width=240, color_system=None, force_terminal=False).print(table)
     return buffer.getvalue()
