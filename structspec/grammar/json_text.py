@@ -12,6 +12,7 @@ well inside Python's default recursion limit.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,19 +89,33 @@ def text_too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> str | None:
     return schema_walk.join("", *position.path) if position.too_deep else None
 
 
+# a \uD800-\uDFFF escape: paired ones decode to one character, a lone one to a surrogate no UTF-8 can hold
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def loads(text: str, limit: int = MAX_JSON_DEPTH) -> Any:
     """``json.loads`` that raises ``TooDeep`` (before parsing) instead of hitting the recursion limit,
     and ``json.JSONDecodeError`` for every text it cannot parse (Python also refuses integer literals
-    of more than ``sys.get_int_max_str_digits()`` digits, with a plain ValueError)."""
+    of more than ``sys.get_int_max_str_digits()`` digits, with a plain ValueError) and for a lone
+    surrogate escape (``"\\ud800"``: JSON's grammar admits it, but it is no Unicode character, and
+    every hash, store and grammar engine downstream encodes text as UTF-8)."""
     pointer = text_too_deep(text, limit)
     if pointer is not None:
         raise TooDeep(pointer, limit)
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         raise
     except ValueError as exc:
         raise json.JSONDecodeError(f"cannot parse a number: {str(exc)[:120]}", text, 0) from None
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then is the value encoded once to find out
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            lone = exc.object[exc.start:exc.end]
+            raise json.JSONDecodeError(f"a lone surrogate escape (\\u{ord(lone[0]):04x}) is no Unicode character",
+                                       text, 0) from None
+    return value
 
 
 def schema_too_deep(schema: Any, limit: int = MAX_SCHEMA_DEPTH) -> str | None:

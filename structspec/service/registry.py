@@ -58,8 +58,11 @@ def parse_schema_json(text: str, field: str) -> dict[str, Any]:
         raise schema_too_deep(field, exc) from None
     except json.JSONDecodeError as exc:
         raise invalid(field, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "INVALID_SCHEMA") from None
+    if value is True:  # the schema that admits any JSON value: the same as {}
+        return {}
     if not isinstance(value, dict):
-        raise invalid(field, f"a JSON Schema must be a JSON object here, got {type(value).__name__}", "INVALID_SCHEMA")
+        raise invalid(field, f"a JSON Schema must be a JSON object or true here, got {json.dumps(value)[:40]}",
+                      "INVALID_SCHEMA")
     return value
 
 

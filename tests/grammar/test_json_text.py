@@ -25,6 +25,13 @@ def test_loads_refuses_before_parsing():
     assert err.value.limit == json_text.MAX_JSON_DEPTH and err.value.pointer == "/0" * json_text.MAX_JSON_DEPTH
 
 
+def test_loads_refuses_a_lone_surrogate_escape_but_not_a_pair_or_an_escaped_backslash():
+    with pytest.raises(json.JSONDecodeError, match=r"lone surrogate escape \(\\udc00\)"):
+        json_text.loads('{"a": ["x", "\\udc00"]}')
+    assert json_text.loads('"\\ud83d\\ude00"') == "\U0001f600"
+    assert json_text.loads('"\\\\ud800"') == "\\ud800"  # a backslash, then the letters
+
+
 def test_value_and_schema_depth_agree_with_the_text_scan():
     value = json.loads('{"a":[{"b":[1]}]}')
     assert json_text.value_too_deep(value, 4) is None

@@ -107,6 +107,21 @@ def test_deeply_nested_tool_parameters_and_example_outputs_are_refused(client: C
     assert err.value.field_violations[0].field == "examples[0].output_json"
 
 
+def test_lone_surrogate_escapes_are_refused_and_the_schema_true_is_any_value(client: Client, served: ServerThread) -> None:
+    lone = '{"type":"object","properties":{"a":{"type":"string","description":"\\ud800"}}}'
+    with pytest.raises(InvalidArgumentError) as err:
+        client.extract("an input", schema=lone)
+    assert err.value.field_violations[0].field == "json_schema" and "lone surrogate" in err.value.message
+    with pytest.raises(InvalidArgumentError) as err:
+        client.register_schema("lone", lone)
+    assert err.value.field_violations[0].field == "schema_json" and "\\ud800" in err.value.message
+    paired = lone.replace("\\ud800", "\\ud83d\\ude00")  # a pair of escapes is one character
+    assert client.register_schema("paired", paired).version == 1
+    assert client.register_schema("anything", "true").version == 1
+    assert client.get_schema("anything").schema == {}
+    assert serving(served.target)
+
+
 REDOS = ["^(a+)+$", "^(a|a)*$", "^(a|aa)+$", "^(\\w+\\s?)*$", "(x+x+)+y",
          "^([a-zA-Z0-9])(([\\-.]|[_]+)?([a-zA-Z0-9]+))*(@){1}[a-z0-9]+[.]{1}(([a-z]{2,3})|([a-z]{2,3}[.]{1}[a-z]{2,3}))$"]
 

@@ -221,7 +221,7 @@ def error_of(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]
     return body
 
 
-def test_bad_schema_is_400_with_pointer_and_keyword(sdk: OpenAI) -> None:
+def test_bad_schema_is_400_with_pointer_and_keyword(sdk: OpenAI, real: ServerThread) -> None:
     schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(a)\\1$"}}}
     with pytest.raises(openai.BadRequestError) as exc:
         chat(sdk, response_format=contact_format(schema, "codes"))
@@ -236,6 +236,13 @@ def test_bad_schema_is_400_with_pointer_and_keyword(sdk: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
         chat(sdk, tools=tools)
     assert error_of(exc)["param"] == "tools[0].function.parameters#/properties/x/pattern"
+
+    body = '{"model":"demo","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",' \
+           '"json_schema":{"name":"lone","schema":{"type":"string","description":"\\ud800"}}}}'  # JSON admits it
+    r = httpx.post(base_url(real) + "/v1/chat/completions", content=body.encode(), timeout=10)
+    assert r.status_code == 400 and "lone surrogate escape (\\ud800)" in r.json()["error"]["message"]
+    anything = chat(sdk, response_format=contact_format(True, "anything"), max_tokens=8)  # true: any JSON value
+    assert anything.choices[0].finish_reason in ("stop", "length")
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [

@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from structspec.grammar import json_text
 from structspec.service.errors import ServiceError, invalid
@@ -93,6 +93,11 @@ class JsonSchemaFormat(_Body):
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None  # structspec always enforces the schema
+
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _true_is_any_value(cls, value: Any) -> Any:
+        return {} if value is True else value  # the schema true admits any JSON value, as {} does
 
 
 class ResponseFormat(_Body):
