@@ -29,6 +29,7 @@ def test_the_report_has_raw_columns_beside_structspecs(view):  # noqa: F811
                  "mask_overhead_us"):
         p50, p90, p99 = (overall[f"{name}_p{q}"] for q in (50, 90, 99))
         assert p50 <= p90 <= p99, name
+    assert overall["mask_overhead_us_p1"] <= overall["mask_overhead_us_p50"] and overall["mask_time_ratio"] > 0
     assert overall["raw_construct_ms_p50"] <= overall["raw_compile_ms_p50"]  # ready = constructed + first mask
     assert overall["compile_ratio_p50"] == pytest.approx(overall["compile_ms_p50"] / overall["raw_compile_ms_p50"],
                                                          rel=0.01)
