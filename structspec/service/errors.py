@@ -150,7 +150,9 @@ def check_result(result: GenerationResult, deadline: float | None, now: float | 
         raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, message, "GRAMMAR_LIMIT",
                            [FieldViolation(schema_field, message, keyword=result.grammar_limit)])
     if result.finish_reason is FinishReason.ERROR:
-        raise ServiceError(grpc.StatusCode.INTERNAL, f"model failure: {result.error or 'unknown error'}", "MODEL_FAILURE")
+        error = result.error or "unknown error"
+        message = error if error.startswith("model failure") else f"model failure: {error}"  # said once
+        raise ServiceError(grpc.StatusCode.INTERNAL, message, "MODEL_FAILURE")
     if result.outcome is Outcome.INTERNAL_ERROR:
         raise ServiceError(grpc.StatusCode.INTERNAL, f"output failed validation: {result.error or 'unknown'}", "OUTPUT_CHECK_FAILED")
 
