@@ -147,10 +147,22 @@ class Scheduler:
         if hit is not None and hit.ready < hit.tokens:
             return False  # a running sequence is prefilling this prefix; computing it twice would waste the step
         self._prefix_unchecked.discard(seq.key)
-        if hit is not None:
-            self.executor.copy_prefix(seq.seq_id, hit.source_id, hit.tokens)
+        if hit is not None and self._copy_prefix(seq, hit.source_id, hit.tokens):
             seq.reuse_prefix(hit.tokens)
         return True
+
+    def _copy_prefix(self, seq: EngineSequence, source_id: int, tokens: int) -> bool:
+        """Copy a cached prefix into ``seq``'s empty slot; False (logged) when the copy fails: the reuse is an
+        optimisation, so ``seq`` then prefills its whole prompt like a miss and its batch never sees the failure.
+        Raises the clearing's exception only when the slot cannot even be emptied again."""
+        try:
+            self.executor.copy_prefix(seq.seq_id, source_id, tokens)
+            return True
+        except Exception:  # noqa: BLE001 - one request's cache copy must not fail the step of every request
+            log.warning("prefix copy failed for request %s: prefilling its whole prompt", seq.request_id,
+                        exc_info=True)
+            self.executor.rollback(seq.seq_id, self.executor.seq_len(seq.seq_id))  # whatever part was copied
+            return False
 
     # -- leaving -----------------------------------------------------------------------------------
     def remove(self, seq: EngineSequence, retain_prompt: bool) -> None:

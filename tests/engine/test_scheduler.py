@@ -97,6 +97,23 @@ def test_prefix_reuse_copies_a_finished_prompt_and_keeps_outputs():
     assert b.output == ref.output == [10, 11, 12]
 
 
+def test_a_failed_prefix_copy_prefills_the_whole_prompt_and_fails_no_one():
+    prompt_a = [t % 15 + 1 for t in range(20)]
+    core, executor = core_with(prefix_cache_tokens=64)
+    run_until_idle(core, [make_seq(prompt_a, free_slots(3), max_tokens=3)])
+
+    def half_then_fail(seq_id: int, source_id: int, n: int) -> None:
+        executor.cache[seq_id] = list(executor.cache[source_id][: n // 2])  # a copy broken off midway
+        raise RuntimeError("copy failed")
+
+    executor.copy_prefix = half_then_fail  # type: ignore[method-assign]
+    b = make_seq(prompt_a[:18] + [9], free_slots(3), max_tokens=3)
+    other = make_seq([3, 4, 5], free_slots(3), max_tokens=3)
+    run_until_idle(core, [b, other])
+    assert b.finish is FinishReason.STOP and b.usage.cached_prompt_tokens == 0 and b.output == [10, 11, 12]
+    assert other.finish is FinishReason.STOP and other.output == [6, 7, 8]
+
+
 def test_requests_arriving_together_wait_for_the_prefix_in_flight():
     core, executor = core_with(prefix_cache_tokens=64, prefill_chunk=8)
     prompt = [t % 15 + 1 for t in range(20)]
