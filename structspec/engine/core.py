@@ -371,8 +371,9 @@ class EngineCore:
         rows = apply_token_bitmask(logits, plan.bitmask, inplace=True, allowed=plan.allowed)
         q = plan.draft.q if plan.draft else None
         verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output), plan.tail)
-        if verdict.accepted and not plan.bitmask[verdict.accepted].numpy().any():
-            # the accepted draft led into a dead end: its row is -inf everywhere, the verdict's token no choice
+        if verdict.accepted and not token_allowed(plan.bitmask[verdict.accepted], verdict.token):
+            # the accepted draft led into a dead end: its row is -inf everywhere, the verdict's token (its argmax,
+            # id 0) no choice; on any other row the verdict's token is one the mask allows (O(1) to check)
             self.executor.rollback(seq.seq_id, len(draft))
             self._grammar_failed(seq, "grammar allows no token here (dead end)")
             return None
