@@ -39,6 +39,7 @@ class ExtractionRequest:
     deadline: float | None = None  # time.monotonic() value after which the request is cancelled
     request_id: str = ""
     schema_key: str = ""  # stable name for stats ("invoice@3"); defaults to the schema's hash
+    schema_digest: str = ""  # SHA-256 of the schema's canonical JSON, as the front computed it ("": computed here)
     history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the schema owner's override
     tenant: str = ""  # whose request ("": the one tenant): another tenant's cached prompt is reused only where public

@@ -48,8 +48,9 @@ class ExampleBook:
         self._made: OrderedDict[str, tuple[FewShotExample, ...]] = OrderedDict()
         self._lock = threading.Lock()  # requests are prepared on worker threads
 
-    def for_schema(self, schema: dict[str, Any]) -> tuple[FewShotExample, ...]:
-        key = schema_digest(schema)
+    def for_schema(self, schema: dict[str, Any], digest: str | None = None) -> tuple[FewShotExample, ...]:
+        """``digest``: the schema's ``schema_digest``, where the caller has it already."""
+        key = digest or schema_digest(schema)
         if key in self._by_schema or not self.synthesize:
             return self._by_schema.get(key, ())
         if self.foreign is None:

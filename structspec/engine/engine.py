@@ -158,10 +158,11 @@ class Engine:
         """Validate, compile the grammar (cached), build the prompt: a sequence ready to submit."""
         request.validate(self.max_tokens_cap)
         text = request.input_text
-        grammar = self.compiler.compile_schema(request.schema)
-        examples = request.examples or self.examples.for_schema(request.schema)
+        digest = request.schema_digest or self.compiler.digest(request.schema)  # the grammar's and the examples' key
+        grammar = self.compiler.compile_schema(request.schema, digest=digest)
+        examples = request.examples or self.examples.for_schema(request.schema, digest)
         prompt = extraction_prompt(request.schema, text, request.instruction, examples)
-        key = request.schema_key or schema_digest(request.schema)
+        key = request.schema_key or digest
         # a caller's instruction or examples come first in the prompt, so nothing of it is public then
         public = (extraction_template(request.schema, None, examples)
                   if request.public_template and request.instruction is None and not request.examples else "")

@@ -1,6 +1,6 @@
 """A bounded LRU of compiled grammars (and of refusals), compiling each key once.
 
-Keys come from ``cache_key``: the canonical schema text, the tokenizer fingerprint,
+Keys come from ``cache_key``: the digest of the canonical schema text, the tokenizer fingerprint,
 the backend and the options. Concurrent requests for a key being compiled wait
 for that compile instead of starting their own. ``observers`` are told each compile's
 seconds (``"compile"``) and how long each request waited for its grammar (``"wait"``:
@@ -51,10 +51,9 @@ def schema_digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
-def cache_key(kind: str, value: Any, fingerprint: str, backend: str, options: GrammarOptions) -> str:
-    return hashlib.sha256(
-        json.dumps([kind, schema_digest(value), fingerprint, backend, list(astuple(options))]).encode()
-    ).hexdigest()
+def cache_key(kind: str, digest: str, fingerprint: str, backend: str, options: GrammarOptions) -> str:
+    """``digest``: the ``schema_digest`` of the schema (or tool list)."""
+    return hashlib.sha256(json.dumps([kind, digest, fingerprint, backend, list(astuple(options))]).encode()).hexdigest()
 
 
 @dataclass

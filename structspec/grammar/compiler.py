@@ -16,7 +16,7 @@ from structspec.grammar.base import (
     SchemaError,
     SchemaIssue,
 )
-from structspec.grammar.cache import GrammarCache, cache_key
+from structspec.grammar.cache import GrammarCache, cache_key, schema_digest
 from structspec.grammar.deadline import run_with_deadline
 from structspec.grammar.tokenizer_view import TokenizerView
 
@@ -43,27 +43,36 @@ class GrammarCompiler:
         self.backend = make_backend(backend, view) if isinstance(backend, str) else backend
         self.cache = GrammarCache(cache_size)
 
-    def compile_schema(self, schema: dict[str, Any] | bool, options: GrammarOptions | None = None) -> CompiledGrammar:
+    def compile_schema(self, schema: dict[str, Any] | bool, options: GrammarOptions | None = None,
+                       digest: str | None = None) -> CompiledGrammar:
+        """``digest``: the schema's ``digest``, where the caller has it already (the front computes it once)."""
         options = options or GrammarOptions()
-        key = self._key("schema", schema, options)
+        key = self._key("schema", digest or self.digest(schema), options)
         return self.cache.get_or_compile(key, lambda: self._compile_schema(schema, options))
 
     def compile_tools(
         self, tools: Any, tool_choice: Any = "auto", parallel: bool = False, options: GrammarOptions | None = None
     ) -> CompiledGrammar:
         options = options or GrammarOptions()
-        key = self._key("tools", {"tools": tools, "tool_choice": tool_choice, "parallel": bool(parallel)}, options)
+        key = self._key("tools", self.digest({"tools": tools, "tool_choice": tool_choice, "parallel": bool(parallel)}),
+                        options)
         return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, tool_choice, bool(parallel), options))
 
-    def _key(self, kind: str, value: Any, options: GrammarOptions) -> str:
+    @staticmethod
+    def digest(value: Any) -> str:
+        """``schema_digest`` of a caller's schema (or tool list); SchemaError for one too deep to canonicalise
+        or not JSON."""
         pointer = json_text.value_too_deep(value)  # canonical JSON recurses: bound the nesting first
         if pointer is not None:
             message = f"schema {json_text.TooDeep(pointer, json_text.MAX_JSON_DEPTH)}"
             raise SchemaError([SchemaIssue(pointer, "", message)], kind="too_deep")
         try:
-            return cache_key(kind, value, self.view.fingerprint, self.backend.name, options)
+            return schema_digest(value)
         except (TypeError, ValueError) as exc:
             raise SchemaError([SchemaIssue("", "", f"not JSON: {exc}")], kind="invalid_schema") from exc
+
+    def _key(self, kind: str, digest: str, options: GrammarOptions) -> str:
+        return cache_key(kind, digest, self.view.fingerprint, self.backend.name, options)
 
     def _compile_schema(self, schema: dict[str, Any] | bool, options: GrammarOptions) -> CompiledGrammar:
         start = time.perf_counter()

@@ -21,7 +21,7 @@ import math
 import re
 import sys
 from functools import cache
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import unquote
 
 import jsonschema
@@ -60,8 +60,7 @@ def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Val
         raise SchemaError([SchemaIssue(at, "", f"{size} bytes, over the budget of {options.max_schema_bytes}")],
                           kind="too_large")
     cls = _draft(schema, at)
-    valid = metaschema.surely_valid(cls, schema)  # most of a compile's time without it
-    issues = [] if valid else [_metaschema_issue(e, at) for e in _metaschema_validator(cls).iter_errors(schema)]
+    issues = [_metaschema_issue(e, at) for e in metaschema_errors(cls, schema)]
     if issues:
         issues.sort(key=lambda i: i.pointer)
         raise SchemaError(issues[:MAX_ISSUES], kind="metaschema")
@@ -254,6 +253,15 @@ def _draft(schema: dict[str, Any], at: str) -> type[Validator]:
         raise SchemaError([SchemaIssue(schema_walk.join(at, "$schema"), "$schema",
                                        f"unknown metaschema {str(schema['$schema'])[:100]!r}")], kind="metaschema")
     return cls
+
+
+def metaschema_errors(cls: type[Validator], schema: Any) -> Iterator[jsonschema.ValidationError]:
+    """Where ``schema`` breaks ``cls``'s metaschema (the one check of both the compile and the registry,
+    each naming the errors its own way): none at once when the fast check finds it valid (most of a
+    compile's time without it)."""
+    if metaschema.surely_valid(cls, schema):
+        return iter(())
+    return _metaschema_validator(cls).iter_errors(schema)
 
 
 @cache
