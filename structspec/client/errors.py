@@ -1,24 +1,16 @@
 """Typed client exceptions: one per gRPC status the service uses, plus output errors
-(a truncated or schema-violating output is a successful RPC the caller still cannot use)."""
+(a truncated or schema-violating output is a successful RPC the caller still cannot use).
+
+``FieldViolation`` and the details' metadata key are the server's own (``front.errors``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from structspec.front.errors import DETAILS_KEY, FieldViolation
 from structspec.proto_gen.v1 import structspec_pb2 as pb
-
-DETAILS_KEY = "structspec-error-details-bin"
-
-
-@dataclass(frozen=True)
-class FieldViolation:
-    field: str
-    description: str
-    json_pointer: str = ""
-    keyword: str = ""
 
 
 class StructSpecError(Exception):

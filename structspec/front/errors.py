@@ -71,3 +71,9 @@ def schema_too_deep(field: str, exc: Any) -> FrontError:
 
 def not_found(message: str, reason: str = "SCHEMA_NOT_FOUND", field: str = "schema_id") -> FrontError:
     return FrontError(Code.NOT_FOUND, message, reason, [FieldViolation(field, message)])
+
+
+def message_too_large(size: int, limit: int, exact: bool = True) -> FrontError:
+    """A request over the server's ``max_message_bytes`` (``exact``: ``size`` is its size, else a bound it passed)."""
+    text = f"request is {'' if exact else 'over '}{size} bytes; the limit is {limit}"
+    return FrontError(Code.INVALID_ARGUMENT, text, "MESSAGE_TOO_LARGE", [FieldViolation("request", "message too large")])

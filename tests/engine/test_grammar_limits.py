@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from structspec.engine.api import ExtractionRequest
 from structspec.engine.types import FinishReason, SamplingParams
+from structspec.front.errors import Code, FrontError
+from structspec.front.failures import check_result
 from structspec.grammar import GrammarCompiler, SchemaError
 from structspec.grammar.llguidance_backend import LLGuidanceBackend
 from structspec.schemas import load_builtin_schemas
-from structspec.service.errors import ServiceError, check_result
 
 INVOICE = load_builtin_schemas()["invoice"]
 
@@ -45,7 +45,7 @@ def test_limit_mid_decode_ends_the_request_naming_the_limit(make_engine, demo_co
         engine.stop()
     assert result.finish_reason is FinishReason.ERROR and result.grammar_limit == "step_lexer_fuel"
     assert "model" not in result.error and "step_lexer_fuel" in result.error
-    with pytest.raises(ServiceError) as err:
+    with pytest.raises(FrontError) as err:
         check_result(result, deadline=None, schema_field="schema_id")
-    assert err.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.reason == "GRAMMAR_LIMIT"
+    assert err.value.code is Code.RESOURCE_EXHAUSTED and err.value.reason == "GRAMMAR_LIMIT"
     assert err.value.violations[0].field == "schema_id" and err.value.violations[0].keyword == "step_lexer_fuel"

@@ -182,32 +182,6 @@ def test_deadline_guard_cancels_an_engine_that_ignores_it(client: Client, engine
     assert wait_for(lambda: "late-3" in engine.cancelled)
 
 
-def test_deadline_ending_inside_engine_maps_to_deadline_exceeded() -> None:
-    from structspec.engine.types import FinishReason, GenerationResult, Outcome, Timings, Usage
-    from structspec.service.errors import ServiceError, check_result
-
-    r = GenerationResult("r", "{", [], FinishReason.CANCELLED, Outcome.NOT_CHECKED, Usage(), Timings())
-    with pytest.raises(ServiceError) as err:
-        check_result(r, deadline=10.0, now=10.0)
-    assert err.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
-    with pytest.raises(ServiceError) as err:
-        check_result(r, deadline=None, now=10.0)
-    assert err.value.code is grpc.StatusCode.CANCELLED
-
-
-def test_an_errored_result_says_model_failure_once() -> None:
-    from structspec.engine.types import FinishReason, GenerationResult, Outcome, Timings, Usage
-    from structspec.service.errors import ServiceError, check_result
-
-    for error in ("model failure (the forward pass of its whole batch of 4): RuntimeError: oom",
-                  "internal error while masking: ValueError: bad"):
-        r = GenerationResult("r", "{", [], FinishReason.ERROR, Outcome.NOT_CHECKED, Usage(), Timings(), error=error)
-        with pytest.raises(ServiceError) as err:
-            check_result(r, deadline=None)
-        assert err.value.reason == "MODEL_FAILURE" and err.value.message.count("model failure") == 1
-        assert err.value.message.endswith(error)
-
-
 def test_cancel_mid_stream_stops_decoding(served: ServerThread, engine: FakeEngine) -> None:
     async def main() -> list[str]:
         got = []

@@ -43,7 +43,7 @@ from structspec.grammar import tools as toolcalls
 from structspec.grammar.base import GrammarOptions, SchemaError, SchemaIssue
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
-from structspec.service.errors import DETAILS_KEY
+from structspec.front.errors import DETAILS_KEY
 from tests.service.fakes import FakeEngine, instance_for
 from tests.service.harness import ServerThread, settings_for
 from tests.service.test_hostile_input import nested, serving

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from structspec.client import Client, InvalidArgumentError
 from structspec.proto_gen.v1 import structspec_pb2 as pb
-from structspec.service.errors import DETAILS_KEY
+from structspec.front.errors import DETAILS_KEY
 from tests.service.harness import ServerThread
 
 EXTRACT = "/structspec.v1.StructSpec/Extract"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from structspec.models.profiles import profiles
-from structspec.service.metrics import ServiceMetrics
+from structspec.front.metrics import ServiceMetrics
 from structspec.service.settings import env_var, load_settings, settings_fields
 
 yaml = pytest.importorskip("yaml")

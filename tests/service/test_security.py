@@ -16,7 +16,8 @@ from structspec.client import (
     UnauthenticatedError,
     UnavailableError,
 )
-from structspec.service.auth import AuthConfig, authorize, bearer_token
+from structspec.front.auth import AuthConfig, bearer_token
+from structspec.service.auth import authorize
 from structspec.service.healthcheck import check
 from structspec.service.settings import Secret
 from tests.service.fakes import FakeEngine

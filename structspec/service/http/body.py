@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from structspec.grammar import json_text
-from structspec.service.errors import ServiceError, invalid
+from structspec.front.errors import FrontError, invalid
 
 # the body's nesting limit: a schema inside it may nest as deep as gRPC allows one (the schema check reports it)
 MAX_BODY_DEPTH = json_text.MAX_JSON_DEPTH + 8
@@ -182,7 +182,7 @@ def param_of(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
-def validation_error(exc: ValidationError) -> ServiceError:
+def validation_error(exc: ValidationError) -> FrontError:
     """The most specific failing field (the deepest; the first of those), with every reason pydantic gives for
     it (one per union member)."""
     errors = exc.errors(include_url=False)

@@ -1,12 +1,12 @@
-"""gRPC status -> HTTP status and OpenAI's error shape: the one place the HTTP API maps errors.
+"""``front.errors.Code`` -> HTTP status and OpenAI's error shape: the one place the HTTP API maps errors.
 
-Every failure is first the same ``ServiceError`` the gRPC servicer answers with (``errors.from_exception``
-and the request checks decide the gRPC code and reason); this module only renders it:
+Every failure is first the same ``FrontError`` the gRPC servicer answers with (``front.failures`` and the
+request checks decide the code and reason); this module only renders it:
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": <reason, lower case>,
                "structspec": {"reason", "request_id", "violations": [{field, description, json_pointer, keyword}]}}}
 
-| gRPC code (reason) | HTTP | type |
+| code (reason) | HTTP | type |
 | --- | --- | --- |
 | INVALID_ARGUMENT | 400 | invalid_request_error |
 | INVALID_ARGUMENT (MESSAGE_TOO_LARGE) | 413 | invalid_request_error |
@@ -30,22 +30,18 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
+from structspec.front.errors import Code, FrontError
 
-from structspec.service.errors import ServiceError
-
-_StatusCode = grpc.StatusCode
-
-# (HTTP status, OpenAI error type) per gRPC code; reasons that need another status are in _BY_REASON
-_BY_CODE: dict[_StatusCode, tuple[int, str]] = {
-    _StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    _StatusCode.UNAUTHENTICATED: (401, "invalid_request_error"),
-    _StatusCode.PERMISSION_DENIED: (403, "permission_error"),
-    _StatusCode.NOT_FOUND: (404, "invalid_request_error"),
-    _StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    _StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
-    _StatusCode.UNAVAILABLE: (503, "server_error"),
-    _StatusCode.CANCELLED: (503, "server_error"),  # the server cancelled it (shutdown); a client that left gets nothing
+# (HTTP status, OpenAI error type) per code; reasons that need another status are in _BY_REASON
+_BY_CODE: dict[Code, tuple[int, str]] = {
+    Code.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    Code.UNAUTHENTICATED: (401, "invalid_request_error"),
+    Code.PERMISSION_DENIED: (403, "permission_error"),
+    Code.NOT_FOUND: (404, "invalid_request_error"),
+    Code.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    Code.DEADLINE_EXCEEDED: (504, "timeout_error"),
+    Code.UNAVAILABLE: (503, "server_error"),
+    Code.CANCELLED: (503, "server_error"),  # the server cancelled it (shutdown); a client that left gets nothing
 }
 _BY_REASON: dict[str, tuple[int, str]] = {
     "MESSAGE_TOO_LARGE": (413, "invalid_request_error"),
@@ -57,7 +53,7 @@ _CODE_OVERRIDES = {"UNAUTHENTICATED": "invalid_api_key", "CONTEXT_TOO_LONG": "co
 RETRY_AFTER_S = {429: 1, 503: 1}
 LOADING_RETRY_AFTER_S = 5
 
-# gRPC request fields (as ``errors`` and the engine's request types name them) -> the body's fields
+# request fields (as ``front.failures`` and the engine's request types name them) -> the body's fields
 _FIELDS = {
     "sampling.temperature": "temperature", "sampling.top_p": "top_p", "sampling.seed": "seed",
     "text": "messages", "tool_choice.tool_name": "tool_choice", "schema_id": "structspec.schema_id",
@@ -109,7 +105,7 @@ class ParamNames:
         return f"{base}#{where}" if where else base
 
 
-def render(err: ServiceError, request_id: str, names: ParamNames | None = None) -> HttpError:
+def render(err: FrontError, request_id: str, names: ParamNames | None = None) -> HttpError:
     names = names or ParamNames()
     status, kind = _BY_REASON.get(err.reason) or _BY_CODE.get(err.code, (500, "server_error"))
     first = err.violations[0] if err.violations else None

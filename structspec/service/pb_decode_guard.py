@@ -1,4 +1,5 @@
-"""Requests whose bytes do not decode get INVALID_ARGUMENT, as a ``grpc.aio.ServerInterceptor``.
+"""The protobuf decode guard: requests whose bytes do not decode get INVALID_ARGUMENT, as a
+``grpc.aio.ServerInterceptor``.
 
 gRPC's runtime deserializes a request before any handler runs; when the bytes are not a
 valid message (truncated, wrong wire types, invalid UTF-8 in a ``string`` field) it answers
@@ -15,7 +16,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from structspec.service.errors import FieldViolation, ServiceError, details_metadata
+from structspec.front.errors import Code, FieldViolation, FrontError
+from structspec.service.grpc_status import abort
 
 
 @dataclass(frozen=True)
@@ -25,10 +27,9 @@ class Undecodable:
     message_type: str
     reason: str
 
-    def error(self) -> ServiceError:
+    def error(self) -> FrontError:
         text = f"request is not a valid {self.message_type} message: {self.reason}"
-        return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, text, "MALFORMED_REQUEST",
-                            [FieldViolation("request", text)])
+        return FrontError(Code.INVALID_ARGUMENT, text, "MALFORMED_REQUEST", [FieldViolation("request", text)])
 
 
 def safe_deserializer(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -47,9 +48,8 @@ def _refusing(handler: grpc.RpcMethodHandler, on_refused: Callable[[str], None],
     """The same handler, with a deserializer that never raises and a check before the behaviour."""
 
     async def refuse(request: Undecodable, context: grpc.aio.ServicerContext) -> None:
-        err = request.error()
         on_refused(method)
-        await context.abort(err.code, err.message, trailing_metadata=details_metadata(err, ""))
+        await abort(context, request.error(), "")
 
     kwargs = {"request_deserializer": safe_deserializer(handler.request_deserializer),
               "response_serializer": handler.response_serializer}

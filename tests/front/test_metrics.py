@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from structspec.service.metrics import ServiceMetrics
+from structspec.front.metrics import ServiceMetrics
 from structspec.stats.book import StatsBook
 from structspec.stats.policy_states import PolicyChange
 

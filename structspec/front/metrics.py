@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server, in a private registry (several servers per process in tests).
+"""Prometheus metrics of one server, in a private registry (several servers per process in tests); both
+fronts observe their calls here (``call.CallGuard``), the gRPC status names as their ``code`` label.
 
 Per RPC: requests, latency, tokens, passes per token, decisions. Per schema (``SchemaCollector``,
 read at scrape time from the statistics book's process totals; the ``schema`` label is bounded:
