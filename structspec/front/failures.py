@@ -8,7 +8,6 @@ parameters under ``sampling.``); the HTTP front renames them to its body's field
 
 from __future__ import annotations
 
-import sys
 import time
 
 from structspec.engine.types import (
@@ -25,23 +24,17 @@ from structspec.engine.types import (
     QueueFull,
 )
 from structspec.front.errors import Code, FieldViolation, FrontError
+from structspec.grammar.base import SchemaError
 from structspec.store.base import StoreError, StoreUnavailable
 
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "seed", "max_tokens"})
 _REQUEST_FIELDS = {"tool_choice": "tool_choice.tool_name"}  # engine field -> request field, where they differ
 
 
-def _schema_error_type() -> type | None:
-    # The grammar layer imports torch; only look for its error class if it is already loaded
-    # (if it is not, nothing can have raised it), so the service imports stay light.
-    module = sys.modules.get("structspec.grammar.base")
-    return getattr(module, "SchemaError", None)
-
-
-def schema_error(exc: Exception, field: str) -> FrontError:
+def schema_error(exc: SchemaError, field: str) -> FrontError:
     """A grammar-layer ``SchemaError`` -> INVALID_ARGUMENT naming each pointer and keyword."""
-    kind = getattr(exc, "kind", "invalid_schema")
-    issues = list(getattr(exc, "issues", ()))
+    kind = exc.kind
+    issues = list(exc.issues)
     violations = [FieldViolation(field, i.message, i.pointer, i.keyword) for i in issues]
     where = "; ".join(f"at {i.pointer or '/'} ({i.keyword}): {i.message}" for i in issues[:5])
     more = f" (+{len(issues) - 5} more)" if len(issues) > 5 else ""
@@ -61,9 +54,8 @@ def from_exception(exc: BaseException, schema_field: str = "json_schema") -> Fro
     """Map a known exception; None for anything unexpected (the caller logs it as INTERNAL)."""
     if isinstance(exc, FrontError):
         return exc
-    schema_error_type = _schema_error_type()
-    if schema_error_type is not None and isinstance(exc, schema_error_type):
-        return schema_error(exc, schema_field)  # type: ignore[arg-type]
+    if isinstance(exc, SchemaError):
+        return schema_error(exc, schema_field)
     if isinstance(exc, DraftLoadError):
         return FrontError(Code.INVALID_ARGUMENT, f"path: {exc}", "INVALID_DRAFT", [FieldViolation("path", str(exc))])
     if isinstance(exc, DraftsUnsupported):
