@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from structspec.grammar import json_text
 from structspec.front.errors import FrontError, invalid
+from structspec.grammar import json_text
 
 # the body's nesting limit: a schema inside it may nest as deep as gRPC allows one (the schema check reports it)
 MAX_BODY_DEPTH = json_text.MAX_JSON_DEPTH + 8
