@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -40,8 +41,9 @@ from structspec.stats.counters import (
     histogram_label,
     hour_of,
 )
+from structspec.stats.pending import Pending
 from structspec.stats.policy_states import PolicyStates
-from structspec.stats.samples import CONTEXT_TOKENS, RejectedDraft, RejectionSampler
+from structspec.stats.samples import CONTEXT_TOKENS, RejectedDraft, RejectedDraftReservoir
 from structspec.stats.totals import ProcessTotals
 from structspec.stats.traffic import FINISHES, TrafficSample, TrafficSampler
 
@@ -72,31 +74,30 @@ class StatsBook:
         self.horizon_seconds = horizon_seconds  # how far back ``rows`` keeps counters (the policy's reach)
         self.clock = clock
         self.max_unwritten = max_unwritten  # unwritten counter keys kept (pending and in flight together)
-        self.dropped = 0  # counter rows not written because ``max_unwritten`` keys were already waiting
-        self.samples = RejectionSampler(samples_per_hour)
+        self.samples = RejectedDraftReservoir(samples_per_hour)
         self.traffic = TrafficSampler(traffic_per_hour, writer=self.samples.writer)  # one writer: this book
         self.policy = PolicyStates()
         self.totals = ProcessTotals()
         self._lock = threading.Lock()
         self._rows: Counters = {}  # persisted (as of the last replace) + everything recorded here since
         self._by_schema: dict[tuple[str, str], set[CounterKey]] = defaultdict(set)
-        self._pending: Counters = {}  # recorded, not yet taken by a flush
+        # recorded, not yet taken by a flush: a key already waiting adds up; a new one past the bound is dropped
+        self._pending: Pending[tuple[CounterKey, float]] = Pending(
+            max_unwritten, drop="new", key=itemgetter(0), merge=lambda old, new: (old[0], old[1] + new[1]))
         self._in_flight: list[Counters] = []  # taken by a flush, not yet committed
         self._reloads: list[Reload] = []  # reloads under way: each keeps what is recorded meanwhile
+
+    @property
+    def dropped(self) -> int:
+        """Counter rows not written because ``max_unwritten`` keys were already waiting."""
+        return self._pending.dropped
 
     # -- recording -------------------------------------------------------------------------------
     def add(self, rows: Iterable[tuple[CounterKey, float]]) -> None:
         with self._lock:
             rows = list(rows)
-            waiting = len(self._pending) + sum(len(r) for r in self._in_flight)
+            self._pending.put(rows, held=sum(len(r) for r in self._in_flight))
             for key, value in rows:
-                if key in self._pending:
-                    self._pending[key] += value
-                elif waiting < self.max_unwritten:
-                    self._pending[key] = value
-                    waiting += 1
-                else:
-                    self.dropped += 1
                 self._put(key, value)
                 for reload in self._reloads:
                     reload.added[key] = reload.added.get(key, 0.0) + value
@@ -113,7 +114,7 @@ class StatsBook:
     def take(self) -> Counters:
         """The counters recorded since the last take; they stay ``unflushed`` until committed."""
         with self._lock:
-            rows, self._pending = self._pending, {}
+            rows = dict(self._pending.take())
             if rows:
                 self._in_flight.append(rows)
             return rows
@@ -132,7 +133,7 @@ class StatsBook:
         """A write failed: put the rows back so the next flush writes them."""
         with self._lock:
             self._in_flight = [r for r in self._in_flight if r is not rows]
-            merge_into(self._pending, rows)
+            self._pending.restore(rows.items())
 
     def unflushed(self) -> Counters:
         """Counters not yet in the store: pending plus in flight."""
@@ -146,7 +147,7 @@ class StatsBook:
 
     def _unflushed(self) -> Counters:
         out: Counters = {}
-        for part in (self._pending, *self._in_flight):
+        for part in (self._pending.pending(), *self._in_flight):
             merge_into(out, part)
         return out
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from structspec.stats.counters import Reason
+from structspec.stats.pending import Pending
 
 ON, OFF = "on", "off"
 _STATE = {
@@ -104,10 +105,14 @@ class PolicyStates:
     def __init__(self, max_keys: int = 4096, max_pending: int = 10_000):
         self.max_keys = max_keys
         self.max_pending = max_pending
-        self.dropped = 0  # changes dropped because the store was not written for too long
         self._lock = threading.Lock()
         self._latest: OrderedDict[tuple[str, str, str], PolicyChange] = OrderedDict()
-        self._pending: list[PolicyChange] = []
+        self._pending: Pending[PolicyChange] = Pending(max_pending)
+
+    @property
+    def dropped(self) -> int:
+        """Changes dropped because the store was not written for too long."""
+        return self._pending.dropped
 
     def observe(self, model: str, schema_key: str, proposer: str, reason: str, at: float, batch_bucket: int = 1,
                 acceptance: float | None = None, threshold: float | None = None) -> PolicyChange | None:
@@ -127,11 +132,7 @@ class PolicyStates:
             self._latest[key] = change
             while len(self._latest) > self.max_keys:
                 self._latest.popitem(last=False)
-            self._pending.append(change)
-            if len(self._pending) > self.max_pending:
-                over = len(self._pending) - self.max_pending
-                del self._pending[:over]
-                self.dropped += over
+            self._pending.put([change])
             return change
 
     def seed(self, changes: Iterable[PolicyChange]) -> None:
@@ -156,14 +157,10 @@ class PolicyStates:
             return dict(self._latest)
 
     def take(self) -> list[PolicyChange]:
-        with self._lock:
-            rows, self._pending = self._pending, []
-        return rows
+        return self._pending.take()
 
     def restore(self, rows: list[PolicyChange]) -> None:
-        with self._lock:
-            self._pending[:0] = rows
+        self._pending.restore(rows, trim=False)  # the bound is applied at the next change
 
     def pending(self) -> list[PolicyChange]:
-        with self._lock:
-            return list(self._pending)
+        return self._pending.pending()

@@ -20,6 +20,8 @@ import threading
 import uuid
 from dataclasses import dataclass
 
+from structspec.stats.pending import Pending
+
 CONTEXT_TOKENS = 32  # the context's last tokens kept with a sample
 KEEP_PER_KEY = 200  # samples the store keeps per (model, schema, proposer), the newest
 
@@ -50,7 +52,7 @@ class RejectedDraft:
         return (self.model, self.schema_key, self.proposer, self.hour, self.writer, self.slot)
 
 
-class RejectionSampler:
+class RejectedDraftReservoir:
     """Reservoirs of rejected drafts per (model, schema, proposer, hour), and those not yet in the store.
 
     Thread-safe. ``per_hour`` 0 samples nothing. At most ``max_keys`` keys are tracked within an
@@ -66,11 +68,16 @@ class RejectionSampler:
         self.writer = uuid.uuid4().hex if writer is None else writer
         self.max_keys = max_keys
         self.max_pending = max_pending
-        self.dropped = 0  # samples dropped because ``max_pending`` were already waiting
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str, str], tuple[int, int]] = {}  # key -> (hour, rejections seen in it)
-        self._pending: dict[tuple[str, str, str, int, str, int], RejectedDraft] = {}
+        # unwritten samples, one per slot: a replaced slot overwrites the unwritten one
+        self._pending: Pending[RejectedDraft] = Pending(max_pending, key=lambda r: r.key)
+
+    @property
+    def dropped(self) -> int:
+        """Samples dropped because ``max_pending`` were already waiting."""
+        return self._pending.dropped
 
     def slot(self, model: str, schema_key: str, proposer: str, hour: int) -> int | None:
         """Count one rejection; the reservoir slot its sample goes to, or None when it is not sampled."""
@@ -93,29 +100,15 @@ class RejectionSampler:
             return j if j < self.per_hour else None
 
     def put(self, sample: RejectedDraft) -> None:
-        with self._lock:
-            self._pending[sample.key] = sample  # a replaced slot overwrites the unwritten one
-            self._trim()
-
-    def _trim(self) -> None:
-        while len(self._pending) > self.max_pending:
-            del self._pending[next(iter(self._pending))]  # the oldest waiting (dicts keep insertion order)
-            self.dropped += 1
+        self._pending.put([sample])
 
     def take(self) -> list[RejectedDraft]:
         """The samples put since the last take (the store writes them; ``restore`` puts them back on failure)."""
-        with self._lock:
-            rows, self._pending = list(self._pending.values()), {}
-        return rows
+        return self._pending.take()
 
     def restore(self, rows: list[RejectedDraft]) -> None:
-        with self._lock:
-            waiting, self._pending = self._pending, {}
-            for r in rows:  # the restored ones are older than those put since: they go first
-                self._pending[r.key] = r
-            self._pending.update(waiting)  # a newer sample of the same slot wins
-            self._trim()
+        """The restored ones are older than those put since: they go first (and first when the bound drops)."""
+        self._pending.restore(rows)
 
     def pending(self) -> list[RejectedDraft]:
-        with self._lock:
-            return list(self._pending.values())
+        return self._pending.pending()

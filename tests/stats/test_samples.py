@@ -7,7 +7,7 @@ from collections import Counter
 
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import HOUR
-from structspec.stats.samples import CONTEXT_TOKENS, RejectionSampler
+from structspec.stats.samples import CONTEXT_TOKENS, RejectedDraftReservoir
 
 
 def decode(ids):
@@ -39,7 +39,7 @@ def test_nothing_refused_is_no_sample_and_a_failing_decode_never_raises():
 def test_the_reservoir_keeps_per_hour_samples_uniformly_and_restarts_each_hour():
     picks: Counter[int] = Counter()
     for trial in range(3000):
-        sampler = RejectionSampler(per_hour=2, rng=random.Random(trial))
+        sampler = RejectedDraftReservoir(per_hour=2, rng=random.Random(trial))
         kept = {}
         for i in range(10):
             slot = sampler.slot("m", "s", "ngram", 0)
@@ -49,14 +49,14 @@ def test_the_reservoir_keeps_per_hour_samples_uniformly_and_restarts_each_hour()
         picks.update(kept.values())
     # every rejection of the hour is kept with the same odds, 2 in 10 (600 of 3000 trials each)
     assert all(480 < picks[i] < 720 for i in range(10)), picks
-    sampler = RejectionSampler(per_hour=2, rng=random.Random(0))
+    sampler = RejectedDraftReservoir(per_hour=2, rng=random.Random(0))
     assert [sampler.slot("m", "s", "p", 0) for _ in range(2)] == [0, 1]
     assert sampler.slot("m", "s", "p", HOUR) == 0  # a new hour, a new reservoir
-    assert RejectionSampler(per_hour=0).slot("m", "s", "p", 0) is None  # off
+    assert RejectedDraftReservoir(per_hour=0).slot("m", "s", "p", 0) is None  # off
 
 
 def test_keys_are_bounded_and_a_replaced_slot_overwrites_the_unwritten_sample():
-    sampler = RejectionSampler(per_hour=1, max_keys=3)
+    sampler = RejectedDraftReservoir(per_hour=1, max_keys=3)
     assert [sampler.slot("m", f"inline:{i}", "p", 0) for i in range(5)] == [0, 0, 0, None, None]
     assert sampler.slot("m", "inline:9", "p", HOUR) == 0  # the past hour's keys are forgotten for the new one
     book = StatsBook(clock=lambda: 0.0, samples_per_hour=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import CounterKey, Series
-from structspec.stats.samples import RejectedDraft, RejectionSampler
+from structspec.stats.samples import RejectedDraft, RejectedDraftReservoir
 from structspec.store.history_buffer import HistoryBuffer
 
 
@@ -42,7 +42,7 @@ def sample(slot: int) -> RejectedDraft:
 
 
 def test_samples_waiting_are_bounded_oldest_dropped() -> None:
-    sampler = RejectionSampler(max_pending=2)
+    sampler = RejectedDraftReservoir(max_pending=2)
     for slot in range(3):
         sampler.put(sample(slot))
     assert [r.slot for r in sampler.pending()] == [1, 2] and sampler.dropped == 1
