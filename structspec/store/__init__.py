@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from structspec.stats.book import StatsBook
-from structspec.store.base import Backlog, SchemaRecord, Store, StoreError, StoreUnavailable
+from structspec.store.base import Backlog, SchemaRecord, Store, StoreError, StoreUnavailable, redact_url
+from structspec.store.sqlite import SQLiteStore
 
 __all__ = ["Backlog", "SchemaRecord", "Store", "StoreError", "StoreUnavailable", "open_store", "redact_url"]
 
 DEFAULT_DB_NAME = "structspec.db"
-_PASSWORD_IN_URL = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/?#@]*):[^@/?#]*@", re.I)
-_PASSWORD_IN_QUERY = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.I)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and messages)."""
-    return _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1:***@", url))
 
 
 def open_store(url: str, data_dir: str | Path | None = None, stats: StatsBook | None = None, *,
@@ -32,14 +25,12 @@ def open_store(url: str, data_dir: str | Path | None = None, stats: StatsBook | 
 
     ``history_limit``: unwritten history outputs kept while the store cannot be written.
     """
-    from structspec.store.sqlite import SQLiteStore
-
     if not url:
         if data_dir is None:
             raise ValueError("store url is empty and no data dir was given")
         return SQLiteStore(Path(data_dir) / DEFAULT_DB_NAME, stats, history_limit)
     if url.startswith(("postgres://", "postgresql://")):
-        from structspec.store.postgres import PostgresStore
+        from structspec.store.postgres import PostgresStore  # imports psycopg (~50 ms): only for a PostgreSQL url
 
         return PostgresStore(url, stats, pool_size=pool_size, timeout=timeout, history_limit=history_limit)
     if url.startswith("sqlite://:memory:") or url == ":memory:":

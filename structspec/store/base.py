@@ -16,8 +16,9 @@ and logged, and holds back none of the rows behind it.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol, TypeVar, runtime_checkable
 
 from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
@@ -25,6 +26,17 @@ from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import TrafficSample
 from structspec.store.history_buffer import HistoryBuffer
+
+S = TypeVar("S", RejectedDraft, TrafficSample)
+
+
+_PASSWORD_IN_URL = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/?#@]*):[^@/?#]*@", re.I)
+_PASSWORD_IN_QUERY = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.I)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and messages)."""
+    return _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1:***@", url))
 
 
 @dataclass(frozen=True)
@@ -179,14 +191,20 @@ async def reload_book(stats: StatsBook, stored: Callable[[], Iterable[tuple[Coun
     await asyncio.shield(work)
 
 
-def newest_samples(stored: Iterable[TrafficSample], unwritten: Iterable[TrafficSample], model: str | None,
-                   schema_key: str | None, limit: int) -> list[TrafficSample]:
-    """The newest ``limit`` of the stored and the matching unwritten traffic samples (an unwritten sample replaces its
-    slot's stored one), newest first."""
+def newest_samples(stored: Iterable[S], unwritten: Iterable[S], model: str | None, schema_key: str | None,
+                   limit: int, proposer: str | None = None) -> list[S]:
+    """The newest ``limit`` of the stored and the matching unwritten samples (rejected drafts or traffic; an unwritten
+    sample replaces its slot's stored one), newest first."""
     merged = {r.key: r for r in stored}
-    merged.update({r.key: r for r in unwritten
-                   if (model is None or r.model == model) and (schema_key is None or r.schema_key == schema_key)})
+    merged.update({r.key: r for r in unwritten if matches(r, model, schema_key, proposer)})
     return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
+
+
+def matches(r: Any, model: str | None, schema_key: str | None, proposer: str | None = None) -> bool:
+    """Whether a record (a counter key, a sample, a policy change) is of ``model``, ``schema_key`` and ``proposer``
+    (None: any)."""
+    return ((model is None or r.model == model) and (schema_key is None or r.schema_key == schema_key)
+            and (proposer is None or r.proposer == proposer))
 
 
 def sum_counters(rows: Iterable[tuple[CounterKey, float]], since: float, until: float | None) -> Counters:

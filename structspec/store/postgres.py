@@ -54,22 +54,22 @@ import contextlib
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
 from structspec.stats.book import Counters, Reload, StatsBook
-from structspec.stats.counters import CounterKey, hour_of
-from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
+from structspec.stats.counters import hour_of
 from structspec.stats.policy_states import PolicyChange
-from structspec.stats.samples import KEEP_PER_KEY as SAMPLES_KEEP
 from structspec.stats.samples import RejectedDraft
-from structspec.stats.traffic import KEEP_PER_KEY as TRAFFIC_KEEP
 from structspec.stats.traffic import TrafficSample
-from structspec.store.base import (SPECULATION_MODES, Backlog, SchemaRecord, StoreError, StoreUnavailable, backlog_of,
-                                   newest_samples, reload_book, sum_counters)
-from structspec.store.history_buffer import HistoryBuffer, HistoryRow
+from structspec.store import rows, statements
+from structspec.store.base import (BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError, StoreUnavailable,
+                                   redact_url, reload_book)
+from structspec.store.dialect import POSTGRES
+from structspec.store.history_buffer import HistoryRow
 from structspec.store.postgres_schema import migrate
-from structspec.store.quarantine import Quarantine, halves, refused
-from structspec.store.text import decode, encode
+from structspec.store.quarantine import halves, refused
+from structspec.store.sql_store import SQLStore, _as_is
+from structspec.store.statements import CHANGE_COLS, SCHEMA_COLS
 
 try:  # the ``postgres`` extra
     import psycopg
@@ -78,137 +78,73 @@ except ImportError:  # pragma: no cover - reported by ``PostgresStore`` itself
     psycopg = None  # type: ignore[assignment]
     AsyncConnectionPool = None  # type: ignore[assignment,misc]
 
+R = TypeVar("R")
+_sql = POSTGRES.sql
 # what psycopg raises when the database refuses a statement's values (SQLSTATE classes 22 and 23), not when it
 # cannot be reached or the statement itself is wrong
 _REFUSALS: tuple[type[BaseException], ...] = (psycopg.DataError, psycopg.IntegrityError) if psycopg else ()
-
-_COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
-_COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
-_SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
-                "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, grammatical, "
-                "writer")
-_CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
-_TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish, writer"
-_SAMPLE_KEY = ("model", "schema_key", "proposer", "hour", "writer", "slot")  # rejected_drafts' primary key
-
-
-def _record(row: tuple[Any, ...]) -> SchemaRecord:
-    return SchemaRecord(row[0], int(row[1]), decode(row[2]), row[3], decode(row[4]), float(row[5]), row[6], row[7])
-
-
-def _sample_row(r: RejectedDraft) -> tuple[Any, ...]:
-    return (r.model, r.schema_key, r.proposer, r.hour, r.slot, r.created_at, r.batch_bucket, list(r.context_tokens),
-            encode(r.context_text), list(r.draft_tokens), encode(r.draft_text), r.position, r.rejected_token,
-            encode(r.rejected_text), r.target_token, encode(r.target_text), r.grammatical, r.writer)
-
-
-def _sample(row: tuple[Any, ...]) -> RejectedDraft:
-    return RejectedDraft(row[0], row[1], row[2], int(row[3]), int(row[4]), float(row[5]), int(row[6]),
-                         tuple(row[7]), decode(row[8]), tuple(row[9]), decode(row[10]), int(row[11]), int(row[12]),
-                         decode(row[13]), int(row[14]), decode(row[15]), bool(row[16]), row[17])
-
-
-def _traffic_row(r: TrafficSample) -> tuple[Any, ...]:
-    return (r.model, r.schema_key, r.hour, r.slot, r.created_at, list(r.prompt_tokens), list(r.output_tokens),
-            r.finish, r.writer)
-
-
-def _traffic(row: tuple[Any, ...]) -> TrafficSample:
-    return TrafficSample(row[0], row[1], int(row[2]), int(row[3]), float(row[4]), tuple(row[5]), tuple(row[6]),
-                         row[7], row[8])
-
-
-def _change(row: tuple[Any, ...]) -> PolicyChange:
-    return PolicyChange(row[0], row[1], row[2], float(row[3]), row[4], row[5], row[6], int(row[7]),
-                        None if row[8] is None else float(row[8]), None if row[9] is None else float(row[9]))
-
-
-def _counters(rows: list[tuple[Any, ...]]) -> list[tuple[CounterKey, float]]:
-    return [(CounterKey(r[0], r[1], int(r[2]), r[3], r[4], int(r[5]), r[6]), float(r[7])) for r in rows]
-
-
-def _matches(item: RejectedDraft | PolicyChange, model: str | None, schema_key: str | None) -> bool:
-    return (model is None or item.model == model) and (schema_key is None or item.schema_key == schema_key)
-
-
-def _where(filters: tuple[tuple[str, str | None], ...]) -> tuple[str, list[Any]]:
-    """`` AND column = %s`` for each filter that is set, with its arguments."""
-    sql, args = "", []
-    for column, value in filters:
-        if value is not None:
-            sql += f" AND {column} = %s"
-            args.append(value)
-    return sql, args
-
-
-_KINDS = {"counters": "counters", "history": "history", "samples": "samples", "changes": "policy_changes",
-          "traffic": "traffic"}  # a batch's fields -> their backlog kinds
+# each key's latest policy change
+_LATEST_CHANGES = (f"SELECT DISTINCT ON (model, schema_key, proposer) {CHANGE_COLS} FROM policy_changes "
+                   "ORDER BY model, schema_key, proposer, id DESC")
 
 
 @dataclass
 class _Batch:
     """One flush (or a part of one): what it took from the buffers, written in one transaction under its sequence
-    number (``seq``: given when it is first written, kept for its retries)."""
+    number (``seq``: given when it is first written, kept for its retries). Its fields are the backlog kinds."""
 
     seq: int | None
     counters: Counters = field(default_factory=dict)
     history: list[HistoryRow] = field(default_factory=list)
     samples: list[RejectedDraft] = field(default_factory=list)
-    changes: list[PolicyChange] = field(default_factory=list)
+    policy_changes: list[PolicyChange] = field(default_factory=list)
     traffic: list[TrafficSample] = field(default_factory=list)
 
     def size(self) -> int:
-        return sum(len(getattr(self, name)) for name in _KINDS)
-
-    def empty(self) -> bool:
-        return self.size() == 0
+        return sum(len(getattr(self, kind)) for kind in BACKLOG_KINDS)
 
     def parts(self) -> list["_Batch"]:
         """Smaller batches that make this one (of two rows or more) up: one per kind, or its one kind's halves."""
-        kinds = [name for name in _KINDS if getattr(self, name)]
+        kinds = [kind for kind in BACKLOG_KINDS if getattr(self, kind)]
         if len(kinds) > 1:
-            return [_Batch(None, **{name: getattr(self, name)}) for name in kinds]
+            return [_Batch(None, **{kind: getattr(self, kind)}) for kind in kinds]
         return [_Batch(None, **{kinds[0]: half}) for half in halves(getattr(self, kinds[0]))]
 
     def row(self) -> tuple[str, Any]:
         """A one-row batch's (backlog kind, row); a counter's row is its (key, value)."""
-        name = next(name for name in _KINDS if getattr(self, name))
-        rows = getattr(self, name)
-        return _KINDS[name], next(iter(rows.items())) if isinstance(rows, dict) else rows[0]
+        kind = next(kind for kind in BACKLOG_KINDS if getattr(self, kind))
+        rows = getattr(self, kind)
+        return kind, next(iter(rows.items())) if isinstance(rows, dict) else rows[0]
 
 
-class PostgresStore:
+class PostgresStore(SQLStore):
     """``Store`` on the PostgreSQL database at ``url`` (a libpq URL or ``key=value`` string).
 
     ``pool_size``: connections kept at most; ``timeout``: seconds to wait for a connection or a statement before
     ``StoreUnavailable``; ``history_limit``: unwritten history outputs kept while the store cannot be written."""
 
-    HISTORY_KEEP = 64  # outputs kept per (model, key): the history proposer's own bound
+    dialect = POSTGRES
 
     def __init__(self, url: str, stats: StatsBook | None = None, *, pool_size: int = 4, timeout: float = 5.0,
                  history_limit: int = 100_000):
         if pool_size < 1 or timeout <= 0:
             raise ValueError("pool_size must be >= 1 and timeout > 0")
+        super().__init__(stats, history_limit)
         self.url = url
-        self.stats = stats or StatsBook()
         self.pool_size = pool_size
         self.timeout = timeout
         self.replica = uuid.uuid4().hex  # this process's name in flush_marks
         self._pool: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._history = HistoryBuffer(history_limit)
         self._flush_lock = asyncio.Lock()
         self._seq = 0
         # taken, not yet written, in order: a flush that failed (written again first, the first under its number),
         # or the parts of one the database refused
         self._retry: list[_Batch] = []
-        self.quarantine = Quarantine()  # rows the database refused
 
     @property
     def where(self) -> str:
         """The database, for messages (no password)."""
-        from structspec.store import redact_url
-
         return redact_url(self.url)
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -239,6 +175,11 @@ class PostgresStore:
             raise StoreUnavailable(f"PostgreSQL store {self.where} is unreachable: {exc}") from exc
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL store {self.where}: {exc}") from exc
+
+    async def _fetch(self, sql: str, args: Sequence[Any] = (), row: Callable[[rows.Row], R] = _as_is) -> list[R]:
+        async with self._conn() as conn:
+            found = await (await conn.execute(_sql(sql), args)).fetchall()
+        return [row(r) for r in found]
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -272,10 +213,6 @@ class PostgresStore:
             pool, self._pool, self._loop = self._pool, None, None
             await pool.close()
 
-    async def check(self) -> None:
-        async with self._conn() as conn:
-            await conn.execute("SELECT 1")
-
     # -- schema registry -------------------------------------------------------------------
 
     async def put_schema(self, schema_id: str, schema_json: str, sha256: str, description: str, source: str,
@@ -286,57 +223,27 @@ class PostgresStore:
             # the row lock serializes registrations of this id across every replica; each statement after it sees
             # what the one before committed
             await conn.execute("SELECT last_version FROM schema_ids WHERE schema_id = %s FOR UPDATE", (schema_id,))
-            row = await (await conn.execute(
-                f"SELECT {_COLS} FROM schema_versions WHERE schema_id = %s AND sha256 = %s ORDER BY version LIMIT 1",
-                (schema_id, sha256))).fetchone()
+            row = await (await conn.execute(_sql(statements.SAME_CONTENT), (schema_id, sha256))).fetchone()
             if row is not None:
-                return _record(row), False
+                return rows.schema(row), False
             (version,) = await (await conn.execute(
                 "UPDATE schema_ids SET last_version = last_version + 1 WHERE schema_id = %s RETURNING last_version",
                 (schema_id,))).fetchone()
             rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
-            await conn.execute(f"INSERT INTO schema_versions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                               (rec.schema_id, rec.version, encode(rec.schema_json), rec.sha256, encode(rec.description),
-                                rec.created_at, rec.source, rec.speculation))
+            await conn.execute(_sql(statements.INSERT_SCHEMA), rows.schema_row(rec))
             return rec, True
 
-    async def get_schema(self, schema_id: str, version: int | None = None) -> SchemaRecord | None:
-        if version is None:
-            sql, args = (f"SELECT {_COLS} FROM schema_versions WHERE schema_id = %s ORDER BY version DESC LIMIT 1",
-                         (schema_id,))
-        else:
-            sql, args = f"SELECT {_COLS} FROM schema_versions WHERE schema_id = %s AND version = %s", (schema_id, version)
-        async with self._conn() as conn:
-            row = await (await conn.execute(sql, args)).fetchone()
-        return _record(row) if row else None
-
-    async def list_schemas(self, schema_id: str | None = None, all_versions: bool = False) -> list[SchemaRecord]:
-        where, args = ("WHERE v.schema_id = %s", [schema_id]) if schema_id else ("", [])
-        if not all_versions:
-            latest = "v.version = (SELECT MAX(w.version) FROM schema_versions w WHERE w.schema_id = v.schema_id)"
-            where = f"{where} AND {latest}" if where else f"WHERE {latest}"
-        cols = ", ".join(f"v.{c.strip()}" for c in _COLS.split(","))
-        async with self._conn() as conn:
-            rows = await (await conn.execute(
-                f"SELECT {cols} FROM schema_versions v {where} ORDER BY v.schema_id, v.version", args)).fetchall()
-        return [_record(r) for r in rows]
-
     async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
-        cond, args = (("schema_id = %s", (schema_id,)) if version is None
-                      else ("schema_id = %s AND version = %s", (schema_id, version)))
-        async with self._conn() as conn:
-            rows = await (await conn.execute(f"DELETE FROM schema_versions WHERE {cond} RETURNING version",
-                                             args)).fetchall()
-        return sorted(int(r[0]) for r in rows)
+        cond, args = ("schema_id = ?", (schema_id,)) if version is None else ("schema_id = ? AND version = ?", (schema_id, version))
+        found = await self._fetch(f"DELETE FROM schema_versions WHERE {cond} RETURNING version", args)
+        return sorted(int(r[0]) for r in found)
 
     async def set_schema_speculation(self, schema_id: str, version: int, mode: str) -> SchemaRecord | None:
         if mode not in SPECULATION_MODES:
             raise ValueError(f"speculation mode must be one of {', '.join(SPECULATION_MODES)}, got {mode!r}")
-        async with self._conn() as conn:
-            row = await (await conn.execute(
-                f"UPDATE schema_versions SET speculation = %s WHERE schema_id = %s AND version = %s RETURNING {_COLS}",
-                (mode, schema_id, version))).fetchone()
-        return _record(row) if row else None
+        found = await self._fetch(f"UPDATE schema_versions SET speculation = ? WHERE schema_id = ? AND version = ? "
+                                  f"RETURNING {SCHEMA_COLS}", (mode, schema_id, version), rows.schema)
+        return found[0] if found else None
 
     # -- statistics ----------------------------------------------------------------------------
 
@@ -345,7 +252,7 @@ class PostgresStore:
             await self._write_retry()  # raises while the store cannot be written: the batches stay, nothing is taken
             batch = _Batch(None, self.stats.take(), self._history.take(), self.stats.samples.take(),
                            self.stats.policy.take(), self.stats.traffic.take())
-            if batch.empty():
+            if batch.size() == 0:
                 return
             self._retry.append(batch)
             await self._write_retry()
@@ -388,64 +295,13 @@ class PostgresStore:
             if mark is None:
                 return  # this batch landed before; its commit was not acknowledged
             async with conn.cursor() as cur:
-                if b.counters:
-                    await cur.executemany(
-                        f"INSERT INTO counters ({_COUNTER_COLS}, value) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                        f"ON CONFLICT ({_COUNTER_COLS}) DO UPDATE SET value = counters.value + excluded.value",
-                        [(k.model, k.schema_key, k.hour, k.series, k.proposer, k.batch_bucket, k.label, v)
-                         for k, v in sorted(b.counters.items())])
-                if b.history:
-                    history = [(m, encode(k), encode(t), at) for m, k, t, at in b.history]
-                    await cur.executemany("INSERT INTO history (model, history_key, text, created_at) "
-                                          "VALUES (%s, %s, %s, %s)", history)
-                    for model, key in sorted({(m, k) for m, k, _, _ in history}):
-                        await cur.execute(
-                            "DELETE FROM history WHERE model = %s AND history_key = %s AND id NOT IN (SELECT id FROM "
-                            "history WHERE model = %s AND history_key = %s ORDER BY id DESC LIMIT %s)",
-                            (model, key, model, key, self.HISTORY_KEEP))
-                if b.samples:
-                    columns = [c.strip() for c in _SAMPLE_COLS.split(",")]
-                    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in _SAMPLE_KEY)
-                    await cur.executemany(
-                        f"INSERT INTO rejected_drafts ({_SAMPLE_COLS}) VALUES ({', '.join(['%s'] * len(columns))}) "
-                        f"ON CONFLICT ({', '.join(_SAMPLE_KEY)}) DO UPDATE SET {updates}",
-                        [_sample_row(r) for r in sorted(b.samples, key=lambda r: r.key)])
-                    for model, key, proposer in sorted({(r.model, r.schema_key, r.proposer) for r in b.samples}):
-                        await cur.execute(
-                            "DELETE FROM rejected_drafts WHERE model = %s AND schema_key = %s AND proposer = %s AND "
-                            "(hour, writer, slot) NOT IN (SELECT hour, writer, slot FROM rejected_drafts WHERE "
-                            "model = %s AND schema_key = %s AND proposer = %s ORDER BY hour DESC, created_at DESC "
-                            "LIMIT %s)", (model, key, proposer, model, key, proposer, SAMPLES_KEEP))
-                if b.traffic:
-                    await cur.executemany(
-                        f"INSERT INTO traffic_samples ({_TRAFFIC_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                        "ON CONFLICT (model, schema_key, hour, writer, slot) DO UPDATE SET created_at = "
-                        "excluded.created_at, prompt_tokens = excluded.prompt_tokens, output_tokens = "
-                        "excluded.output_tokens, finish = excluded.finish",
-                        [_traffic_row(r) for r in sorted(b.traffic, key=lambda r: r.key)])
-                    for model, key in sorted({(r.model, r.schema_key) for r in b.traffic}):
-                        await cur.execute(
-                            "DELETE FROM traffic_samples WHERE model = %s AND schema_key = %s AND (hour, writer, slot) "
-                            "NOT IN (SELECT hour, writer, slot FROM traffic_samples WHERE model = %s AND schema_key = %s "
-                            "ORDER BY hour DESC, created_at DESC LIMIT %s)", (model, key, model, key, TRAFFIC_KEEP))
-                if b.changes:
-                    await cur.executemany(
-                        f"INSERT INTO policy_changes ({_CHANGE_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        [(r.model, r.schema_key, r.proposer, r.at, r.state, r.reason, r.previous, r.batch_bucket,
-                          r.acceptance, r.threshold) for r in b.changes])
-                    for model, key, proposer in sorted({r.key for r in b.changes}):
-                        await cur.execute(
-                            "DELETE FROM policy_changes WHERE model = %s AND schema_key = %s AND proposer = %s AND id "
-                            "NOT IN (SELECT id FROM policy_changes WHERE model = %s AND schema_key = %s AND "
-                            "proposer = %s ORDER BY id DESC LIMIT %s)",
-                            (model, key, proposer, model, key, proposer, CHANGES_KEEP))
+                for kind in BACKLOG_KINDS:
+                    if getattr(b, kind):
+                        for sql, args in statements.writes(POSTGRES, kind, getattr(b, kind)):
+                            await cur.executemany(_sql(sql), args)
 
-    @staticmethod
-    async def _select(conn: Any, since_hour: int, model: str | None, schema_key: str | None) -> list[tuple[Any, ...]]:
-        """The counters' rows (``_counters`` makes them keys)."""
-        cond, args = _where((("model", model), ("schema_key", schema_key)))
-        return await (await conn.execute(f"SELECT {_COUNTER_COLS}, value FROM counters WHERE hour >= %s{cond}",
-                                         [since_hour, *args])).fetchall()
+    def _unwritten(self, kind: str) -> list[Any]:
+        return [r for batch in list(self._retry) for r in getattr(batch, kind)]
 
     @contextlib.asynccontextmanager
     async def _snapshot(self) -> AsyncIterator[tuple[Any, Reload]]:
@@ -477,96 +333,29 @@ class PostgresStore:
                             schema_key: str | None = None) -> Counters:
         async with self._snapshot() as (conn, reload):
             self.stats.cancel_reload(reload)  # only its unwritten counters are needed
-            stored = _counters(await self._select(conn, hour_of(since), model, schema_key))
-        pending = [(k, v) for k, v in reload.unflushed.items()
-                   if (model is None or k.model == model) and (schema_key is None or k.schema_key == schema_key)]
-        return sum_counters(stored + pending, since, until)
+            stored = await (await conn.execute(*_counters(hour_of(since), model, schema_key))).fetchall()
+        return self._counted([rows.counter(r) for r in stored], reload, since, until, model, schema_key)
 
     async def refresh_stats(self) -> None:
         async with self._snapshot() as (conn, reload):
-            stored = await self._select(conn, hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
-            latest = await (await conn.execute(
-                f"SELECT DISTINCT ON (model, schema_key, proposer) {_CHANGE_COLS} FROM policy_changes "
-                "ORDER BY model, schema_key, proposer, id DESC")).fetchall()
+            since = hour_of(self.stats.clock() - self.stats.horizon_seconds)
+            stored = await (await conn.execute(*_counters(since, None, None))).fetchall()
+            latest = await (await conn.execute(_LATEST_CHANGES)).fetchall()
         # built outside every lock (and off the event loop: a week of counters), swapped in under the book's
-        await reload_book(self.stats, lambda: _counters(stored), reload)
-        self.stats.policy.seed([_change(r) for r in latest])  # a restarted server knows each proposer's state
+        await reload_book(self.stats, lambda: [rows.counter(r) for r in stored], reload)
+        self.stats.policy.seed([rows.change(r) for r in latest])  # a restarted server knows each proposer's state
 
     async def prune(self, before: float) -> int:
         cutoff = hour_of(before)
         async with self._conn() as conn, conn.transaction():
             n = 0
-            for sql, arg in (("DELETE FROM counters WHERE hour < %s", cutoff),
-                             ("DELETE FROM rejected_drafts WHERE hour < %s", cutoff),
-                             ("DELETE FROM traffic_samples WHERE hour < %s", cutoff),
-                             ("DELETE FROM history WHERE created_at < %s", before),
-                             # past retention but each key's newest: a state unchanged since is still its state
-                             ("DELETE FROM policy_changes WHERE at < %s AND id <> (SELECT MAX(q.id) FROM policy_changes q "
-                              "WHERE q.model = policy_changes.model AND q.schema_key = policy_changes.schema_key "
-                              "AND q.proposer = policy_changes.proposer)", before)):
-                n += (await conn.execute(sql, (arg,))).rowcount
+            for sql, by_hour in statements.PRUNE:
+                n += (await conn.execute(_sql(sql), (cutoff if by_hour else before,))).rowcount
             # replicas that have not flushed since (stopped processes): their marks are not needed any more
             await conn.execute("DELETE FROM flush_marks WHERE at < %s", (before,))
         return n
 
-    def backlog(self) -> Backlog:
-        out = backlog_of(self.stats, self._history, self.quarantine.counts())
-        for batch in list(self._retry):  # taken by a failed flush, still unwritten (counters: in the book's count)
-            for name, kind in _KINDS.items():
-                if name != "counters":
-                    out.unwritten[kind] += len(getattr(batch, name))
-        return out
 
-    def _unwritten(self, name: str) -> list[Any]:
-        """The taken, not yet written rows of one of a batch's fields."""
-        return [r for batch in list(self._retry) for r in getattr(batch, name)]
-
-    # -- rejected drafts and the policy's changes ---------------------------------------------------
-
-    def _unwritten_samples(self) -> list[RejectedDraft]:
-        return self._unwritten("samples") + self.stats.samples.pending()
-
-    async def read_rejected_drafts(self, model: str | None = None, schema_key: str | None = None,
-                                   proposer: str | None = None, limit: int = 100) -> list[RejectedDraft]:
-        cond, args = _where((("model", model), ("schema_key", schema_key), ("proposer", proposer)))
-        async with self._conn() as conn:
-            rows = await (await conn.execute(
-                f"SELECT {_SAMPLE_COLS} FROM rejected_drafts WHERE TRUE{cond} ORDER BY created_at DESC LIMIT %s",
-                [*args, limit])).fetchall()
-        merged = {r.key: r for r in map(_sample, rows)}
-        # an unwritten sample replaces its slot's stored one
-        merged.update({r.key: r for r in self._unwritten_samples()
-                       if _matches(r, model, schema_key) and (proposer is None or r.proposer == proposer)})
-        return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
-
-    async def read_traffic_samples(self, model: str | None = None, schema_key: str | None = None,
-                                   limit: int = 1000) -> list[TrafficSample]:
-        cond, args = _where((("model", model), ("schema_key", schema_key)))
-        async with self._conn() as conn:
-            rows = await (await conn.execute(
-                f"SELECT {_TRAFFIC_COLS} FROM traffic_samples WHERE TRUE{cond} ORDER BY created_at DESC LIMIT %s",
-                [*args, limit])).fetchall()
-        unwritten = self._unwritten("traffic") + self.stats.traffic.pending()
-        return newest_samples(map(_traffic, rows), unwritten, model, schema_key, limit)
-
-    async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
-        cond, args = _where((("model", model), ("schema_key", schema_key)))
-        async with self._conn() as conn:
-            rows = await (await conn.execute(
-                f"SELECT {_CHANGE_COLS} FROM policy_changes WHERE TRUE{cond} ORDER BY at, id", args)).fetchall()
-        unwritten = self._unwritten("changes") + self.stats.policy.pending()
-        return [_change(r) for r in rows] + [r for r in unwritten if _matches(r, model, schema_key)]
-
-    # -- schema history ------------------------------------------------------------------------
-
-    def append_history(self, model: str, history_key: str, text: str, now: float) -> None:
-        self._history.append(model, history_key, text, now)
-
-    async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
-        async with self._conn() as conn:
-            rows = await (await conn.execute(
-                "SELECT history_key, text FROM (SELECT id, history_key, text, row_number() OVER (PARTITION BY "
-                "history_key ORDER BY id DESC) AS n FROM history WHERE model = %s AND history_key IN (SELECT "
-                "history_key FROM history WHERE model = %s GROUP BY history_key ORDER BY MAX(id) DESC LIMIT %s)) "
-                "recent WHERE n <= %s ORDER BY id", (model, model, max_keys, per_key))).fetchall()
-        return [(decode(r[0]), decode(r[1])) for r in rows]
+def _counters(since_hour: int, model: str | None, schema_key: str | None) -> tuple[str, list[Any]]:
+    sql, args = statements.counters(since_hour, model, schema_key)
+    return _sql(sql), args

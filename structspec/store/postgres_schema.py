@@ -1,4 +1,4 @@
-"""The PostgreSQL store's tables, and their creation and migration at start under an advisory lock.
+"""The PostgreSQL store's tables' creation and migration at start, under an advisory lock.
 
 Several replicas may start at once against one database. ``migrate`` runs in one transaction
 that first takes a transaction-scoped advisory lock (``pg_advisory_xact_lock``), so the replicas
@@ -6,11 +6,12 @@ take turns: the first creates the tables (or migrates them) and commits, the oth
 the schema current and change nothing. DDL is transactional in PostgreSQL, so a replica that
 dies midway leaves the schema as it was.
 
-Version numbers are the SQLite store's (``sqlite.py``): version 3 holds the same tables (the
-registry, hourly counters, the schema history, rejected-draft samples, the policy's changes)
-plus ``flush_marks``, which makes a flush land exactly once; version 4 adds the traffic samples;
-version 5 keys each reservoir slot by its writer too and stores callers' text through
-``text.encode`` (a value stored before that starts with ``text.MARK`` is encoded by the migration).
+The tables are ``statements.tables`` and ``flush_marks``. Version numbers are the SQLite store's
+(``sqlite.py``): version 3 holds the same tables (the registry, hourly counters, the schema
+history, rejected-draft samples, the policy's changes) plus ``flush_marks``, which makes a flush
+land exactly once; version 4 adds the traffic samples; version 5 keys each reservoir slot by its
+writer too and stores callers' text through ``text.encode`` (a value stored before that starts
+with ``text.MARK`` is encoded by the migration).
 A later version adds its statements to ``MIGRATIONS`` under the version it migrates from, and
 raises ``SCHEMA_VERSION``.
 """
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from structspec.store import statements
 from structspec.store.base import StoreError
+from structspec.store.dialect import POSTGRES
 from structspec.store.text import ENCODED_COLUMNS, MARK
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = statements.SCHEMA_VERSION
 # The advisory lock's key: any constant 64-bit integer that no other application on the database uses for its own
 # lock ('stsp' in ASCII).
 MIGRATION_LOCK = 0x73747370
@@ -31,44 +34,11 @@ TRAFFIC_DDL_4 = """CREATE TABLE traffic_samples (
         model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
         created_at DOUBLE PRECISION NOT NULL, prompt_tokens INTEGER[] NOT NULL, output_tokens INTEGER[] NOT NULL,
         finish TEXT NOT NULL, PRIMARY KEY (model, schema_key, hour, slot))"""
-META_DDL = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 DDL = (
-    # last_version survives deletes so version numbers are never reused
-    "CREATE TABLE schema_ids (schema_id TEXT PRIMARY KEY, last_version INTEGER NOT NULL)",
-    """CREATE TABLE schema_versions (
-        schema_id TEXT NOT NULL, version INTEGER NOT NULL, schema_json TEXT NOT NULL,
-        sha256 TEXT NOT NULL, description TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-        source TEXT NOT NULL, speculation TEXT NOT NULL DEFAULT 'auto', PRIMARY KEY (schema_id, version))""",
-    "CREATE INDEX schema_versions_hash ON schema_versions (schema_id, sha256)",
-    """CREATE TABLE counters (
-        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, series TEXT NOT NULL,
-        proposer TEXT NOT NULL, batch_bucket INTEGER NOT NULL, label TEXT NOT NULL, value DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (model, schema_key, hour, series, proposer, batch_bucket, label))""",
-    "CREATE INDEX counters_hour ON counters (hour)",
-    """CREATE TABLE history (
-        id BIGSERIAL PRIMARY KEY, model TEXT NOT NULL, history_key TEXT NOT NULL,
-        text TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
-    "CREATE INDEX history_by_key ON history (model, history_key, id)",
-    """CREATE TABLE rejected_drafts (
-        model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL, hour BIGINT NOT NULL,
-        slot INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, batch_bucket INTEGER NOT NULL,
-        context_tokens INTEGER[] NOT NULL, context_text TEXT NOT NULL, draft_tokens INTEGER[] NOT NULL,
-        draft_text TEXT NOT NULL, position INTEGER NOT NULL, rejected_token INTEGER NOT NULL,
-        rejected_text TEXT NOT NULL, target_token INTEGER NOT NULL, target_text TEXT NOT NULL,
-        grammatical BOOLEAN NOT NULL, writer TEXT NOT NULL DEFAULT '',
-        PRIMARY KEY (model, schema_key, proposer, hour, writer, slot))""",
-    """CREATE TABLE policy_changes (
-        id BIGSERIAL PRIMARY KEY, model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL,
-        at DOUBLE PRECISION NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, previous TEXT NOT NULL,
-        batch_bucket INTEGER NOT NULL, acceptance DOUBLE PRECISION, threshold DOUBLE PRECISION)""",
-    "CREATE INDEX policy_changes_by_key ON policy_changes (model, schema_key, proposer, at)",
+    *statements.tables(POSTGRES),
     # per replica process: the sequence number of its latest flush that landed (a retried flush whose number is
     # not above it had landed already: its commit was not acknowledged)
     "CREATE TABLE flush_marks (replica TEXT PRIMARY KEY, batch BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL)",
-    """CREATE TABLE traffic_samples (
-        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL, prompt_tokens INTEGER[] NOT NULL, output_tokens INTEGER[] NOT NULL,
-        finish TEXT NOT NULL, writer TEXT NOT NULL DEFAULT '', PRIMARY KEY (model, schema_key, hour, writer, slot))""",
 )
 _MARK_SQL = f"chr({ord(MARK)})"
 
@@ -96,8 +66,8 @@ async def migrate(conn: Any, where: str) -> tuple[int | None, int]:
     in errors. Raises ``StoreError`` for a store written by a newer structspec (nothing is changed)."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        await conn.execute(META_DDL)
-        row = await (await conn.execute("SELECT value FROM meta WHERE key = 'schema_version'")).fetchone()
+        await conn.execute(statements.META)
+        row = await (await conn.execute(statements.READ_VERSION)).fetchone()
         found = int(row[0]) if row is not None else None
         if found is not None and found > SCHEMA_VERSION:
             raise StoreError(f"store {where} was written by a newer structspec (schema {found}; this one knows "
@@ -113,7 +83,5 @@ async def migrate(conn: Any, where: str) -> tuple[int | None, int]:
             steps = tuple(stmt for v in range(found, SCHEMA_VERSION) for stmt in MIGRATIONS[v])
         for stmt in steps:
             await conn.execute(stmt)
-        await conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', %s) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
+        await conn.execute(POSTGRES.sql(statements.WRITE_VERSION), (str(SCHEMA_VERSION),))
         return found, SCHEMA_VERSION

@@ -1,0 +1,179 @@
+"""The stores' tables and statements, written once for SQLite and PostgreSQL (``?`` placeholders; ``dialect``).
+
+``tables``: the DDL of the current schema version. ``writes``: what a flush runs for one kind of rows (the rows,
+then each key's keep-newest delete: a table holds the newest ``KEEP`` rows per key). ``PRUNE``: what ``prune``
+deletes. A store executes them through its own connection (``Dialect.sql`` for its placeholders).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from structspec.stats.book import Counters
+from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
+from structspec.stats.samples import KEEP_PER_KEY as SAMPLES_KEEP
+from structspec.stats.traffic import KEEP_PER_KEY as TRAFFIC_KEEP
+from structspec.store import rows
+from structspec.store.dialect import Dialect
+
+SCHEMA_VERSION = 5  # of the tables below (``sqlite`` and ``postgres_schema`` migrate older ones)
+HISTORY_KEEP = 64  # outputs kept per (model, key): the history proposer's own bound
+SCHEMA_COLS = "schema_id, version, schema_json, sha256, description, created_at, source, speculation"
+COUNTER_COLS = "model, schema_key, hour, series, proposer, batch_bucket, label"
+SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucket, context_tokens, context_text, "
+               "draft_tokens, draft_text, position, rejected_token, rejected_text, target_token, target_text, "
+               "grammatical, writer")
+CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
+TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish, writer"
+HISTORY_COLS = "model, history_key, text, created_at"
+
+
+META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+READ_VERSION = "SELECT value FROM meta WHERE key = 'schema_version'"
+WRITE_VERSION = ("INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+
+
+def tables(d: Dialect) -> tuple[str, ...]:
+    """The tables and indexes of the current schema version (``meta`` apart)."""
+    table, index = d.create.format("TABLE"), d.create.format("INDEX")
+    return (
+        # last_version survives deletes so version numbers are never reused
+        f"{table} schema_ids (schema_id TEXT PRIMARY KEY, last_version INTEGER NOT NULL)",
+        f"""{table} schema_versions (
+        schema_id TEXT NOT NULL, version INTEGER NOT NULL, schema_json TEXT NOT NULL,
+        sha256 TEXT NOT NULL, description TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        source TEXT NOT NULL, speculation TEXT NOT NULL DEFAULT 'auto', PRIMARY KEY (schema_id, version))""",
+        f"{index} schema_versions_hash ON schema_versions (schema_id, sha256)",
+        f"""{table} counters (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, series TEXT NOT NULL,
+        proposer TEXT NOT NULL, batch_bucket INTEGER NOT NULL, label TEXT NOT NULL, value DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY ({COUNTER_COLS}))""",
+        f"{index} counters_hour ON counters (hour)",
+        f"""{table} history (id {d.id_column}, model TEXT NOT NULL, history_key TEXT NOT NULL,
+        text TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
+        f"{index} history_by_key ON history (model, history_key, id)",
+        # a reservoir of rejected drafts per (model, schema, proposer, hour, writer)
+        f"""{table} rejected_drafts (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL, hour BIGINT NOT NULL,
+        slot INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, batch_bucket INTEGER NOT NULL,
+        context_tokens {d.array_type} NOT NULL, context_text TEXT NOT NULL, draft_tokens {d.array_type} NOT NULL,
+        draft_text TEXT NOT NULL, position INTEGER NOT NULL, rejected_token INTEGER NOT NULL,
+        rejected_text TEXT NOT NULL, target_token INTEGER NOT NULL, target_text TEXT NOT NULL,
+        grammatical {d.bool_type} NOT NULL, writer TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (model, schema_key, proposer, hour, writer, slot))""",
+        f"""{table} policy_changes (
+        id {d.id_column}, model TEXT NOT NULL, schema_key TEXT NOT NULL, proposer TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, previous TEXT NOT NULL,
+        batch_bucket INTEGER NOT NULL, acceptance DOUBLE PRECISION, threshold DOUBLE PRECISION)""",
+        f"{index} policy_changes_by_key ON policy_changes (model, schema_key, proposer, at)",
+        # a reservoir of completed requests per (model, schema, hour, writer)
+        f"""{table} traffic_samples (
+        model TEXT NOT NULL, schema_key TEXT NOT NULL, hour BIGINT NOT NULL, slot INTEGER NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, prompt_tokens {d.array_type} NOT NULL,
+        output_tokens {d.array_type} NOT NULL, finish TEXT NOT NULL, writer TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (model, schema_key, hour, writer, slot))""",
+    )
+
+
+def select(cols: str, table: str, filters: tuple[tuple[str, Any], ...], tail: str = "") -> tuple[str, list[Any]]:
+    """``SELECT cols FROM table`` under each filter (a condition with one ``?``) whose value is set, and its
+    arguments; ``tail``: what follows (an ORDER BY, a LIMIT: its arguments are the caller's)."""
+    conds = "".join(f" AND {cond}" for cond, value in filters if value is not None)
+    return f"SELECT {cols} FROM {table} WHERE 1 = 1{conds} {tail}".rstrip(), [v for _, v in filters if v is not None]
+
+
+def matching(model: str | None, schema_key: str | None, proposer: str | None = None) -> tuple[tuple[str, Any], ...]:
+    """The filters of a read of one model's, schema's or proposer's rows (None: any)."""
+    return (("model = ?", model), ("schema_key = ?", schema_key), ("proposer = ?", proposer))
+
+
+def schema(where: str) -> str:
+    return f"SELECT {SCHEMA_COLS} FROM schema_versions WHERE {where}"
+
+
+LATEST_SCHEMA = schema("schema_id = ? ORDER BY version DESC LIMIT 1")
+SCHEMA_AT_VERSION = schema("schema_id = ? AND version = ?")
+SAME_CONTENT = schema("schema_id = ? AND sha256 = ? ORDER BY version LIMIT 1")
+INSERT_SCHEMA = f"INSERT INTO schema_versions ({SCHEMA_COLS}) VALUES ({', '.join('?' * 8)})"
+
+
+def list_schemas(schema_id: str | None, all_versions: bool) -> tuple[str, list[Any]]:
+    where, args = ("WHERE v.schema_id = ?", [schema_id]) if schema_id else ("", [])
+    if not all_versions:
+        latest = "v.version = (SELECT MAX(w.version) FROM schema_versions w WHERE w.schema_id = v.schema_id)"
+        where = f"{where} AND {latest}" if where else f"WHERE {latest}"
+    cols = ", ".join(f"v.{c}" for c in SCHEMA_COLS.split(", "))
+    return f"SELECT {cols} FROM schema_versions v {where} ORDER BY v.schema_id, v.version", args
+
+
+def counters(since_hour: int, model: str | None, schema_key: str | None) -> tuple[str, list[Any]]:
+    return select(f"{COUNTER_COLS}, value", "counters", (("hour >= ?", since_hour), *matching(model, schema_key)))
+
+
+# The last ``per_key`` outputs of the ``max_keys`` keys written last, of one model, oldest first.
+LOAD_HISTORY = ("SELECT history_key, text FROM (SELECT id, history_key, text, row_number() OVER (PARTITION BY "
+                "history_key ORDER BY id DESC) AS n FROM history WHERE model = ? AND history_key IN (SELECT "
+                "history_key FROM history WHERE model = ? GROUP BY history_key ORDER BY MAX(id) DESC LIMIT ?)) "
+                "recent WHERE n <= ? ORDER BY id")
+
+# (statement, whether its argument is the cutoff hour rather than the time itself)
+PRUNE = (("DELETE FROM counters WHERE hour < ?", True), ("DELETE FROM rejected_drafts WHERE hour < ?", True),
+         ("DELETE FROM traffic_samples WHERE hour < ?", True), ("DELETE FROM history WHERE created_at < ?", False),
+         # every change past retention but each key's newest: a state that has not changed since is still its state
+         ("DELETE FROM policy_changes WHERE at < ? AND id <> (SELECT MAX(q.id) FROM policy_changes q WHERE q.model = "
+          "policy_changes.model AND q.schema_key = policy_changes.schema_key AND q.proposer = policy_changes.proposer)",
+          False))
+
+
+def _keep_newest(table: str, key: str, row: str, order: str) -> str:
+    """Delete a key's rows but its newest (arguments: the key's values twice, then how many are kept)."""
+    cond = " AND ".join(f"{c} = ?" for c in key.split(", "))
+    return (f"DELETE FROM {table} WHERE {cond} AND {row} NOT IN (SELECT {row.strip('()')} FROM {table} WHERE {cond} "
+            f"ORDER BY {order} LIMIT ?)")
+
+
+def _insert(d: Dialect, table: str, cols: str, key: str | None = None) -> str:
+    """An insert of ``cols``; given the table's ``key``, one that overwrites the key's row."""
+    values = f"VALUES ({', '.join('?' * len(cols.split(', ')))})"
+    if key is None:
+        return f"INSERT INTO {table} ({cols}) {values}"
+    if d.replace_into:
+        return f"INSERT OR REPLACE INTO {table} ({cols}) {values}"
+    updates = ", ".join(f"{c} = excluded.{c}" for c in cols.split(", ") if c not in key.split(", "))
+    return f"INSERT INTO {table} ({cols}) {values} ON CONFLICT ({key}) DO UPDATE SET {updates}"
+
+
+def writes(d: Dialect, kind: str, part: Any) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """What writing one kind's rows (a backlog kind; counters: ``Counters``) runs: each statement with its rows of
+    arguments (for ``executemany``). History outputs and policy changes are written in their order (their ids);
+    reservoir slots and counters in key order where ``d.key_order`` (two replicas' flushes cannot deadlock)."""
+    order = sorted if d.key_order else lambda rows, key=None: rows
+    if kind == "counters":
+        counter_rows: Counters = part
+        return [(f"INSERT INTO counters ({COUNTER_COLS}, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+                 f"({COUNTER_COLS}) DO UPDATE SET value = counters.value + excluded.value",
+                 [rows.counter_row(k, v) for k, v in order(counter_rows.items())])]
+    if kind == "history":
+        history = [rows.history_row(r) for r in part]
+        keys = sorted({(m, k) for m, k, _, _ in history})
+        return [(_insert(d, "history", HISTORY_COLS), history),
+                (_keep_newest("history", "model, history_key", "id", "id DESC"), [(*k, *k, HISTORY_KEEP) for k in keys])]
+    if kind == "samples":
+        key = "model, schema_key, proposer, hour, writer, slot"
+        keys = sorted({(r.model, r.schema_key, r.proposer) for r in part})
+        return [(_insert(d, "rejected_drafts", SAMPLE_COLS, key), [rows.sample_row(d, r) for r in order(
+                    part, key=lambda r: r.key)]),
+                (_keep_newest("rejected_drafts", "model, schema_key, proposer", "(hour, writer, slot)",
+                              "hour DESC, created_at DESC"), [(*k, *k, SAMPLES_KEEP) for k in keys])]
+    if kind == "traffic":
+        keys = sorted({(r.model, r.schema_key) for r in part})
+        return [(_insert(d, "traffic_samples", TRAFFIC_COLS, "model, schema_key, hour, writer, slot"),
+                 [rows.traffic_row(d, r) for r in order(part, key=lambda r: r.key)]),
+                (_keep_newest("traffic_samples", "model, schema_key", "(hour, writer, slot)",
+                              "hour DESC, created_at DESC"), [(*k, *k, TRAFFIC_KEEP) for k in keys])]
+    assert kind == "policy_changes", kind
+    keys = sorted({r.key for r in part})
+    return [(_insert(d, "policy_changes", CHANGE_COLS), [rows.change_row(r) for r in part]),
+            (_keep_newest("policy_changes", "model, schema_key, proposer", "id", "id DESC"),
+             [(*k, *k, CHANGES_KEEP) for k in keys])]
