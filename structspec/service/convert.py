@@ -1,9 +1,8 @@
-"""Conversions between protobuf messages and engine/store values (no I/O, no gRPC context).
+"""Conversions between protobuf messages and the front's values (no I/O, no gRPC context).
 
-Request values are validated by the engine's request types (``ExtractionRequest.validate``,
-``ToolCallRequest.validate``), their one owner. What is refused here exists on the wire
-alone: an unknown enum value, JSON text that does not parse, a worked example's output that
-does not fit its schema (checked against the schema the servicer resolved).
+Requests become the front's protocol-neutral inputs (``structspec.front.requests``), which build the
+engine's requests; engine results become response messages. What is refused here exists on the
+wire alone: an unknown enum value, a tool's parameters as JSON text that does not parse.
 """
 
 from __future__ import annotations
@@ -11,28 +10,25 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest, ToolCallResult
+from structspec.engine.api import ChatMessage, ToolCallResult
 from structspec.engine.types import (
     FinishReason,
     GenerationResult,
     Outcome,
-    SamplingParams,
     SchemaSpeculation,
     SpeculationMode,
     SpeculationReport,
     Timings,
     Usage,
 )
+from structspec.front.errors import invalid, schema_too_deep
+from structspec.front.requests import Example, ExtractionInput, Sampling, SchemaRef, SchemaSource, ToolCallInput
 from structspec.grammar import json_text
-from structspec.prompts import FewShotExample
 from structspec.proto_gen.v1 import structspec_pb2 as pb
-from structspec.service.errors import invalid, schema_too_deep
-from structspec.service.registry import ResolvedSchema
 from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS, label_bound
 from structspec.stats.policy_states import PolicyChange, ProposerState
 from structspec.stats.samples import RejectedDraft
@@ -40,15 +36,6 @@ from structspec.stats.speedup import SpeedupEstimate
 from structspec.stats.summary import ProposerSummary, SchemaSummary
 from structspec.stats.timeline import HourPoint
 from structspec.store.base import SchemaRecord
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_tokens_cap: int = 4096
-    max_message_bytes: int = 4 * 1024 * 1024
-    history_per_token: bool = False  # the schema history drafts only from the same auth token's outputs
-    tenants: bool = False  # auth tokens configured: each bearer token is a tenant (whose cached prompts it reuses)
-
 
 _ROLES = {pb.ROLE_SYSTEM: "system", pb.ROLE_USER: "user", pb.ROLE_ASSISTANT: "assistant", pb.ROLE_TOOL: "tool"}
 _FINISH = {
@@ -81,17 +68,15 @@ _TOOL_CHOICE = {
 # -- requests ------------------------------------------------------------------------------------
 
 
-def sampling(msg: pb.SamplingParams, limits: Limits) -> SamplingParams:
-    """Unset fields take the engine's defaults (validated by the engine's request types)."""
-    defaults = SamplingParams()
-    params = SamplingParams(
-        temperature=msg.temperature if msg.HasField("temperature") else defaults.temperature,
-        top_p=msg.top_p if msg.HasField("top_p") else defaults.top_p,
-        top_k=msg.top_k if msg.HasField("top_k") else defaults.top_k,
-        seed=msg.seed if msg.HasField("seed") else defaults.seed,
-        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else min(defaults.max_tokens, limits.max_tokens_cap),
+def sampling(msg: pb.SamplingParams) -> Sampling:
+    """The fields the caller set (``front.requests.sampling`` gives the unset ones the engine's defaults)."""
+    return Sampling(
+        temperature=msg.temperature if msg.HasField("temperature") else None,
+        top_p=msg.top_p if msg.HasField("top_p") else None,
+        top_k=msg.top_k if msg.HasField("top_k") else None,
+        seed=msg.seed if msg.HasField("seed") else None,
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else None,
     )
-    return params
 
 
 def messages(msgs: Sequence[pb.ChatMessage], field: str = "messages") -> tuple[ChatMessage, ...]:
@@ -104,55 +89,8 @@ def messages(msgs: Sequence[pb.ChatMessage], field: str = "messages") -> tuple[C
     return tuple(out)
 
 
-MAX_EXAMPLES = 8  # worked examples per request (each costs prompt tokens on every request that carries it)
-
-
-def examples(items: Sequence[pb.Example], check) -> tuple[FewShotExample, ...]:
-    """Proto examples -> prompt examples; ``check(value)`` returns why an output does not fit (or None)."""
-    if len(items) > MAX_EXAMPLES:
-        raise invalid("examples", f"at most {MAX_EXAMPLES} worked examples per request, got {len(items)}")
-    out = []
-    for i, ex in enumerate(items):
-        if not ex.text.strip():
-            raise invalid(f"examples[{i}].text", "a worked example needs an input text")
-        try:
-            value = json_text.loads(ex.output_json)
-        except json_text.TooDeep as exc:
-            raise invalid(f"examples[{i}].output_json", str(exc), "INSTANCE_TOO_DEEP") from None
-        except json.JSONDecodeError as exc:
-            raise invalid(f"examples[{i}].output_json", f"not JSON: {exc.msg} at position {exc.pos}") from exc
-        reason = check(value)
-        if reason:
-            raise invalid(f"examples[{i}].output_json", reason)
-        # Compact JSON, as the model is asked to write it.
-        out.append(FewShotExample(ex.text, json.dumps(value, ensure_ascii=False, separators=(",", ":"))))
-    return tuple(out)
-
-
-def _instance_error(schema: dict[str, Any], schema_field: str):
-    import jsonschema
-
-    from structspec.grammar.postcheck import validator
-
-    def check(value: Any) -> str | None:
-        try:  # patterns on RE2 (linear time): an example cannot pin a core
-            error = jsonschema.exceptions.best_match(validator(schema).iter_errors(value))
-        except Exception as exc:  # noqa: BLE001 - the schema itself is unusable (bad regex, unknown type, dangling $ref)
-            raise invalid(schema_field, f"cannot check the worked examples against it: {type(exc).__name__}: {exc}") from exc
-        return None if error is None else f"does not match the schema: {error.message}"
-    return check
-
-
-def _call_error(tool_list: Sequence[dict[str, Any]]):
-    names = {t["function"]["name"] for t in tool_list}
-
-    def check(value: Any) -> str | None:
-        if not isinstance(value, dict) or set(value) != {"name", "arguments"} or not isinstance(value["arguments"], dict):
-            return 'a call must be {"name": ..., "arguments": {...}}'
-        if value["name"] not in names:
-            return f"calls {value['name']!r}, which is not one of the request's tools"
-        return None
-    return check
+def examples(items: Sequence[pb.Example]) -> tuple[Example, ...]:
+    return tuple(Example(ex.text, ex.output_json) for ex in items)
 
 
 def speculation(value: int) -> SpeculationMode:
@@ -167,26 +105,28 @@ def schema_speculation(value: int, field: str = "speculation") -> SchemaSpeculat
     raise invalid(field, "must be SCHEMA_SPECULATION_AUTO, SCHEMA_SPECULATION_OFF or SCHEMA_SPECULATION_ON")
 
 
-def extraction_request(
-    req: pb.ExtractRequest, schema: ResolvedSchema, request_id: str, deadline: float | None, limits: Limits,
-    history_scope: str = "", tenant: str = "",
-) -> ExtractionRequest:
-    return ExtractionRequest(
-        schema=schema.schema,
+def schema_ref(ref: pb.SchemaRef) -> SchemaRef:
+    return SchemaRef(ref.schema_id, ref.version if ref.HasField("version") else None)
+
+
+def schema_source(req: pb.ExtractRequest) -> SchemaSource:
+    which = req.WhichOneof("schema")
+    if which == "schema_ref":
+        return schema_ref(req.schema_ref)
+    if which == "json_schema":
+        return req.json_schema
+    raise invalid("schema", "set schema_ref or json_schema")
+
+
+def extraction_input(req: pb.ExtractRequest) -> ExtractionInput:
+    return ExtractionInput(
         text=req.text,
         messages=messages(req.messages),
         instruction=req.instruction if req.HasField("instruction") else None,
-        examples=examples(req.examples, _instance_error(schema.schema, "json_schema" if schema.record is None else "schema_id")),
-        sampling=sampling(req.sampling, limits),
+        examples=examples(req.examples),
+        sampling=sampling(req.sampling),
         speculation=speculation(req.speculation),
         fast_forward=not req.disable_fast_forward,
-        deadline=deadline,
-        request_id=request_id,
-        schema_key=schema.key,
-        history_scope=history_scope,
-        schema_speculation=schema.speculation,
-        tenant=tenant,
-        public_template=schema.record is not None,
     )
 
 
@@ -215,22 +155,16 @@ def tool_choice(choice: pb.ToolChoice) -> str:
     return _TOOL_CHOICE.get(choice.mode, "auto")
 
 
-def tool_request(req: pb.CallToolRequest, request_id: str, deadline: float | None, limits: Limits,
-                 history_scope: str = "", tenant: str = "") -> ToolCallRequest:
-    tool_list = tools(req.tools)
-    return ToolCallRequest(
+def tool_call_input(req: pb.CallToolRequest) -> ToolCallInput:
+    return ToolCallInput(
         messages=messages(req.messages),
-        tools=tool_list,
+        tools=tools(req.tools),
         tool_choice=tool_choice(req.tool_choice),
-        parallel_calls=req.parallel_tool_calls,
-        examples=examples(req.examples, _call_error(tool_list)),
-        sampling=sampling(req.sampling, limits),
+        parallel=req.parallel_tool_calls,
+        examples=examples(req.examples),
+        sampling=sampling(req.sampling),
         speculation=speculation(req.speculation),
         fast_forward=not req.disable_fast_forward,
-        deadline=deadline,
-        request_id=request_id,
-        history_scope=history_scope,
-        tenant=tenant,
     )
 
 

@@ -26,17 +26,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from structspec.engine.api import EngineAPI
+from structspec.front.auth import AuthConfig
+from structspec.front.call import EngineSlot
+from structspec.front.errors import FrontError
+from structspec.front.metrics import ServiceMetrics
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
-from structspec.service.auth import AuthConfig, AuthInterceptor
-from structspec.service.convert import Limits
-from structspec.service.decoding import DecodeGuardInterceptor
-from structspec.service.errors import ServiceError
+from structspec.service.auth import AuthInterceptor
+from structspec.front.limits import Limits
 from structspec.service.http.app import OpenAIApp
 from structspec.service.http.server import HttpServer
-from structspec.service.metrics import ServiceMetrics
-from structspec.service.registry import SchemaRegistry, register_builtins
-from structspec.service.servicer import EngineSlot, StructSpecServicer
+from structspec.service.pb_decode_guard import DecodeGuardInterceptor
+from structspec.front.registry import SchemaRegistry, register_builtins
+from structspec.service.servicer import StructSpecServicer
 from structspec.service.settings import ServiceSettings
 from structspec.service.tls import server_credentials
 from structspec.stats.book import StatsBook
@@ -298,7 +300,7 @@ class StructSpecServer:
             await self._health.set(name, status)
         self.metrics.serving.set(1 if serving else 0)
 
-    def _on_denied(self, method: str, err: ServiceError) -> None:
+    def _on_denied(self, method: str, err: FrontError) -> None:
         self.metrics.requests.labels(method.rsplit("/", 1)[-1], err.code.name, "").inc()
 
     def _on_malformed(self, method: str) -> None:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.service import convert
-from structspec.service.registry import SCHEMA_ID_RE
+from structspec.front.registry import SCHEMA_ID_RE
 from structspec.stats.book import Counters
 from structspec.stats.counters import hour_of
 from structspec.stats.evidence import CostEvidence, cost_evidence

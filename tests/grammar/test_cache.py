@@ -13,7 +13,7 @@ from structspec.grammar import (
     SchemaError,
     make_backend,
 )
-from structspec.grammar.cache import GrammarCache, canonical_json
+from structspec.grammar.cache import GrammarCache, canonical_json, schema_digest
 
 
 class CountingBackend:
@@ -55,6 +55,14 @@ def test_same_key_same_object(view, counting):
     assert counting.compiles == 1
     assert compiler.compile_schema(schema(1), GrammarOptions(whitespace="flexible")) is not first  # options in key
     assert compiler.cache.stats.hits == 1 and compiler.cache.stats.misses == 2
+
+
+def test_a_digest_the_caller_brings_is_the_key_it_would_compute(view, counting):
+    """The front hashes a schema once and hands the digest on: the same entry as the compiler's own key."""
+    compiler = GrammarCompiler(view, backend=counting)
+    first = compiler.compile_schema(schema(1))
+    assert compiler.compile_schema(schema(1), digest=schema_digest(schema(1))) is first
+    assert counting.compiles == 1 and compiler.cache.stats.hits == 1
 
 
 def test_property_order_is_part_of_the_key():

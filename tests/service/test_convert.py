@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from structspec.engine.api import ToolCall, ToolCallResult
 from structspec.engine.types import (
-    ContextTooLong,
     FinishReason,
     GenerationResult,
     InvalidRequest,
     Outcome,
-    QueueFull,
     Timings,
     Usage,
 )
-from structspec.grammar.base import SchemaError, SchemaIssue
 from structspec.proto_gen.v1 import structspec_pb2 as pb
-from structspec.service import convert, errors
-from structspec.service.registry import canonical_json, content_hash, metaschema_violations
+from structspec.front.errors import Code, FrontError
+from structspec.front.failures import from_exception
+from structspec.front.limits import Limits
+from structspec.front.requests import MAX_EXAMPLES, extraction_request, sampling, tool_request
+from structspec.service import convert
+from structspec.front.registry import canonical_json, content_hash, metaschema_violations
 
 
 def result(text: str, finish: FinishReason = FinishReason.STOP, outcome: Outcome = Outcome.VALID, value: object = None) -> GenerationResult:
@@ -29,19 +29,19 @@ def result(text: str, finish: FinishReason = FinishReason.STOP, outcome: Outcome
 def test_sampling_defaults_and_the_request_types_validate() -> None:
     from structspec.engine.api import ExtractionRequest
 
-    limits = convert.Limits(max_tokens_cap=100)
-    s = convert.sampling(pb.SamplingParams(), limits)
+    limits = Limits(max_tokens_cap=100)
+    s = sampling(convert.sampling(pb.SamplingParams()), limits)
     assert (s.temperature, s.top_p, s.top_k, s.seed, s.max_tokens) == (0.0, 1.0, 0, None, 100)
-    assert convert.sampling(pb.SamplingParams(seed=0, temperature=0.0), limits).seed == 0  # explicit zero kept
+    assert sampling(convert.sampling(pb.SamplingParams(seed=0, temperature=0.0)), limits).seed == 0  # explicit zero kept
     # convert converts; the engine's request types are the one owner of validation
-    bad = ExtractionRequest(schema={}, text="x", sampling=convert.sampling(pb.SamplingParams(top_p=0.0), limits))
+    bad = ExtractionRequest(schema={}, text="x", sampling=sampling(convert.sampling(pb.SamplingParams(top_p=0.0)), limits))
     with pytest.raises(InvalidRequest) as err:
         bad.validate(limits.max_tokens_cap)
     assert err.value.field == "top_p"
-    over = ExtractionRequest(schema={}, text="x", sampling=convert.sampling(pb.SamplingParams(max_tokens=101), limits))
+    over = ExtractionRequest(schema={}, text="x", sampling=sampling(convert.sampling(pb.SamplingParams(max_tokens=101)), limits))
     with pytest.raises(InvalidRequest, match="<= 100") as err:
         over.validate(limits.max_tokens_cap)
-    mapped = errors.from_exception(err.value)
+    mapped = from_exception(err.value)
     assert mapped.reason == "INVALID_SAMPLING" and mapped.violations[0].field == "sampling.max_tokens"
 
 
@@ -63,38 +63,6 @@ def test_tool_result() -> None:
     assert text.text == "hello" and text.outcome == pb.OUTCOME_TEXT
 
 
-def test_exception_mapping() -> None:
-    schema_err = SchemaError([SchemaIssue("/properties/a", "pattern", "lookahead not supported")], kind="unsupported")
-    e = errors.from_exception(schema_err, "schema_ref")
-    assert e is not None and e.code is grpc.StatusCode.INVALID_ARGUMENT and e.reason == "UNSUPPORTED_SCHEMA"
-    assert e.violations[0].json_pointer == "/properties/a" and "pattern" in e.message and e.message.startswith("schema_ref")
-    assert errors.from_exception(SchemaError([], kind="too_large")).reason == "SCHEMA_TOO_LARGE"  # type: ignore[union-attr]
-    assert errors.from_exception(ContextTooLong("too long")).code is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[union-attr]
-    assert errors.from_exception(InvalidRequest("bad", field="top_k")).violations[0].field == "sampling.top_k"  # type: ignore[union-attr]
-    assert errors.from_exception(QueueFull("full")).code is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[union-attr]
-    assert errors.from_exception(KeyError("x")) is None
-
-
-def test_details_roundtrip() -> None:
-    from structspec.client.errors import error_from_rpc
-
-    err = errors.ServiceError(grpc.StatusCode.NOT_FOUND, "missing", "SCHEMA_NOT_FOUND", [errors.FieldViolation("schema_id", "nope")])
-
-    class FakeRpcError(grpc.RpcError):
-        def code(self) -> grpc.StatusCode:
-            return err.code
-
-        def details(self) -> str:
-            return err.message
-
-        def trailing_metadata(self) -> object:
-            return errors.details_metadata(err, "rid")
-
-    client_err = error_from_rpc(FakeRpcError())
-    assert type(client_err).__name__ == "NotFoundError" and client_err.request_id == "rid"
-    assert client_err.field_violations[0].field == "schema_id" and client_err.reason == "SCHEMA_NOT_FOUND"
-
-
 def test_registry_helpers() -> None:
     assert canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == '{"a":[1,{"c":3,"d":2}],"b":1}'
     assert content_hash(canonical_json({"a": 1})) == content_hash(canonical_json({"a": 1}))
@@ -104,14 +72,17 @@ def test_registry_helpers() -> None:
 
 
 def test_worked_examples_are_checked_and_compacted() -> None:
-    from structspec.service.registry import ResolvedSchema
+    from types import SimpleNamespace
+
+    from structspec.front.registry import ResolvedSchema
 
     schema = ResolvedSchema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}, "k")
-    limits = convert.Limits(max_tokens_cap=100)
+    limits = Limits(max_tokens_cap=100)
+    caller = SimpleNamespace(request_id="r1", deadline=None, history_scope="", tenant="")
 
     def extract(*examples: tuple[str, str]):
         req = pb.ExtractRequest(text="doc", examples=[pb.Example(text=t, output_json=o) for t, o in examples])
-        return convert.extraction_request(req, schema, "r1", None, limits)
+        return extraction_request(convert.extraction_input(req), schema, caller, limits)
 
     got = extract(("one apple", '{ "n" : 1 }'), ("two", '{"n": 2}'))
     assert [(e.text, e.output) for e in got.examples] == [("one apple", '{"n":1}'), ("two", '{"n":2}')]
@@ -119,11 +90,11 @@ def test_worked_examples_are_checked_and_compacted() -> None:
     cases = [((("x", "{n: 1}"),), "examples[0].output_json", "not JSON"),
              ((("x", '{"n": 1}'), ("y", '{"n": "two"}')), "examples[1].output_json", "does not match the schema"),
              ((("  ", '{"n": 1}'),), "examples[0].text", "input text"),
-             (tuple(("x", '{"n": 1}') for _ in range(convert.MAX_EXAMPLES + 1)), "examples", "at most")]
+             (tuple(("x", '{"n": 1}') for _ in range(MAX_EXAMPLES + 1)), "examples", "at most")]
     for examples, field, reason in cases:
-        with pytest.raises(errors.ServiceError) as err:
+        with pytest.raises(FrontError) as err:
             extract(*examples)
-        assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.code is Code.INVALID_ARGUMENT
         assert err.value.violations[0].field == field and reason in err.value.violations[0].description
 
     # a schema jsonschema cannot use (found by review: these were INTERNAL) -> INVALID_ARGUMENT on the schema field
@@ -134,9 +105,9 @@ def test_worked_examples_are_checked_and_compacted() -> None:
         for resolved, field in ((ResolvedSchema(bad, "k"), "json_schema"),
                                 (ResolvedSchema(bad, "k", record=object()), "schema_id")):
             req = pb.ExtractRequest(text="doc", examples=[pb.Example(text="x", output_json=output)])
-            with pytest.raises(errors.ServiceError) as err:
-                convert.extraction_request(req, resolved, "r1", None, limits)
-            assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT, bad
+            with pytest.raises(FrontError) as err:
+                extraction_request(convert.extraction_input(req), resolved, caller, limits)
+            assert err.value.code is Code.INVALID_ARGUMENT, bad
             assert err.value.violations[0].field == field and "worked examples" in err.value.message
 
     tool = pb.Tool(name="get_weather", parameters_json='{"type": "object", "properties": {"city": {"type": "string"}}}')
@@ -144,13 +115,13 @@ def test_worked_examples_are_checked_and_compacted() -> None:
     def call(output: str):
         req = pb.CallToolRequest(messages=[pb.ChatMessage(role=pb.ROLE_USER, content="hi")], tools=[tool],
                                  examples=[pb.Example(text="weather in Oslo?", output_json=output)])
-        return convert.tool_request(req, "r1", None, limits)
+        return tool_request(convert.tool_call_input(req), caller, limits)
 
     assert call('{"name": "get_weather", "arguments": {"city": "Oslo"}}').examples[0].output == \
         '{"name":"get_weather","arguments":{"city":"Oslo"}}'
     for output, reason in (('{"name": "book_flight", "arguments": {}}', "not one of the request's tools"),
                            ('{"name": "get_weather"}', "a call must be")):
-        with pytest.raises(errors.ServiceError, match=reason):
+        with pytest.raises(FrontError, match=reason):
             call(output)
 
 
@@ -171,9 +142,9 @@ def test_speculation_report_model_and_schema_override() -> None:
 
     assert convert.schema_speculation(pb.SCHEMA_SPECULATION_ON) is SchemaSpeculation.ON
     for bad in (pb.SCHEMA_SPECULATION_UNSPECIFIED, 99):
-        with pytest.raises(errors.ServiceError) as err:
+        with pytest.raises(FrontError) as err:
             convert.schema_speculation(bad)
-        assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and [v.field for v in err.value.violations] == ["speculation"]
+        assert err.value.code is Code.INVALID_ARGUMENT and [v.field for v in err.value.violations] == ["speculation"]
     rec = SchemaRecord("inv", 1, "{}", "h", "", 1.0, "api", "off")
     assert convert.schema_version(rec).speculation == pb.SCHEMA_SPECULATION_OFF
     assert convert.schema_version(replace(rec, speculation="auto")).speculation == pb.SCHEMA_SPECULATION_AUTO

@@ -23,7 +23,7 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel
 
 from structspec.client import Client
-from structspec.service.registry import canonical_json, inline_stats_key
+from structspec.front.registry import canonical_json, inline_stats_key
 from structspec.service.settings import Secret, ServiceSettings
 from tests.service.fakes import FakeEngine
 from tests.service.harness import ServerThread, settings_for
@@ -427,10 +427,10 @@ def test_a_client_gone_mid_upload_is_cancelled_not_a_server_failure() -> None:
 
     from prometheus_client import generate_latest
 
-    from structspec.service.auth import AuthConfig
-    from structspec.service.convert import Limits
+    from structspec.front.auth import AuthConfig
+    from structspec.front.limits import Limits
     from structspec.service.http.app import OpenAIApp
-    from structspec.service.metrics import ServiceMetrics
+    from structspec.front.metrics import ServiceMetrics
 
     metrics = ServiceMetrics()
     app = OpenAIApp(None, None, None, metrics, Limits(), AuthConfig(), "demo").build()

@@ -9,8 +9,8 @@ store, metrics, limits and tokens: parse -> engine/registry -> render, errors ma
 
 Each request to the first two is one exchange (``_run``): bearer token (``Authorization: Bearer``,
 the gRPC tokens), request id (``x-request-id``, echoed), metrics under ``rpc`` = the route
-(``POST /v1/chat/completions``, ``GET /v1/models``; ``code`` = the gRPC status code name), logging,
-and every failure turned into the gRPC service's ``ServiceError`` (``servicer.service_error``), then into
+(``POST /v1/chat/completions``, ``GET /v1/models``; ``code`` = the ``front.errors.Code`` name, as on gRPC),
+logging, and every failure turned into the front's ``FrontError`` (``front.call.CallGuard``), then into
 OpenAI's error shape (``status.render``). A request whose client disconnects, or whose deadline
 (``structspec.timeout_seconds``) passes, is cancelled in the engine, as on gRPC.
 
@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
-import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -35,24 +34,25 @@ from starlette.requests import ClientDisconnect
 
 from structspec.engine.api import EngineAPI, ExtractionRequest
 from structspec.engine.types import GenerationResult, TextDelta
-from structspec.service import errors
-from structspec.service.auth import AuthConfig, authorize_token, bearer_token
-from structspec.service.convert import Limits
-from structspec.service.errors import FieldViolation, ServiceError
+from structspec.front import failures, requests
+from structspec.front.auth import AuthConfig, authorize_token, bearer_token
+from structspec.front.call import (
+    REQUEST_ID_KEY,
+    Call,
+    CallGuard,
+    EngineSlot,
+    caller_scopes,
+    cancelled_code,
+    guarded,
+    request_id_from,
+)
+from structspec.front.errors import Code, FieldViolation, FrontError, message_too_large
+from structspec.front.limits import Limits
+from structspec.front.metrics import ServiceMetrics
+from structspec.front.registry import ResolvedSchema, SchemaRegistry
 from structspec.service.http import body as http_body
 from structspec.service.http import render, status, translate
 from structspec.service.http.status import ParamNames
-from structspec.service.metrics import ServiceMetrics
-from structspec.service.registry import ResolvedSchema, SchemaRegistry
-from structspec.service.servicer import (
-    REQUEST_ID_KEY,
-    EngineSlot,
-    cancelled_code,
-    caller_scopes,
-    guarded,
-    request_id_from,
-    service_error,
-)
 from structspec.store.base import Store
 
 log = logging.getLogger("structspec.service.http")
@@ -68,18 +68,11 @@ class ClientGone(Exception):
 
 
 @dataclass
-class _Exchange:
-    rpc: str
-    request_id: str
+class _Exchange(Call):
     arrived: float = field(default_factory=time.monotonic)
-    started: float = field(default_factory=time.perf_counter)
-    deadline: float | None = None
-    result: GenerationResult | None = None
-    schema_field: str = "json_schema"  # the gRPC field a schema error names (json_schema, schema_id, tools)
     names: ParamNames = field(default_factory=ParamNames)
     streaming: bool = False  # the response is a stream: the exchange ends with it
     counted: bool = False  # holds one of the in-flight slots
-    done: bool = False
 
 
 async def _disconnected(request: Request) -> None:
@@ -122,6 +115,7 @@ class OpenAIApp:
         self._registry = registry
         self._store = store
         self._metrics = metrics
+        self._calls = CallGuard(metrics)
         self._limits = limits
         self._auth = auth
         self._profile = profile
@@ -175,37 +169,32 @@ class OpenAIApp:
                 raise err
             response = await handler(ex)
         except (asyncio.CancelledError, ClientGone) as exc:
-            code = cancelled_code(ex.deadline)
-            log.info("rpc=%s request_id=%s %s", rpc, ex.request_id, code.name.lower())
-            self._finish(ex, code)
+            self._finish(ex, self._calls.cancelled(ex))
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return Response(status_code=499)  # nobody reads it: the client has gone
         except Exception as exc:
             return self._error_response(ex, exc)
         if not ex.streaming:
-            self._finish(ex, grpc.StatusCode.OK)
+            self._finish(ex, Code.OK)
         response.headers[REQUEST_ID_KEY] = ex.request_id
         return response
 
-    def _service_error(self, ex: _Exchange, exc: Exception) -> ServiceError:
-        return service_error(exc, ex.rpc, ex.request_id, ex.schema_field)
+    def _front_error(self, ex: _Exchange, exc: Exception) -> FrontError:
+        return self._calls.failed(ex, exc)
 
     def _error_response(self, ex: _Exchange, exc: Exception) -> Response:
-        err = self._service_error(ex, exc)
+        err = self._front_error(ex, exc)
         self._finish(ex, err.code)
         rendered = status.render(err, ex.request_id, ex.names)
         return JSONResponse(rendered.body, rendered.status, headers=rendered.headers)
 
-    def _finish(self, ex: _Exchange, code: grpc.StatusCode) -> None:
+    def _finish(self, ex: _Exchange, code: Code) -> None:
         if ex.done:
             return
-        ex.done = True
         if ex.counted:
             self._in_flight -= 1
-        seconds = time.perf_counter() - ex.started
-        self._metrics.observe(ex.rpc, code.name, seconds, ex.result)
-        log.debug("rpc=%s request_id=%s code=%s ms=%.1f", ex.rpc, ex.request_id, code.name, seconds * 1000)
+        self._calls.finish(ex, code)
 
     async def _unless_gone(self, request: Request, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable``, cancelling it if the client disconnects first (then ``ClientGone``)."""
@@ -227,21 +216,15 @@ class OpenAIApp:
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._limits.max_message_bytes
-
-        def too_large(size: int, exact: bool = True) -> ServiceError:
-            text = f"request is {'' if exact else 'over '}{size} bytes; the limit is {limit}"
-            return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, text, "MESSAGE_TOO_LARGE",
-                                [FieldViolation("request", "message too large")])
-
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            raise too_large(int(declared))
+            raise message_too_large(int(declared), limit)
         chunks, size = [], 0
         try:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise too_large(limit, exact=False)
+                    raise message_too_large(limit, limit, exact=False)
                 chunks.append(chunk)
         except ClientDisconnect as exc:  # gone mid-upload: a cancelled request, not a server failure
             raise ClientGone() from exc
@@ -251,13 +234,13 @@ class OpenAIApp:
 
     async def _chat(self, ex: _Exchange, request: Request) -> Response:
         if self._max_in_flight and self._in_flight >= self._max_in_flight:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self._in_flight} requests in flight (the "
-                               "server's max_concurrent_rpcs)", "TOO_MANY_REQUESTS")
+            raise FrontError(Code.RESOURCE_EXHAUSTED, f"{self._in_flight} requests in flight (the "
+                             "server's max_concurrent_rpcs)", "TOO_MANY_REQUESTS")
         self._in_flight += 1
         ex.counted = True
         raw = await self._read_body(request)
         parsed = await asyncio.to_thread(http_body.parse, raw)  # JSON and validation of up to max_message_bytes
-        plan = translate.plan(parsed, self._limits)
+        plan = translate.plan(parsed)
         target = plan.target
         ex.names = ParamNames(plan.max_tokens_param,
                               target.schema_param if isinstance(target, translate.ExtractionTarget) else "tools")
@@ -267,23 +250,21 @@ class OpenAIApp:
             ex.deadline = ex.arrived + plan.timeout_seconds
         if plan.user:
             log.debug("rpc=%s request_id=%s user=%s", ex.rpc, ex.request_id, plan.user)
-        tenant, scope = caller_scopes(bearer_token(request.headers.items()), self._limits)
+        ex.tenant, ex.history_scope = caller_scopes(bearer_token(request.headers.items()), self._limits)
         if isinstance(target, translate.ToolTarget):
             ex.schema_field = "tools"
-            return await self._tools(ex, request, engine, plan, target, scope, tenant)
-        return await self._extract(ex, request, engine, plan, target, scope, tenant)
+            return await self._tools(ex, request, engine, plan, target)
+        return await self._extract(ex, request, engine, plan, target)
 
     def _check_model(self, model: str, engine: EngineAPI) -> None:
         if model not in (self._profile, engine.model_key):
             message = f"model {model!r} is not served here; this server serves {self._profile!r} (GET /v1/models)"
-            raise ServiceError(grpc.StatusCode.NOT_FOUND, message, "MODEL_NOT_FOUND", [FieldViolation("model", message)])
+            raise FrontError(Code.NOT_FOUND, message, "MODEL_NOT_FOUND", [FieldViolation("model", message)])
 
     async def _schema(self, ex: _Exchange, target: translate.ExtractionTarget) -> ResolvedSchema:
-        if target.schema_id is not None:
+        if isinstance(target.schema, requests.SchemaRef):
             ex.schema_field = "schema_id"
-            return await self._registry.resolve(target.schema_id, target.schema_version)
-        assert target.schema is not None
-        return translate.inline_schema(target.schema)
+        return await requests.resolve_schema(self._registry, target.schema)
 
     def _record_name(self, engine: EngineAPI, schema: ResolvedSchema, name: str | None) -> None:
         """An inline schema's statistics stay keyed by its content; its json_schema.name is kept as their label."""
@@ -291,15 +272,15 @@ class OpenAIApp:
             self._store.stats.recorder(engine.model_key).record_name(schema.key, name)
 
     async def _extract(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
-                       target: translate.ExtractionTarget, scope: str, tenant: str) -> Response:
+                       target: translate.ExtractionTarget) -> Response:
         schema = await self._schema(ex, target)
-        req = translate.extraction_request(plan, target, schema, ex.request_id, ex.deadline, scope, tenant)
+        req = await requests.extraction(target.input, schema, ex, self._limits)
         created = int(self._clock())
         if plan.stream:
             return await self._extract_stream(ex, request, engine, plan, target, schema, req, created)
         ex.result = await self._unless_gone(request, guarded(ex.deadline, engine.extract(req)))
         self._record_name(engine, schema, target.name)
-        errors.check_result(ex.result, ex.deadline, schema_field=ex.schema_field)
+        failures.check_result(ex.result, ex.deadline, schema_field=ex.schema_field)
         message, finish = render.extraction_message(ex.result)
         return JSONResponse(render.completion(ex.request_id, plan.model, created,
                                               ex.result.model_key or engine.model_key, message, finish,
@@ -317,7 +298,7 @@ class OpenAIApp:
             except StopAsyncIteration:
                 return None
 
-        async def close(code: grpc.StatusCode) -> None:
+        async def close(code: Code) -> None:
             await _aclose(stream)
             self._finish(ex, code)
 
@@ -330,20 +311,20 @@ class OpenAIApp:
         chunks = render.Chunks(ex.request_id, plan.model, created, engine.model_key, plan.include_usage)
 
         async def events() -> AsyncIterator[bytes]:
-            code = grpc.StatusCode.OK
+            code = Code.OK
             try:
                 yield chunks.role()
                 item, deltas = first, self._metrics.delta_timer(ex.started)
                 while not isinstance(item, GenerationResult):
                     if item is None:
-                        raise ServiceError(grpc.StatusCode.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
+                        raise FrontError(Code.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
                     deltas.delta()
                     if item.text:
                         yield chunks.content(item.text)
                     item = await next_item()
                 ex.result = item
                 self._record_name(engine, schema, target.name)
-                errors.check_result(item, ex.deadline, schema_field=ex.schema_field)
+                failures.check_result(item, ex.deadline, schema_field=ex.schema_field)
                 _, finish = render.extraction_message(item)
                 yield chunks.finish(finish)
                 usage = chunks.usage(render.usage(item, schema.key))
@@ -351,11 +332,10 @@ class OpenAIApp:
                     yield usage
                 yield render.DONE
             except (asyncio.CancelledError, GeneratorExit):
-                code = cancelled_code(ex.deadline)
-                log.info("rpc=%s request_id=%s %s", ex.rpc, ex.request_id, code.name.lower())
+                code = self._calls.cancelled(ex)
                 raise
             except Exception as exc:
-                err = self._service_error(ex, exc)
+                err = self._front_error(ex, exc)
                 code = err.code
                 yield render.sse(status.render(err, ex.request_id, ex.names).body)
                 yield render.DONE
@@ -365,12 +345,12 @@ class OpenAIApp:
         return _EventStream(events(), lambda: close(cancelled_code(ex.deadline)), ex.request_id)
 
     async def _tools(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
-                     target: translate.ToolTarget, scope: str, tenant: str) -> Response:
-        req = translate.tool_request(plan, target, ex.request_id, ex.deadline, scope, tenant)
+                     target: translate.ToolTarget) -> Response:
+        req = requests.tool_request(target.input, ex, self._limits)
         created = int(self._clock())
         res = await self._unless_gone(request, guarded(ex.deadline, engine.call_tool(req)))
         ex.result = res.result
-        errors.check_result(res.result, ex.deadline, schema_field=ex.schema_field)
+        failures.check_result(res.result, ex.deadline, schema_field=ex.schema_field)
         message, finish = render.tool_message(res)
         usage = render.usage(res.result, None)
         if not plan.stream:
@@ -386,9 +366,9 @@ class OpenAIApp:
         async def replay() -> AsyncIterator[bytes]:
             for event in events:
                 yield event
-            self._finish(ex, grpc.StatusCode.OK)
+            self._finish(ex, Code.OK)
 
         async def close() -> None:  # the client left before the last event
-            self._finish(ex, grpc.StatusCode.CANCELLED)
+            self._finish(ex, Code.CANCELLED)
 
         return _EventStream(replay(), close, ex.request_id)

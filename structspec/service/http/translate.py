@@ -1,14 +1,14 @@
-"""A chat-completions body -> what it asks of the engine (pure: no I/O, no engine, no registry).
+"""A chat-completions body -> the front's protocol-neutral inputs (pure: no I/O, no engine, no registry).
 
 ``plan`` decides what a request is and refuses what structspec cannot do, each refusal an
-INVALID_ARGUMENT ``ServiceError`` naming the body's own field (``param``):
+INVALID_ARGUMENT ``FrontError`` naming the body's own field (``param``):
 
-- **Extraction** (an ``ExtractionRequest``): ``response_format`` ``json_schema`` (its ``schema``) or
+- **Extraction** (an ``ExtractionInput`` and its schema): ``response_format`` ``json_schema`` (its ``schema``) or
   ``json_object`` (any JSON object), or a registered schema named by ``structspec.schema_id``.
   System and developer messages, after ``json_schema.description``, become the prompt's
   instruction; a single remaining user message is the text to extract from, several messages are
   passed as the conversation.
-- **Tool calls** (a ``ToolCallRequest``): ``tools`` with ``tool_choice`` ``auto`` (a text answer or
+- **Tool calls** (a ``ToolCallInput``): ``tools`` with ``tool_choice`` ``auto`` (a text answer or
   calls), ``none`` (a text answer), ``required`` (calls) or a named function (a call to it), and
   ``parallel_tool_calls``: true, one or more calls (a JSON list); false or unset, exactly one call.
   Unset is OpenAI's "may call several", and one call is a valid answer to it: the models structspec
@@ -22,8 +22,8 @@ INVALID_ARGUMENT ``ServiceError`` naming the body's own field (``param``):
   document at a stop sequence would make it invalid), penalties, log-probabilities, logit biases,
   non-text content parts, and a ``tool_choice`` or ``parallel_tool_calls`` without tools.
 
-Unset sampling fields take the engine's defaults (greedy, ``max_tokens`` 256 within the server's
-cap), as on gRPC; their ranges are checked by the engine's request types.
+Unset sampling fields stay unset: the front gives them the engine's defaults (greedy, ``max_tokens``
+256 within the server's cap), as on gRPC; their ranges are checked by the engine's request types.
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
-from structspec.engine.types import SamplingParams, SpeculationMode
+from structspec.engine.api import ChatMessage
+from structspec.engine.types import SpeculationMode
+from structspec.front.requests import ExtractionInput, Sampling, SchemaRef, ToolCallInput
 from structspec.grammar import json_text
-from structspec.service.convert import Limits
-from structspec.service.errors import invalid
+from structspec.front.errors import invalid
 from structspec.service.http.body import ChatCompletionRequest, Message
-from structspec.service.registry import ResolvedSchema, canonical_json, inline_stats_key
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # response_format json_object
 _MODES = ("auto", "none", "required")
@@ -51,94 +50,42 @@ SCHEMA_ID_PARAM = "structspec.schema_id"
 
 @dataclass(frozen=True)
 class ExtractionTarget:
-    schema: dict[str, Any] | None  # inline (None: the registered ``schema_id``)
-    schema_id: str | None
-    schema_version: int | None
+    schema: dict[str, Any] | SchemaRef  # inline, or the registered ``structspec.schema_id``
     name: str | None  # json_schema.name: the readable label of an inline schema's statistics
     schema_param: str  # the body field the schema came from (errors about the schema name it)
-    text: str
-    messages: tuple[ChatMessage, ...]
-    instruction: str | None
+    input: ExtractionInput
 
 
 @dataclass(frozen=True)
 class ToolTarget:
-    messages: tuple[ChatMessage, ...]
-    tools: tuple[dict[str, Any], ...]  # the engine's (OpenAI-style) tool entries
-    tool_choice: str  # auto | none | required | a tool name
-    parallel: bool
+    input: ToolCallInput
 
 
 @dataclass(frozen=True)
 class ChatPlan:
     model: str
     target: ExtractionTarget | ToolTarget
-    sampling: SamplingParams
     max_tokens_param: str  # "max_tokens" or "max_completion_tokens": the one the caller set
-    speculation: SpeculationMode
     stream: bool
     include_usage: bool
     timeout_seconds: float | None
     user: str | None
 
 
-def plan(body: ChatCompletionRequest, limits: Limits) -> ChatPlan:
+def plan(body: ChatCompletionRequest) -> ChatPlan:
     _refuse_unimplemented(body)
     ext = body.structspec
     if ext is not None and ext.schema_version is not None and ext.schema_id is None:
         raise invalid("structspec.schema_version", "needs structspec.schema_id")
     target: ExtractionTarget | ToolTarget = _tool_target(body) if body.tools is not None else _extraction_target(body)
-    sampling, max_tokens_param = _sampling(body, limits)
     return ChatPlan(
         model=body.model,
         target=target,
-        sampling=sampling,
-        max_tokens_param=max_tokens_param,
-        speculation=SpeculationMode.OFF if ext is not None and ext.speculation == "off" else SpeculationMode.AUTO,
+        max_tokens_param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         timeout_seconds=ext.timeout_seconds if ext is not None else None,
         user=body.user,
-    )
-
-
-def inline_schema(schema: dict[str, Any]) -> ResolvedSchema:
-    """An inline schema, keyed for statistics by its content (as gRPC's inline ``json_schema``)."""
-    return ResolvedSchema(schema, inline_stats_key(canonical_json(schema)))
-
-
-def extraction_request(p: ChatPlan, target: ExtractionTarget, schema: ResolvedSchema, request_id: str,
-                       deadline: float | None, history_scope: str, tenant: str = "") -> ExtractionRequest:
-    return ExtractionRequest(
-        schema=schema.schema,
-        text=target.text,
-        messages=target.messages,
-        instruction=target.instruction,
-        sampling=p.sampling,
-        speculation=p.speculation,
-        deadline=deadline,
-        request_id=request_id,
-        schema_key=schema.key,
-        history_scope=history_scope,
-        schema_speculation=schema.speculation,
-        tenant=tenant,
-        public_template=schema.record is not None,
-    )
-
-
-def tool_request(p: ChatPlan, target: ToolTarget, request_id: str, deadline: float | None,
-                 history_scope: str, tenant: str = "") -> ToolCallRequest:
-    return ToolCallRequest(
-        messages=target.messages,
-        tools=target.tools,
-        tool_choice=target.tool_choice,
-        parallel_calls=target.parallel,
-        sampling=p.sampling,
-        speculation=p.speculation,
-        deadline=deadline,
-        request_id=request_id,
-        history_scope=history_scope,
-        tenant=tenant,
     )
 
 
@@ -173,14 +120,13 @@ def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
     if body.parallel_tool_calls is not None:
         raise invalid("parallel_tool_calls", "only with tools")
     fmt, ext = body.response_format, body.structspec
-    schema_id = ext.schema_id if ext is not None else None
     description: str | None = None
     name: str | None = None
-    schema: dict[str, Any] | None = None
-    if schema_id is not None:
+    schema: dict[str, Any] | SchemaRef
+    if ext is not None and ext.schema_id is not None:
         if fmt is not None:
             raise invalid("response_format", "set either response_format or structspec.schema_id, not both")
-        param = SCHEMA_ID_PARAM
+        schema, param = SchemaRef(ext.schema_id, ext.schema_version), SCHEMA_ID_PARAM
     elif fmt is None or fmt.type == "text":
         raise invalid("response_format", "structspec has no free-text mode: every output is constrained. Set "
                                          "response_format to json_schema or json_object, pass tools, or name a "
@@ -206,12 +152,11 @@ def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
     if not any(m.role == "user" for m in rest):
         raise invalid("messages", "needs a user message (the input to extract from)")
     single = len(rest) == 1
-    return ExtractionTarget(
-        schema=schema, schema_id=schema_id, schema_version=ext.schema_version if ext is not None else None,
-        name=name, schema_param=param,
+    return ExtractionTarget(schema, name, param, ExtractionInput(
         text=rest[0].content if single else "", messages=() if single else tuple(rest),
         instruction="\n".join(p.strip() for p in instruction_parts if p.strip()) or None,
-    )
+        sampling=_sampling(body), speculation=_speculation(body),
+    ))
 
 
 def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
@@ -242,22 +187,21 @@ def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
             raise invalid("tool_choice.function.name", f"a tool named {tool_choice!r} cannot be chosen by name "
                                                        "(the name is also a tool_choice mode)")
     parallel = bool(body.parallel_tool_calls)  # unset: one call (see the module's docstring)
-    return ToolTarget(_messages(body.messages), tuple(tools), tool_choice, parallel)
+    return ToolTarget(ToolCallInput(_messages(body.messages), tuple(tools), tool_choice, parallel,
+                                    sampling=_sampling(body), speculation=_speculation(body)))
 
 
-def _sampling(body: ChatCompletionRequest, limits: Limits) -> tuple[SamplingParams, str]:
+def _sampling(body: ChatCompletionRequest) -> Sampling:
     if body.max_tokens is not None and body.max_completion_tokens is not None \
             and body.max_tokens != body.max_completion_tokens:
         raise invalid("max_completion_tokens", "differs from max_tokens; set one of them")
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    defaults = SamplingParams()
-    return SamplingParams(
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=defaults.top_p if body.top_p is None else body.top_p,
-        seed=body.seed,
-        max_tokens=min(defaults.max_tokens, limits.max_tokens_cap) if max_tokens is None else max_tokens,
-    ), param
+    return Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed, max_tokens=max_tokens)
+
+
+def _speculation(body: ChatCompletionRequest) -> SpeculationMode:
+    off = body.structspec is not None and body.structspec.speculation == "off"
+    return SpeculationMode.OFF if off else SpeculationMode.AUTO
 
 
 # -- messages ----------------------------------------------------------------------------------------

@@ -1,5 +1,13 @@
 """The schema registry: validated, content-addressed, immutable schema versions over a ``Store``,
-each with its owner's override of the drafting policy (the one mutable part of a version)."""
+each with its owner's override of the drafting policy (the one mutable part of a version); and
+``ResolvedSchema``, a request's schema as the engine takes it.
+
+A schema's *canonical text* (``canonical_json``) is its one spelling: sorted keys except inside
+``properties``, whose order is part of the output. Its SHA-256 (``content_hash``) is the schema's
+*digest*, computed once per request (once per version for a registered schema) and carried to the
+engine, which keys its grammar cache and its worked examples by it; an inline schema's statistics
+key is made from it too.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +19,17 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-import grpc
+import jsonschema
 
 from structspec.engine.types import SchemaSpeculation
+from structspec.front.errors import Code, FieldViolation, FrontError, invalid, not_found, schema_too_deep
 from structspec.grammar import json_text
-from structspec.grammar.cache import canonical_json as grammar_canonical_json
-from structspec.service.errors import FieldViolation, ServiceError, invalid, not_found, schema_too_deep
+from structspec.grammar.cache import canonical_json
+from structspec.grammar.intake import metaschema_errors
 from structspec.store.base import SchemaRecord, Store, StoreUnavailable
 
 SCHEMA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 MAX_METASCHEMA_ISSUES = 10
-
-
-def canonical_json(value: Any) -> str:
-    """One text per schema: sorted keys except inside ``properties``, whose order is part of the output
-    (properties are generated in schema order), no insignificant whitespace, UTF-8 kept."""
-    return grammar_canonical_json(value)
 
 
 def content_hash(text: str) -> str:
@@ -40,7 +43,11 @@ def registered_stats_key(schema_id: str, version: int) -> str:
 
 def inline_stats_key(canonical: str) -> str:
     """The statistics key of a schema sent inline (by content)."""
-    return f"inline:{content_hash(canonical)[:16]}"
+    return _inline_key(content_hash(canonical))
+
+
+def _inline_key(digest: str) -> str:
+    return f"inline:{digest[:16]}"
 
 
 def check_schema_id(schema_id: str, field: str = "schema_id") -> None:
@@ -69,13 +76,11 @@ def parse_schema_json(text: str, field: str) -> dict[str, Any]:
 def metaschema_violations(schema: Mapping[str, Any], field: str) -> list[FieldViolation]:
     """Problems with ``schema`` against its metaschema ($schema, default draft 2020-12), each
     with the JSON pointer of the offending subschema and the keyword at fault."""
-    import jsonschema
-
     if "$schema" in schema and not isinstance(schema["$schema"], str):
         return [FieldViolation(field, "must be a string (a metaschema URI)", "", "$schema")]
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     out = []
-    for err in sorted(cls(cls.META_SCHEMA).iter_errors(schema), key=lambda e: list(map(str, e.path))):
+    for err in sorted(metaschema_errors(cls, schema), key=lambda e: list(map(str, e.path))):
         path = [str(p) for p in err.path]
         keyword = path[-1] if path else str(err.validator)
         pointer = "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path[:-1])
@@ -93,7 +98,7 @@ def check_schema(schema: Mapping[str, Any], field: str) -> None:
     violations = metaschema_violations(schema, field)
     if violations:
         where = "; ".join(f"at {v.json_pointer or '/'} ({v.keyword}): {v.description}" for v in violations[:5])
-        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: invalid schema: {where}", "INVALID_SCHEMA", violations)
+        raise FrontError(Code.INVALID_ARGUMENT, f"{field}: invalid schema: {where}", "INVALID_SCHEMA", violations)
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class ResolvedSchema:
     schema: dict[str, Any]
     key: str  # statistics key
     record: SchemaRecord | None = None  # None for inline schemas
+    digest: str = ""  # SHA-256 of the canonical text ("": the engine computes it)
 
     @property
     def speculation(self) -> SchemaSpeculation:
@@ -125,7 +131,7 @@ class SchemaRegistry:
                  known_size: int = 4096):
         self.store = store
         self._clock = clock
-        self._parsed: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self._parsed: OrderedDict[tuple[str, int], tuple[dict[str, Any], str]] = OrderedDict()  # (schema, digest)
         self._cache_size = cache_size
         self._known: OrderedDict[tuple[str, int], SchemaRecord] = OrderedDict()
         self._known_size = known_size
@@ -226,21 +232,23 @@ class SchemaRegistry:
     async def resolve(self, schema_id: str, version: int | None = None) -> ResolvedSchema:
         record = await self.get(schema_id, version)
         cache_key = (record.schema_id, record.version)
-        schema = self._parsed.get(cache_key)
-        if schema is None:
+        parsed = self._parsed.get(cache_key)
+        if parsed is None:  # once per version: parsed, and its digest taken from its canonical text
             schema = json.loads(record.schema_json)
-            self._parsed[cache_key] = schema
+            parsed = self._parsed[cache_key] = (schema, content_hash(canonical_json(schema)))
             while len(self._parsed) > self._cache_size:
                 self._parsed.popitem(last=False)
         else:
             self._parsed.move_to_end(cache_key)
-        return ResolvedSchema(schema, registered_stats_key(record.schema_id, record.version), record)
+        schema, digest = parsed
+        return ResolvedSchema(schema, registered_stats_key(record.schema_id, record.version), record, digest)
 
-    @staticmethod
-    def inline(text: str, field: str = "json_schema") -> ResolvedSchema:
-        """An inline schema: parsed here, validated by the engine (which reports pointers)."""
-        schema = parse_schema_json(text, field)
-        return ResolvedSchema(schema, inline_stats_key(canonical_json(schema)))
+
+def inline_schema(schema: dict[str, Any]) -> ResolvedSchema:
+    """A schema sent inline, keyed for statistics by its content: canonicalised and hashed here, once per request
+    (validated by the engine's compile, which reports pointers)."""
+    digest = content_hash(canonical_json(schema))
+    return ResolvedSchema(schema, _inline_key(digest), digest=digest)
 
 
 async def register_builtins(registry: SchemaRegistry, schemas: Mapping[str, Mapping[str, Any]]) -> list[tuple[SchemaRecord, bool]]:
