@@ -76,8 +76,8 @@ class GrammarCompiler:
 
     def _compile_schema(self, schema: dict[str, Any] | bool, options: GrammarOptions) -> CompiledGrammar:
         start = time.perf_counter()
-        intake.check_schema(schema, options)
-        compiled = intake.for_backends(schema)
+        text = intake.check_schema(schema, options)
+        compiled = intake.for_backends(schema, text)  # the schema serialized once, for both
         grammar = run_with_deadline(lambda: self.backend.compile_json_schema(compiled, options), options.compile_timeout_s)
         return _stamped(grammar, start)
 

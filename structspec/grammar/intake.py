@@ -35,13 +35,13 @@ MAX_ISSUES = 20  # a broken schema can have thousands; the first ones are enough
 _MESSAGE_CHARS = 240
 
 
-def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Validator]:
-    """Refuse what no backend should compile; returns the draft's validator class.
+def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> str:
+    """Refuse what no backend should compile; returns the schema's compact JSON text (``for_backends`` takes it).
 
     ``at`` prefixes every pointer (a tool's parameters live at ``/tools/2/function/parameters``).
     """
     if schema is True:  # any JSON value
-        return jsonschema.Draft202012Validator
+        return "true"
     if schema is False:
         raise SchemaError([SchemaIssue(at, "", "the schema false allows no value: nothing could be generated")],
                           kind="invalid_schema")
@@ -68,7 +68,7 @@ def check_schema(schema: Any, options: GrammarOptions, at: str = "") -> type[Val
     _check_patterns(schema, at)
     if _BIG_NUMBER.search(text):  # the walk below only when the text has a number it could be about
         _check_numbers(schema, at)
-    return cls
+    return text
 
 
 # Keywords whose value is a count: JSON Schema's non-negative integer, which 2.0 is.
@@ -86,11 +86,14 @@ _BIG_NUMBER = re.compile(r"\d{16}|\de\+")
 _REWRITES = re.compile(r"\d{16}|\de\+|\"(?:max|min)(?:Length|Items|Properties|Contains)\":-?\d+\.|\\\\[dwsDWS]")
 
 
-def for_backends(schema: Any) -> Any:
-    """The schema as backends compile it (see the module docstring); ``schema`` itself when nothing changes."""
+def for_backends(schema: Any, text: str | None = None) -> Any:
+    """The schema as backends compile it (see the module docstring); ``schema`` itself when nothing changes.
+    ``text``: its compact JSON text, where the caller has it (``check_schema`` returns it)."""
     if schema is True:
         return {}
-    if not _REWRITES.search(json.dumps(schema, separators=(",", ":"), ensure_ascii=False)):
+    if text is None:
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if not _REWRITES.search(text):
         return schema
     changes = []
     for pointer, node in schema_walk.iter_schemas(schema):
