@@ -30,6 +30,7 @@ from jsonschema.protocols import Validator
 from structspec.grammar import ecma_regex, json_text, metaschema, schema_walk
 from structspec.grammar.base import GrammarOptions, SchemaError, SchemaIssue
 from structspec.grammar.keywords import REFUSED
+from structspec.grammar.postcheck import linear_regex
 
 MAX_ISSUES = 20  # a broken schema can have thousands; the first ones are enough to fix it
 _MESSAGE_CHARS = 240
@@ -226,8 +227,6 @@ def _inward(number: int, toward: float) -> int | None:
 
 def _check_patterns(schema: dict[str, Any], at: str) -> None:
     """Every regex must compile on RE2: the post-check runs them there, in linear time."""
-    from structspec.grammar.postcheck import linear_regex
-
     issues = []
     for pointer, node in schema_walk.iter_schemas(schema):
         found = [("pattern", node["pattern"], schema_walk.join(at + pointer, "pattern"))] if isinstance(node.get("pattern"), str) else []
