@@ -132,17 +132,11 @@ def extraction_request(inp: ExtractionInput, schema: ResolvedSchema, caller: Cal
         messages=inp.messages,
         instruction=inp.instruction,
         examples=examples(inp.examples, _instance_error(schema.schema, schema_field)),
-        sampling=sampling(inp.sampling, limits),
-        speculation=inp.speculation,
-        fast_forward=inp.fast_forward,
-        deadline=caller.deadline,
-        request_id=caller.request_id,
         schema_key=schema.key,
         schema_digest=schema.digest,
-        history_scope=caller.history_scope,
         schema_speculation=schema.speculation,
-        tenant=caller.tenant,
         public_template=schema.record is not None,
+        **_alike(inp, caller, limits),
     )
 
 
@@ -154,14 +148,15 @@ def tool_request(inp: ToolCallInput, caller: Caller, limits: Limits) -> ToolCall
         tool_choice=inp.tool_choice,
         parallel_calls=inp.parallel,
         examples=examples(inp.examples, _call_error(inp.tools)),
-        sampling=sampling(inp.sampling, limits),
-        speculation=inp.speculation,
-        fast_forward=inp.fast_forward,
-        deadline=caller.deadline,
-        request_id=caller.request_id,
-        history_scope=caller.history_scope,
-        tenant=caller.tenant,
+        **_alike(inp, caller, limits),
     )
+
+
+def _alike(inp: ExtractionInput | ToolCallInput, caller: Caller, limits: Limits) -> dict[str, Any]:
+    """The fields both engine requests take alike: sampling, speculation, the caller's."""
+    return dict(sampling=sampling(inp.sampling, limits), speculation=inp.speculation, fast_forward=inp.fast_forward,
+                deadline=caller.deadline, request_id=caller.request_id, history_scope=caller.history_scope,
+                tenant=caller.tenant)
 
 
 def sampling(s: Sampling, limits: Limits) -> SamplingParams:
