@@ -156,9 +156,10 @@ def tool_choice(choice: pb.ToolChoice) -> str:
 
 
 def tool_call_input(req: pb.CallToolRequest) -> ToolCallInput:
+    tool_list = tools(req.tools)  # first: its errors come before the messages'
     return ToolCallInput(
         messages=messages(req.messages),
-        tools=tools(req.tools),
+        tools=tool_list,
         tool_choice=tool_choice(req.tool_choice),
         parallel=req.parallel_tool_calls,
         examples=examples(req.examples),
