@@ -15,20 +15,16 @@ and logged, and holds back none of the rows behind it.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, TypeVar, runtime_checkable
+from typing import Iterable, Protocol, runtime_checkable
 
-from structspec.stats.book import Counters, Reload, StatsBook
+from structspec.stats.book import Counters, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import TrafficSample
-from structspec.store.history_buffer import HistoryBuffer
-
-S = TypeVar("S", RejectedDraft, TrafficSample)
-
+from structspec.stats.pending import Pending
 
 _PASSWORD_IN_URL = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/?#@]*):[^@/?#]*@", re.I)
 _PASSWORD_IN_QUERY = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.I)
@@ -77,6 +73,22 @@ class Backlog:
     unwritten: dict[str, int]
     dropped: dict[str, int]
     quarantined: dict[str, int] = field(default_factory=dict)
+
+
+HistoryRow = tuple[str, str, str, float]  # a finished output: (model, history key, text, unix seconds)
+
+
+class HistoryBuffer(Pending[HistoryRow]):
+    """Finished outputs waiting to be written to the schema history; past ``limit`` (>= 1) the oldest are dropped
+    (the history proposer drafts from recent outputs) and counted. Thread-safe."""
+
+    def __init__(self, limit: int = 100_000):
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        super().__init__(limit)
+
+    def append(self, model: str, history_key: str, text: str, now: float) -> None:
+        self.put([(model, history_key, text, now)])
 
 
 @runtime_checkable
@@ -165,46 +177,6 @@ class Store(Protocol):
 
     async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
         """The last ``per_key`` outputs of the ``max_keys`` most recent keys, as (key, text), oldest first."""
-
-
-def backlog_of(stats: StatsBook, history: HistoryBuffer, quarantined: dict[str, int] | None = None) -> Backlog:
-    """A store's ``Backlog`` from its book (counters, samples, policy changes), its history buffer and its
-    quarantine's counts."""
-    return Backlog(
-        {"counters": stats.unwritten_keys(), "history": len(history), "samples": len(stats.samples.pending()),
-         "traffic": len(stats.traffic.pending()), "policy_changes": len(stats.policy.pending())},
-        {"counters": stats.dropped, "history": history.dropped, "samples": stats.samples.dropped,
-         "traffic": stats.traffic.dropped, "policy_changes": stats.policy.dropped},
-        {kind: (quarantined or {}).get(kind, 0) for kind in BACKLOG_KINDS})
-
-
-async def reload_book(stats: StatsBook, stored: Callable[[], Iterable[tuple[CounterKey, float]]], reload: Reload) -> None:
-    """``stats.replace_persisted(stored(), reload)`` in a worker thread (a week of counters is not built on the event
-    loop); the reload ends whatever happens, a cancellation included (the thread then runs to its end)."""
-    def replace() -> None:
-        try:
-            stats.replace_persisted(stored(), reload)
-        finally:
-            stats.cancel_reload(reload)  # ended already unless something failed
-
-    work = asyncio.ensure_future(asyncio.to_thread(replace))
-    await asyncio.shield(work)
-
-
-def newest_samples(stored: Iterable[S], unwritten: Iterable[S], model: str | None, schema_key: str | None,
-                   limit: int, proposer: str | None = None) -> list[S]:
-    """The newest ``limit`` of the stored and the matching unwritten samples (rejected drafts or traffic; an unwritten
-    sample replaces its slot's stored one), newest first."""
-    merged = {r.key: r for r in stored}
-    merged.update({r.key: r for r in unwritten if matches(r, model, schema_key, proposer)})
-    return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
-
-
-def matches(r: Any, model: str | None, schema_key: str | None, proposer: str | None = None) -> bool:
-    """Whether a record (a counter key, a sample, a policy change) is of ``model``, ``schema_key`` and ``proposer``
-    (None: any)."""
-    return ((model is None or r.model == model) and (schema_key is None or r.schema_key == schema_key)
-            and (proposer is None or r.proposer == proposer))
 
 
 def sum_counters(rows: Iterable[tuple[CounterKey, float]], since: float, until: float | None) -> Counters:

@@ -53,22 +53,15 @@ import asyncio
 import contextlib
 import math
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
 from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import hour_of
-from structspec.stats.policy_states import PolicyChange
-from structspec.stats.samples import RejectedDraft
-from structspec.stats.traffic import TrafficSample
 from structspec.store import rows, statements
-from structspec.store.base import (BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError, StoreUnavailable,
-                                   redact_url, reload_book)
+from structspec.store.base import BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError, StoreUnavailable, redact_url
 from structspec.store.dialect import POSTGRES
-from structspec.store.history_buffer import HistoryRow
 from structspec.store.postgres_schema import migrate
-from structspec.store.quarantine import halves, refused
-from structspec.store.sql_store import SQLStore, _as_is
+from structspec.store.sql_store import Batch, SQLStore, _as_is
 from structspec.store.statements import CHANGE_COLS, SCHEMA_COLS
 
 try:  # the ``postgres`` extra
@@ -88,35 +81,6 @@ _LATEST_CHANGES = (f"SELECT DISTINCT ON (model, schema_key, proposer) {CHANGE_CO
                    "ORDER BY model, schema_key, proposer, id DESC")
 
 
-@dataclass
-class _Batch:
-    """One flush (or a part of one): what it took from the buffers, written in one transaction under its sequence
-    number (``seq``: given when it is first written, kept for its retries). Its fields are the backlog kinds."""
-
-    seq: int | None
-    counters: Counters = field(default_factory=dict)
-    history: list[HistoryRow] = field(default_factory=list)
-    samples: list[RejectedDraft] = field(default_factory=list)
-    policy_changes: list[PolicyChange] = field(default_factory=list)
-    traffic: list[TrafficSample] = field(default_factory=list)
-
-    def size(self) -> int:
-        return sum(len(getattr(self, kind)) for kind in BACKLOG_KINDS)
-
-    def parts(self) -> list["_Batch"]:
-        """Smaller batches that make this one (of two rows or more) up: one per kind, or its one kind's halves."""
-        kinds = [kind for kind in BACKLOG_KINDS if getattr(self, kind)]
-        if len(kinds) > 1:
-            return [_Batch(None, **{kind: getattr(self, kind)}) for kind in kinds]
-        return [_Batch(None, **{kinds[0]: half}) for half in halves(getattr(self, kinds[0]))]
-
-    def row(self) -> tuple[str, Any]:
-        """A one-row batch's (backlog kind, row); a counter's row is its (key, value)."""
-        kind = next(kind for kind in BACKLOG_KINDS if getattr(self, kind))
-        rows = getattr(self, kind)
-        return kind, next(iter(rows.items())) if isinstance(rows, dict) else rows[0]
-
-
 class PostgresStore(SQLStore):
     """``Store`` on the PostgreSQL database at ``url`` (a libpq URL or ``key=value`` string).
 
@@ -124,6 +88,7 @@ class PostgresStore(SQLStore):
     ``StoreUnavailable``; ``history_limit``: unwritten history outputs kept while the store cannot be written."""
 
     dialect = POSTGRES
+    refusals = _REFUSALS
 
     def __init__(self, url: str, stats: StatsBook | None = None, *, pool_size: int = 4, timeout: float = 5.0,
                  history_limit: int = 100_000):
@@ -140,7 +105,7 @@ class PostgresStore(SQLStore):
         self._seq = 0
         # taken, not yet written, in order: a flush that failed (written again first, the first under its number),
         # or the parts of one the database refused
-        self._retry: list[_Batch] = []
+        self._retry: list[Batch] = []
 
     @property
     def where(self) -> str:
@@ -249,56 +214,34 @@ class PostgresStore(SQLStore):
 
     async def flush(self) -> None:
         async with self._flush_lock:
-            await self._write_retry()  # raises while the store cannot be written: the batches stay, nothing is taken
-            batch = _Batch(None, self.stats.take(), self._history.take(), self.stats.samples.take(),
-                           self.stats.policy.take(), self.stats.traffic.take())
+            await self._write_all(self._retry)  # raises while the store cannot be written: nothing new is taken
+            batch = Batch(self.stats.take(), self._history.take(), self.stats.samples.take(),
+                          self.stats.traffic.take(), self.stats.policy.take())
             if batch.size() == 0:
                 return
-            self._retry.append(batch)
-            await self._write_retry()
+            self._retry.append(batch)  # written again first, under its number, while it fails
+            await self._write_all(self._retry)
 
-    async def _write_retry(self) -> None:
-        """Write the batches waiting in ``_retry``, in order (under the flush lock). One the database refuses for its
-        rows is replaced by its parts, down to single rows, which are quarantined; any other failure is raised,
-        what is not written kept."""
-        while self._retry:
-            batch = self._retry[0]
-            if batch.seq is None:
-                self._seq += 1
-                batch.seq = self._seq
-            try:
-                await self._write(batch)
-            except Exception as exc:
-                if not refused(exc, _REFUSALS):
-                    raise
-                self._retry.pop(0)  # refused: its transaction rolled back, nothing of it landed
-                if batch.size() > 1:
-                    parts = batch.parts()
-                    self.stats.split(batch.counters, [p.counters for p in parts])
-                    self._retry[0:0] = parts
-                else:
-                    self.quarantine.add(*batch.row(), exc)
-                    self.stats.committed(batch.counters)  # not unwritten any more: quarantined
-                continue
-            self._landed(batch)
-
-    def _landed(self, batch: _Batch) -> None:
+    def _landed(self, batch: Batch) -> None:
         self.stats.committed(batch.counters)  # under the flush lock: no read counts them twice
         self._retry.remove(batch)
 
-    async def _write(self, b: _Batch) -> None:
+    async def _write(self, b: Batch) -> None:
+        if b.seq is None:
+            self._seq += 1
+            b.seq = self._seq
         async with self._conn() as conn, conn.transaction():
             mark = await (await conn.execute(
                 "INSERT INTO flush_marks (replica, batch, at) VALUES (%s, %s, %s) ON CONFLICT (replica) DO UPDATE "
                 "SET batch = excluded.batch, at = excluded.at WHERE flush_marks.batch < excluded.batch RETURNING batch",
                 (self.replica, b.seq, self.stats.clock()))).fetchone()
-            if mark is None:
-                return  # this batch landed before; its commit was not acknowledged
-            async with conn.cursor() as cur:
-                for kind in BACKLOG_KINDS:
-                    if getattr(b, kind):
-                        for sql, args in statements.writes(POSTGRES, kind, getattr(b, kind)):
-                            await cur.executemany(_sql(sql), args)
+            if mark is not None:  # None: this batch landed before; its commit was not acknowledged
+                async with conn.cursor() as cur:
+                    for kind in BACKLOG_KINDS:
+                        if getattr(b, kind):
+                            for sql, args in statements.writes(POSTGRES, kind, getattr(b, kind)):
+                                await cur.executemany(_sql(sql), args)
+        self.stats.committed(b.counters)  # under the flush lock: no read counts them twice
 
     def _unwritten(self, kind: str) -> list[Any]:
         return [r for batch in list(self._retry) for r in getattr(batch, kind)]
@@ -342,7 +285,7 @@ class PostgresStore(SQLStore):
             stored = await (await conn.execute(*_counters(since, None, None))).fetchall()
             latest = await (await conn.execute(_LATEST_CHANGES)).fetchall()
         # built outside every lock (and off the event loop: a week of counters), swapped in under the book's
-        await reload_book(self.stats, lambda: [rows.counter(r) for r in stored], reload)
+        await self._reload(lambda: [rows.counter(r) for r in stored], reload)
         self.stats.policy.seed([rows.change(r) for r in latest])  # a restarted server knows each proposer's state
 
     async def prune(self, before: float) -> int:

@@ -10,9 +10,8 @@ from structspec.stats.counters import CounterKey
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import TrafficSample
-from structspec.store.base import SchemaRecord
+from structspec.store.base import HistoryRow, SchemaRecord
 from structspec.store.dialect import Dialect
-from structspec.store.history_buffer import HistoryRow
 from structspec.store.text import decode, encode
 
 Row = tuple[Any, ...]

@@ -1,10 +1,17 @@
-"""What the SQLite and the PostgreSQL stores do alike: ``SQLStore``, the reads of one statement each, the history
-buffer and the backlog, over ``statements`` and ``rows``. A subclass owns the connection (``_fetch`` runs one
-statement on it) and does what truly differs: opening and migrating, transactions, flushing, snapshots."""
+"""What the SQLite and the PostgreSQL stores do alike: ``SQLStore``, over ``statements`` and ``rows``.
+
+The reads of one statement each, the history buffer, the backlog, and the writing of what a flush took
+(``Batch``): each batch in a transaction of its own; one the store refuses for its rows is written again in parts,
+down to single rows, which are quarantined (``quarantine``). A subclass owns the connection (``_fetch`` runs one
+statement on it, ``_write`` one batch) and does what truly differs: opening and migrating, transactions, when a
+flush writes what, and the snapshot the counters are read in.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, TypeVar
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import CounterKey
@@ -12,24 +19,71 @@ from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import TrafficSample
 from structspec.store import rows, statements
-from structspec.store.base import BACKLOG_KINDS, Backlog, SchemaRecord, backlog_of, matches, newest_samples, sum_counters
+from structspec.store.base import BACKLOG_KINDS, Backlog, HistoryBuffer, HistoryRow, SchemaRecord, sum_counters
 from structspec.store.dialect import Dialect
-from structspec.store.history_buffer import HistoryBuffer
-from structspec.store.quarantine import Quarantine
+from structspec.store.quarantine import Quarantine, halves, refused
 from structspec.store.statements import CHANGE_COLS, SAMPLE_COLS, TRAFFIC_COLS, matching, select
 from structspec.store.text import decode
 
 R = TypeVar("R")
+S = TypeVar("S", RejectedDraft, TrafficSample)
+
+
+@dataclass
+class Batch:
+    """Rows taken from the buffers, written in one transaction: a flush's (or one kind's), or a part of one. Its
+    fields are the backlog kinds; ``seq``: its sequence number, where the store numbers its flushes."""
+
+    counters: Counters = field(default_factory=dict)
+    history: list[HistoryRow] = field(default_factory=list)
+    samples: list[RejectedDraft] = field(default_factory=list)
+    traffic: list[TrafficSample] = field(default_factory=list)
+    policy_changes: list[PolicyChange] = field(default_factory=list)
+    seq: int | None = None
+
+    def size(self) -> int:
+        return sum(len(getattr(self, kind)) for kind in BACKLOG_KINDS)
+
+    def parts(self) -> list[Batch]:
+        """Smaller batches that make this one (of two rows or more) up: one per kind, or its one kind's halves."""
+        kinds = [kind for kind in BACKLOG_KINDS if getattr(self, kind)]
+        if len(kinds) > 1:
+            return [Batch(**{kind: getattr(self, kind)}) for kind in kinds]
+        return [Batch(**{kinds[0]: half}) for half in halves(getattr(self, kinds[0]))]
+
+    def row(self) -> tuple[str, Any]:
+        """A one-row batch's (backlog kind, row); a counter's row is its (key, value)."""
+        kind = next(kind for kind in BACKLOG_KINDS if getattr(self, kind))
+        rows = getattr(self, kind)
+        return kind, next(iter(rows.items())) if isinstance(rows, dict) else rows[0]
 
 
 def _as_is(row: rows.Row) -> Any:
     return row
 
 
+def matches(r: Any, model: str | None, schema_key: str | None, proposer: str | None = None) -> bool:
+    """Whether a record (a counter key, a sample, a policy change) is of ``model``, ``schema_key`` and ``proposer``
+    (None: any)."""
+    return ((model is None or r.model == model) and (schema_key is None or r.schema_key == schema_key)
+            and (proposer is None or r.proposer == proposer))
+
+
+def _newest(stored: Iterable[S], unwritten: Iterable[S], model: str | None, schema_key: str | None, limit: int,
+            proposer: str | None = None) -> list[S]:
+    """The newest ``limit`` of the stored and the matching unwritten samples (an unwritten sample replaces its slot's
+    stored one), newest first."""
+    merged = {r.key: r for r in stored}
+    merged.update({r.key: r for r in unwritten if matches(r, model, schema_key, proposer)})
+    return sorted(merged.values(), key=lambda r: r.created_at, reverse=True)[:limit]
+
+
 class SQLStore:
-    """The ``Store`` methods both stores run alike (a subclass sets ``dialect`` and implements ``_fetch``)."""
+    """The ``Store`` methods both stores run alike (a subclass sets ``dialect`` and ``refusals``, and implements
+    ``_fetch`` and ``_write``)."""
 
     dialect: Dialect
+    refusals: tuple[type[BaseException], ...]  # the driver's errors that say the store refuses a write's rows
     HISTORY_KEEP = statements.HISTORY_KEEP
 
     def __init__(self, stats: StatsBook | None, history_limit: int):
@@ -41,12 +95,70 @@ class SQLStore:
         """The rows of one statement (``?`` placeholders) run alone, each made a record by ``row``."""
         raise NotImplementedError
 
+    async def _write(self, batch: Batch) -> None:
+        """Write ``batch`` in one transaction, and mark its counters committed once it is."""
+        raise NotImplementedError
+
     def _unwritten(self, kind: str) -> list[Any]:
         """Rows of a backlog kind taken from their buffer, not yet written, that the store keeps itself."""
         return []
 
+    async def _write_all(self, queue: list[Batch]) -> None:
+        """Write ``queue``'s batches in order, each removed once written. One the store refuses for its rows is
+        replaced by its parts, down to single rows, which are quarantined; any other failure is raised, the batches
+        not written left in ``queue``."""
+        while queue:
+            batch = queue[0]
+            try:
+                await self._write(batch)
+            except Exception as exc:
+                if not refused(exc, self.refusals):
+                    raise
+                queue.pop(0)  # refused: its transaction rolled back, nothing of it landed
+                if batch.size() > 1:
+                    parts = batch.parts()
+                    self.stats.split(batch.counters, [p.counters for p in parts])
+                    queue[0:0] = parts
+                else:
+                    self.quarantine.add(*batch.row(), exc)
+                    self.stats.committed(batch.counters)  # not unwritten any more: quarantined
+                continue
+            queue.pop(0)
+
+    async def _reload(self, stored: Callable[[], Iterable[tuple[CounterKey, float]]], reload: Reload) -> None:
+        """``stats.replace_persisted(stored(), reload)`` in a worker thread (a week of counters is not built on the
+        event loop); the reload ends whatever happens, a cancellation included (the thread then runs to its end)."""
+        def replace() -> None:
+            try:
+                self.stats.replace_persisted(stored(), reload)
+            finally:
+                self.stats.cancel_reload(reload)  # ended already unless something failed
+
+        await asyncio.shield(asyncio.ensure_future(asyncio.to_thread(replace)))
+
+    @staticmethod
+    def _counted(stored: list[tuple[CounterKey, float]], reload: Reload, since: float, until: float | None,
+                 model: str | None, schema_key: str | None) -> Counters:
+        """``read_counters``: the ``stored`` counters and the reload's unwritten ones of ``model`` and ``schema_key``."""
+        pending = [(k, v) for k, v in reload.unflushed.items() if matches(k, model, schema_key)]
+        return sum_counters(stored + pending, since, until)
+
+    def backlog(self) -> Backlog:
+        stats, history, quarantined = self.stats, self._history, self.quarantine.counts()
+        out = Backlog(
+            {"counters": stats.unwritten_keys(), "history": len(history), "samples": len(stats.samples.pending()),
+             "traffic": len(stats.traffic.pending()), "policy_changes": len(stats.policy.pending())},
+            {"counters": stats.dropped, "history": history.dropped, "samples": stats.samples.dropped,
+             "traffic": stats.traffic.dropped, "policy_changes": stats.policy.dropped},
+            {kind: quarantined.get(kind, 0) for kind in BACKLOG_KINDS})
+        for kind in BACKLOG_KINDS[1:]:  # taken, still unwritten (counters: in the book's count)
+            out.unwritten[kind] += len(self._unwritten(kind))
+        return out
+
     async def check(self) -> None:
         await self._fetch("SELECT 1")
+
+    # -- schema registry -------------------------------------------------------------------------
 
     async def get_schema(self, schema_id: str, version: int | None = None) -> SchemaRecord | None:
         sql, args = ((statements.LATEST_SCHEMA, (schema_id,)) if version is None
@@ -57,19 +169,6 @@ class SQLStore:
     async def list_schemas(self, schema_id: str | None = None, all_versions: bool = False) -> list[SchemaRecord]:
         return await self._fetch(*statements.list_schemas(schema_id, all_versions), rows.schema)
 
-    @staticmethod
-    def _counted(stored: list[tuple[CounterKey, float]], reload: Reload, since: float, until: float | None,
-                 model: str | None, schema_key: str | None) -> Counters:
-        """``read_counters``: the ``stored`` counters and the reload's unwritten ones of ``model`` and ``schema_key``."""
-        pending = [(k, v) for k, v in reload.unflushed.items() if matches(k, model, schema_key)]
-        return sum_counters(stored + pending, since, until)
-
-    def backlog(self) -> Backlog:
-        out = backlog_of(self.stats, self._history, self.quarantine.counts())
-        for kind in BACKLOG_KINDS[1:]:  # taken, still unwritten (counters: in the book's count)
-            out.unwritten[kind] += len(self._unwritten(kind))
-        return out
-
     # -- what schema owners read beside the counters ------------------------------------------------
 
     async def read_rejected_drafts(self, model: str | None = None, schema_key: str | None = None,
@@ -78,7 +177,7 @@ class SQLStore:
                            "ORDER BY created_at DESC LIMIT ?")
         stored = await self._fetch(sql, [*args, limit], lambda r: rows.sample(self.dialect, r))
         unwritten = self._unwritten("samples") + self.stats.samples.pending()
-        return newest_samples(stored, unwritten, model, schema_key, limit, proposer)
+        return _newest(stored, unwritten, model, schema_key, limit, proposer)
 
     async def read_traffic_samples(self, model: str | None = None, schema_key: str | None = None,
                                    limit: int = 1000) -> list[TrafficSample]:
@@ -86,7 +185,7 @@ class SQLStore:
                            "ORDER BY created_at DESC LIMIT ?")
         stored = await self._fetch(sql, [*args, limit], lambda r: rows.traffic(self.dialect, r))
         unwritten = self._unwritten("traffic") + self.stats.traffic.pending()
-        return newest_samples(stored, unwritten, model, schema_key, limit)
+        return _newest(stored, unwritten, model, schema_key, limit)
 
     async def read_policy_changes(self, model: str | None = None, schema_key: str | None = None) -> list[PolicyChange]:
         sql, args = select(CHANGE_COLS, "policy_changes", matching(model, schema_key), "ORDER BY at, id")

@@ -22,18 +22,14 @@ from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import CounterKey, Series, hour_of
 from structspec.stats.policy_states import PolicyChange
 from structspec.store import rows, statements
-from structspec.store.base import SPECULATION_MODES, SchemaRecord, StoreError, reload_book
+from structspec.store.base import BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError
 from structspec.store.dialect import SQLITE
-from structspec.store.quarantine import halves, refused
-from structspec.store.sql_store import SQLStore, _as_is
+from structspec.store.sql_store import Batch, SQLStore, _as_is
 from structspec.store.statements import CHANGE_COLS, COUNTER_COLS, SCHEMA_VERSION
 from structspec.store.text import ENCODED_COLUMNS, MARK
 
 T = TypeVar("T")
-P = TypeVar("P", list, dict)
 
-# what sqlite3 raises when it refuses a statement's values (not when the file cannot be written)
-_REFUSALS = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError)
 _TABLES = statements.tables(SQLITE)
 _RESERVOIRS = {table: next(d for d in _TABLES if f"TABLE IF NOT EXISTS {table} " in d)
                for table in ("rejected_drafts", "traffic_samples")}  # their DDL
@@ -96,6 +92,8 @@ class SQLiteStore(SQLStore):
     """``Store`` on a SQLite file (``":memory:"`` for a throwaway one)."""
 
     dialect = SQLITE
+    # what sqlite3 raises when it refuses a statement's values (not when the file cannot be written)
+    refusals = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError)
 
     def __init__(self, path: str | Path, stats: StatsBook | None = None, history_limit: int = 100_000):
         super().__init__(stats, history_limit)
@@ -234,62 +232,34 @@ class SQLiteStore(SQLStore):
 
     async def flush(self) -> None:
         """Each kind in a transaction of its own: a failed write of one does not hold the others back (the last
-        error is raised)."""
+        error is raised); what a failed write did not write is put back in its buffer."""
         error: BaseException | None = None
-        for kind, buffer in (("history", self._history), ("samples", self.stats.samples),
-                             ("traffic", self.stats.traffic), ("policy_changes", self.stats.policy)):
+        for kind, buffer in (("history", self._history), ("samples", self.stats.samples), ("traffic", self.stats.traffic),
+                             ("policy_changes", self.stats.policy), ("counters", self.stats)):
+            taken = buffer.take()
+            queue = [Batch(**{kind: taken})] if taken else []
             try:
-                await self._write_parts(kind, buffer.take(), buffer.restore)
+                await self._write_all(queue)
             except BaseException as exc:  # noqa: BLE001 - raised below
                 error = exc
-        try:
-            # counters: marked committed under the connection lock, where no reader counts them twice
-            await self._write_parts("counters", self.stats.take(), self.stats.restore, self.stats.split,
-                                    self.stats.committed, self.stats.committed)
-        except BaseException as exc:  # noqa: BLE001 - raised below
-            error = exc
+                if kind == "counters":
+                    for batch in queue:  # each part is in flight on its own
+                        self.stats.restore(batch.counters)
+                elif queue:
+                    buffer.restore([r for batch in queue for r in getattr(batch, kind)])  # one call: in order
         if error is not None:
             raise error
 
-    async def _write_parts(self, kind: str, rows: P, restore: Callable[[P], None],
-                           split: Callable[[P, tuple[P, P]], None] = lambda p, h: None,
-                           refuse: Callable[[P], None] = lambda p: None,
-                           written: Callable[[P], None] = lambda p: None) -> None:
-        """Write ``rows`` (taken from their buffer), one transaction a part (``written`` told in it). A write the file
-        refuses for its rows is written again in halves (``split`` told) until each refused row is alone: that one is
-        quarantined (``refuse`` told), the others written. When the file cannot be written, what is not written yet
-        is ``restore``d and the error raised."""
-        def write(c: sqlite3.Connection, part: P) -> None:
+    async def _write(self, batch: Batch) -> None:
+        def write(c: sqlite3.Connection) -> None:
             with _transaction(c):
-                for sql, args in statements.writes(SQLITE, kind, part):
-                    c.executemany(sql, args)
-            written(part)
+                for kind in BACKLOG_KINDS:
+                    if getattr(batch, kind):
+                        for sql, args in statements.writes(SQLITE, kind, getattr(batch, kind)):
+                            c.executemany(sql, args)
+            self.stats.committed(batch.counters)  # under the connection lock: no reader counts them twice
 
-        pending = [rows] if rows else []
-        try:
-            while pending:
-                part = pending[0]
-                try:
-                    await self._run(lambda c, part=part: write(c, part))
-                except Exception as exc:
-                    if not refused(exc, _REFUSALS):
-                        raise
-                    pending.pop(0)
-                    if len(part) > 1:
-                        pending[0:0] = halves(part)
-                        split(part, (pending[0], pending[1]))
-                    else:
-                        self.quarantine.add(kind, next(iter(part.items())) if isinstance(part, dict) else part[0], exc)
-                        refuse(part)
-                    continue
-                pending.pop(0)
-        except BaseException:
-            if isinstance(rows, dict):
-                for part in pending:
-                    restore(part)
-            elif pending:
-                restore([r for part in pending for r in part])  # one call: they keep their order
-            raise
+        await self._run(write)
 
     def _select(self, c: sqlite3.Connection, since_hour: int, model: str | None,
                 schema_key: str | None) -> list[tuple[CounterKey, float]]:
@@ -344,7 +314,7 @@ class SQLiteStore(SQLStore):
 
         (stored, latest), reload = await self._snapshot(read)
         # built outside every lock (and off the event loop), swapped in under the book's
-        await reload_book(self.stats, lambda: stored, reload)
+        await self._reload(lambda: stored, reload)
         self.stats.policy.seed(latest)  # a restarted server knows each proposer's state
 
     async def prune(self, before: float) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import CounterKey, Series
 from structspec.stats.samples import RejectedDraft, RejectedDraftReservoir
-from structspec.store.history_buffer import HistoryBuffer
+from structspec.store.base import HistoryBuffer
 
 
 def k(schema: str, hour: int = 0) -> CounterKey:
