@@ -22,11 +22,8 @@ What replicas sharing the database can rely on:
   first, with the same number; if its commit had landed and only the acknowledgement was lost,
   the mark shows it and the retry writes nothing. Rows are written in key order, so two
   replicas' flushes cannot deadlock on the counters.
-- **A refused row holds back nothing**: a flush the database refuses for its rows (a data error,
-  a constraint; not a lost connection) is written again in parts, each under a number of its
-  own, until each refused row is alone; those are quarantined (``quarantine``: counted, logged),
-  the others written. Callers' and the model's text goes through ``text.encode`` (PostgreSQL's
-  text cannot hold NUL), so any text round-trips.
+- **A refused row holds back nothing**: a flush the database refuses for its rows is written
+  again in parts (``SQLStore._write_all``), each under a number of its own.
 - **Reads count every row once**: ``read_counters`` and ``refresh_stats`` read the table in a
   snapshot taken, with a copy of this process's unwritten counters, under the lock a flush holds
   from its write to marking the rows committed (after a failed flush they first read the mark: a
@@ -34,10 +31,8 @@ What replicas sharing the database can rely on:
   so flushes go on while a refresh reads a week of counters.
 - **History**: shared and bounded: the newest ``HISTORY_KEEP`` outputs per (model, key), and
   none older than the retention (``prune``).
-- **Samples** (rejected drafts and traffic): each process fills reservoirs of its own (its
-  sampler's ``writer`` is part of a slot's key), so replicas, and a process restarted within
-  the hour, never overwrite each other's samples; an hour keeps ``per_hour`` samples per key
-  per process, and the store the newest ``KEEP_PER_KEY`` per key.
+- **Samples** (rejected drafts and traffic): each process fills reservoirs of its own (a slot's
+  key holds its ``writer``), so replicas never overwrite each other's samples.
 - **Outage**: every failure to reach the database raises ``StoreUnavailable`` (within
   ``timeout`` seconds); nothing recorded is lost while the bounds hold (``backlog``), and the
   pool reconnects by itself when the database is back.
@@ -58,7 +53,8 @@ from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import hour_of
 from structspec.store import rows, statements
-from structspec.store.base import BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError, StoreUnavailable, redact_url
+from structspec.store.base import (BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError, StoreUnavailable,
+                                   redact_url)
 from structspec.store.dialect import POSTGRES
 from structspec.store.postgres_schema import migrate
 from structspec.store.sql_store import Batch, SQLStore, _as_is
@@ -169,14 +165,12 @@ class PostgresStore(SQLStore):
             await pool.close()
             raise
 
-    async def close(self) -> None:
-        if self._pool is None:
-            return
-        try:
-            await self.flush()
-        finally:  # closed even when the last flush fails (its error still reaches the caller)
-            pool, self._pool, self._loop = self._pool, None, None
-            await pool.close()
+    def _opened(self) -> bool:
+        return self._pool is not None
+
+    async def _release(self) -> None:
+        pool, self._pool, self._loop = self._pool, None, None
+        await pool.close()
 
     # -- schema registry -------------------------------------------------------------------
 
@@ -199,7 +193,7 @@ class PostgresStore(SQLStore):
             return rec, True
 
     async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
-        cond, args = ("schema_id = ?", (schema_id,)) if version is None else ("schema_id = ? AND version = ?", (schema_id, version))
+        cond, args = statements.versions(schema_id, version)
         found = await self._fetch(f"DELETE FROM schema_versions WHERE {cond} RETURNING version", args)
         return sorted(int(r[0]) for r in found)
 

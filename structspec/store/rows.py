@@ -39,9 +39,10 @@ def history_row(r: HistoryRow) -> Row:
 
 
 def sample_row(d: Dialect, r: RejectedDraft) -> Row:
-    return (r.model, r.schema_key, r.proposer, r.hour, r.slot, r.created_at, r.batch_bucket, d.array_in(r.context_tokens),
-            encode(r.context_text), d.array_in(r.draft_tokens), encode(r.draft_text), r.position, r.rejected_token,
-            encode(r.rejected_text), r.target_token, encode(r.target_text), bool(r.grammatical), r.writer)
+    return (r.model, r.schema_key, r.proposer, r.hour, r.slot, r.created_at, r.batch_bucket,
+            d.array_in(r.context_tokens), encode(r.context_text), d.array_in(r.draft_tokens), encode(r.draft_text),
+            r.position, r.rejected_token, encode(r.rejected_text), r.target_token, encode(r.target_text),
+            bool(r.grammatical), r.writer)
 
 
 def sample(d: Dialect, row: Row) -> RejectedDraft:

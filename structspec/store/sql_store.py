@@ -91,6 +91,21 @@ class SQLStore:
         self._history = HistoryBuffer(history_limit)  # appended, not yet written
         self.quarantine = Quarantine()  # rows the store refused
 
+    def _opened(self) -> bool:
+        raise NotImplementedError
+
+    async def _release(self) -> None:
+        """Close the connections (``close``, after its last flush)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        if not self._opened():
+            return
+        try:
+            await self.flush()
+        finally:  # closed even when the last flush fails (its error still reaches the caller)
+            await self._release()
+
     async def _fetch(self, sql: str, args: Sequence[Any] = (), row: Callable[[rows.Row], R] = _as_is) -> list[R]:
         """The rows of one statement (``?`` placeholders) run alone, each made a record by ``row``."""
         raise NotImplementedError
@@ -139,7 +154,8 @@ class SQLStore:
     @staticmethod
     def _counted(stored: list[tuple[CounterKey, float]], reload: Reload, since: float, until: float | None,
                  model: str | None, schema_key: str | None) -> Counters:
-        """``read_counters``: the ``stored`` counters and the reload's unwritten ones of ``model`` and ``schema_key``."""
+        """``read_counters``: the ``stored`` counters and the reload's unwritten ones of ``model`` and
+        ``schema_key``, summed over ``[since, until)``."""
         pending = [(k, v) for k, v in reload.unflushed.items() if matches(k, model, schema_key)]
         return sum_counters(stored + pending, since, until)
 

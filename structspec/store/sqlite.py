@@ -4,9 +4,9 @@ One connection guarded by a lock; blocking calls run in a worker thread so the e
 never waits on disk. WAL mode lets the engine (or a CLI) open the same file concurrently, and
 lets the statistics' long reads (``refresh_stats``, ``read_counters``) run on a second
 connection (``_reader``) in a snapshot, so a flush never waits on them.
-Callers' and the model's text goes through ``text.encode``/``decode`` as in the PostgreSQL store,
-so a row means the same in both. Each kind of statistics is written in a transaction of its own;
-rows the file refuses (``quarantine``) hold back neither the other kinds nor the rows behind them.
+The tables, statements and row codecs are the PostgreSQL store's (``statements``, ``rows``), so a
+row means the same in both. Each kind of statistics is written in a transaction of its own; rows
+the file refuses (``quarantine``) hold back neither the other kinds nor the rows behind them.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def _migrate_to_5(c: sqlite3.Connection) -> None:
             c.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {', '.join(cols)} FROM {table}_v4")
             c.execute(f"DROP TABLE {table}_v4")
     for table, column in ENCODED_COLUMNS:
-        c.execute(f"UPDATE {table} SET {column} = char(?) || json_quote({column}) WHERE substr({column}, 1, 1) = char(?)",
-                  (ord(MARK), ord(MARK)))
+        c.execute(f"UPDATE {table} SET {column} = char(?) || json_quote({column}) "
+                  f"WHERE substr({column}, 1, 1) = char(?)", (ord(MARK), ord(MARK)))
 
 
 @contextlib.contextmanager
@@ -173,19 +173,17 @@ class SQLiteStore(SQLStore):
         if self.path != ":memory:":  # a second connection to ":memory:" would be another database
             self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
 
-    async def close(self) -> None:
-        if self._conn is None:
-            return
-        try:
-            await self.flush()
-        finally:  # closed even when the last flush fails (its error still reaches the caller)
-            with self._lock:
-                conn, self._conn = self._conn, None
-            with self._reader_lock:
-                reader, self._reader = self._reader, None
-            for c in (conn, reader):
-                if c is not None:
-                    c.close()
+    def _opened(self) -> bool:
+        return self._conn is not None
+
+    async def _release(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        with self._reader_lock:
+            reader, self._reader = self._reader, None
+        for c in (conn, reader):
+            if c is not None:
+                c.close()
 
     # -- schema registry -----------------------------------------------------------------------
 
@@ -197,9 +195,10 @@ class SQLiteStore(SQLStore):
                 row = c.execute(statements.SAME_CONTENT, (schema_id, sha256)).fetchone()
                 if row is not None:
                     return rows.schema(row), False
-                c.execute("INSERT INTO schema_ids (schema_id, last_version) VALUES (?, 1) "
-                          "ON CONFLICT (schema_id) DO UPDATE SET last_version = schema_ids.last_version + 1", (schema_id,))
-                (version,) = c.execute("SELECT last_version FROM schema_ids WHERE schema_id = ?", (schema_id,)).fetchone()
+                c.execute("INSERT INTO schema_ids (schema_id, last_version) VALUES (?, 1) ON CONFLICT (schema_id) "
+                          "DO UPDATE SET last_version = schema_ids.last_version + 1", (schema_id,))
+                (version,) = c.execute("SELECT last_version FROM schema_ids WHERE schema_id = ?",
+                                       (schema_id,)).fetchone()
                 rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
                 c.execute(statements.INSERT_SCHEMA, rows.schema_row(rec))
                 return rec, True
@@ -209,8 +208,9 @@ class SQLiteStore(SQLStore):
     async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
         def delete(c: sqlite3.Connection) -> list[int]:
             with _transaction(c):
-                cond, args = ("schema_id = ?", (schema_id,)) if version is None else ("schema_id = ? AND version = ?", (schema_id, version))
-                versions = [int(r[0]) for r in c.execute(f"SELECT version FROM schema_versions WHERE {cond} ORDER BY version", args)]
+                cond, args = statements.versions(schema_id, version)
+                found = c.execute(f"SELECT version FROM schema_versions WHERE {cond} ORDER BY version", args)
+                versions = [int(r[0]) for r in found]
                 c.execute(f"DELETE FROM schema_versions WHERE {cond}", args)
                 return versions
 
@@ -234,8 +234,9 @@ class SQLiteStore(SQLStore):
         """Each kind in a transaction of its own: a failed write of one does not hold the others back (the last
         error is raised); what a failed write did not write is put back in its buffer."""
         error: BaseException | None = None
-        for kind, buffer in (("history", self._history), ("samples", self.stats.samples), ("traffic", self.stats.traffic),
-                             ("policy_changes", self.stats.policy), ("counters", self.stats)):
+        for kind, buffer in (("history", self._history), ("samples", self.stats.samples),
+                             ("traffic", self.stats.traffic), ("policy_changes", self.stats.policy),
+                             ("counters", self.stats)):
             taken = buffer.take()
             queue = [Batch(**{kind: taken})] if taken else []
             try:

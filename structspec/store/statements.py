@@ -7,7 +7,7 @@ deletes. A store executes them through its own connection (``Dialect.sql`` for i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from structspec.stats.book import Counters
 from structspec.stats.policy_states import KEEP_PER_KEY as CHANGES_KEEP
@@ -98,6 +98,13 @@ SAME_CONTENT = schema("schema_id = ? AND sha256 = ? ORDER BY version LIMIT 1")
 INSERT_SCHEMA = f"INSERT INTO schema_versions ({SCHEMA_COLS}) VALUES ({', '.join('?' * 8)})"
 
 
+def versions(schema_id: str, version: int | None) -> tuple[str, tuple[Any, ...]]:
+    """The condition on ``schema_versions`` of one version of an id (every version: None), and its arguments."""
+    if version is None:
+        return "schema_id = ?", (schema_id,)
+    return "schema_id = ? AND version = ?", (schema_id, version)
+
+
 def list_schemas(schema_id: str | None, all_versions: bool) -> tuple[str, list[Any]]:
     where, args = ("WHERE v.schema_id = ?", [schema_id]) if schema_id else ("", [])
     if not all_versions:
@@ -144,36 +151,33 @@ def _insert(d: Dialect, table: str, cols: str, key: str | None = None) -> str:
     return f"INSERT INTO {table} ({cols}) {values} ON CONFLICT ({key}) DO UPDATE SET {updates}"
 
 
-def writes(d: Dialect, kind: str, part: Any) -> list[tuple[str, list[tuple[Any, ...]]]]:
+# kind: (table, columns, the key a row overwrites (None: every row is new), the key each table keeps the newest
+# rows of (the columns' first), a row's id, newest first, how many are kept, the row codec)
+_KEPT: dict[str, tuple[str, str, str | None, str, str, str, int, Callable[[Dialect, Any], rows.Row]]] = {
+    "history": ("history", HISTORY_COLS, None, "model, history_key", "id", "id DESC", HISTORY_KEEP,
+                lambda d, r: rows.history_row(r)),
+    "samples": ("rejected_drafts", SAMPLE_COLS, "model, schema_key, proposer, hour, writer, slot",
+                "model, schema_key, proposer", "(hour, writer, slot)", "hour DESC, created_at DESC", SAMPLES_KEEP,
+                rows.sample_row),
+    "traffic": ("traffic_samples", TRAFFIC_COLS, "model, schema_key, hour, writer, slot", "model, schema_key",
+                "(hour, writer, slot)", "hour DESC, created_at DESC", TRAFFIC_KEEP, rows.traffic_row),
+    "policy_changes": ("policy_changes", CHANGE_COLS, None, "model, schema_key, proposer", "id", "id DESC",
+                       CHANGES_KEEP, lambda d, r: rows.change_row(r)),
+}
+
+
+def writes(d: Dialect, kind: str, part: Any) -> list[tuple[str, list[rows.Row]]]:
     """What writing one kind's rows (a backlog kind; counters: ``Counters``) runs: each statement with its rows of
-    arguments (for ``executemany``). History outputs and policy changes are written in their order (their ids);
-    reservoir slots and counters in key order where ``d.key_order`` (two replicas' flushes cannot deadlock)."""
-    order = sorted if d.key_order else lambda rows, key=None: rows
+    arguments (for ``executemany``): the rows, then each key's keep-newest delete. History outputs and policy
+    changes are written in their order (their ids); slots and counters in key order where ``d.key_order`` (two
+    replicas' flushes cannot deadlock)."""
     if kind == "counters":
-        counter_rows: Counters = part
+        counters: Counters = part
         return [(f"INSERT INTO counters ({COUNTER_COLS}, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
                  f"({COUNTER_COLS}) DO UPDATE SET value = counters.value + excluded.value",
-                 [rows.counter_row(k, v) for k, v in order(counter_rows.items())])]
-    if kind == "history":
-        history = [rows.history_row(r) for r in part]
-        keys = sorted({(m, k) for m, k, _, _ in history})
-        return [(_insert(d, "history", HISTORY_COLS), history),
-                (_keep_newest("history", "model, history_key", "id", "id DESC"), [(*k, *k, HISTORY_KEEP) for k in keys])]
-    if kind == "samples":
-        key = "model, schema_key, proposer, hour, writer, slot"
-        keys = sorted({(r.model, r.schema_key, r.proposer) for r in part})
-        return [(_insert(d, "rejected_drafts", SAMPLE_COLS, key), [rows.sample_row(d, r) for r in order(
-                    part, key=lambda r: r.key)]),
-                (_keep_newest("rejected_drafts", "model, schema_key, proposer", "(hour, writer, slot)",
-                              "hour DESC, created_at DESC"), [(*k, *k, SAMPLES_KEEP) for k in keys])]
-    if kind == "traffic":
-        keys = sorted({(r.model, r.schema_key) for r in part})
-        return [(_insert(d, "traffic_samples", TRAFFIC_COLS, "model, schema_key, hour, writer, slot"),
-                 [rows.traffic_row(d, r) for r in order(part, key=lambda r: r.key)]),
-                (_keep_newest("traffic_samples", "model, schema_key", "(hour, writer, slot)",
-                              "hour DESC, created_at DESC"), [(*k, *k, TRAFFIC_KEEP) for k in keys])]
-    assert kind == "policy_changes", kind
-    keys = sorted({r.key for r in part})
-    return [(_insert(d, "policy_changes", CHANGE_COLS), [rows.change_row(r) for r in part]),
-            (_keep_newest("policy_changes", "model, schema_key, proposer", "id", "id DESC"),
-             [(*k, *k, CHANGES_KEEP) for k in keys])]
+                 [rows.counter_row(k, v) for k, v in (sorted(counters.items()) if d.key_order else counters.items())])]
+    table, cols, slot, key, row_id, newest, kept, codec = _KEPT[kind]
+    encoded = [codec(d, r) for r in (sorted(part, key=lambda r: r.key) if slot and d.key_order else part)]
+    keys = sorted({r[:len(key.split(", "))] for r in encoded})
+    return [(_insert(d, table, cols, slot), encoded),
+            (_keep_newest(table, key, row_id, newest), [(*k, *k, kept) for k in keys])]
