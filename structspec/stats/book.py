@@ -28,8 +28,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from operator import itemgetter
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Callable, Iterable, Mapping, Sequence
 
 from structspec.stats.counters import (

@@ -40,14 +40,15 @@ class Pending(Generic[T]):
     def put(self, rows: Iterable[T], held: int = 0) -> None:
         """Add ``rows`` (oldest first); ``held``: records of this kind its owner holds elsewhere (taken, unwritten)."""
         with self._lock:
+            waiting, key_of, merge, drop_new = self._rows, self._key, self._merge, self.drop == "new"
             for row in rows:
-                key = self._key(row)
-                if key in self._rows:
-                    self._rows[key] = row if self._merge is None else self._merge(self._rows[key], row)
-                elif self.drop == "new" and len(self._rows) + held >= self.limit:
+                key = key_of(row)
+                if key in waiting:
+                    waiting[key] = row if merge is None else merge(waiting[key], row)
+                elif drop_new and len(waiting) + held >= self.limit:
                     self.dropped += 1
                 else:
-                    self._rows[key] = row
+                    waiting[key] = row
             self._trim()
 
     def take(self) -> list[T]:

@@ -92,6 +92,7 @@ class SQLStore:
         self.quarantine = Quarantine()  # rows the store refused
 
     def _opened(self) -> bool:
+        """Whether ``open`` succeeded and ``close`` has not released the connections since."""
         raise NotImplementedError
 
     async def _release(self) -> None:
