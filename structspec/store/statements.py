@@ -118,7 +118,8 @@ def counters(since_hour: int, model: str | None, schema_key: str | None) -> tupl
     return select(f"{COUNTER_COLS}, value", "counters", (("hour >= ?", since_hour), *matching(model, schema_key)))
 
 
-# The last ``per_key`` outputs of the ``max_keys`` keys written last, of one model, oldest first.
+# The last ``per_key`` outputs of the ``max_keys`` keys written last, of one model, oldest first (a window
+# function: SQLite 3.25 or later, as the upserts need 3.24).
 LOAD_HISTORY = ("SELECT history_key, text FROM (SELECT id, history_key, text, row_number() OVER (PARTITION BY "
                 "history_key ORDER BY id DESC) AS n FROM history WHERE model = ? AND history_key IN (SELECT "
                 "history_key FROM history WHERE model = ? GROUP BY history_key ORDER BY MAX(id) DESC LIMIT ?)) "
