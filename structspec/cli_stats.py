@@ -6,9 +6,9 @@
 
 The statistics come from the store a server writes (``--data-dir`` / ``--store-url``, as for
 ``structspec serve``; read in this process) or from a running server (``--server HOST:PORT``,
-through GetSchemaStats / ListSchemaStats / ListRejectedDrafts). Both go through the same code
-(``structspec.service.stats_views``) and the same values (``structspec.client.results``), so they
-print the same for the same store.
+through GetSchemaStats / ListSchemaStats / ListRejectedDrafts). Both give the same values, the statistics
+views (``structspec.front.views``): read from the store by ``structspec.front.stats`` here, by the server's
+same code there, so they print the same for the same store.
 """
 
 from __future__ import annotations
@@ -26,9 +26,15 @@ from typing import Annotated, Any, Optional, Sequence
 
 import click
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 from typer.core import TyperGroup
 
 from structspec.cli_client import CALL, Connection, _fail, connection_options, window_label
+from structspec.front.views import RejectedDraft, SchemaStats
+from structspec.service.settings import ServiceSettings, load_settings
+from structspec.store import DEFAULT_DB_NAME, Store, open_store, redact_url
 
 SCHEMA_HELP = ("a registered schema id (its latest version), id@version, or a statistics key such as inline:3f2a... "
                "or tools:...; default: every schema")
@@ -90,23 +96,15 @@ class StoreSource:
     store_url: Optional[str]
 
     def describe(self) -> str:
-        from structspec.store import redact_url
-
         return redact_url(self.store_url) if self.store_url else str(self._path())
 
-    def _settings(self) -> Any:
-        from structspec.service.settings import load_settings
-
+    def _settings(self) -> ServiceSettings:
         return load_settings(None, overrides={"data_dir": self.data_dir, "store_url": self.store_url}, validate=False)
 
     def _path(self) -> Path:
-        from structspec.store import DEFAULT_DB_NAME
-
         return Path(self._settings().data_dir) / DEFAULT_DB_NAME
 
     async def _with_store(self, fn: Any) -> Any:
-        from structspec.store import open_store
-
         settings = self._settings()
         if not settings.store_url and not self._path().is_file():
             raise StatsInputError(f"no store at {self._path()} (a server or `structspec bench decode --data-dir` "
@@ -118,7 +116,7 @@ class StoreSource:
         finally:
             await store.close()
 
-    async def _key(self, store: Any, schema: str | None) -> str | None:
+    async def _key(self, store: Store, schema: str | None) -> str | None:
         sid, version, key = _split_schema(schema)
         if sid is None:
             return key
@@ -128,28 +126,24 @@ class StoreSource:
             raise StatsInputError(f"no registered schema {what} in {self.describe()}")
         return f"{record.schema_id}@{record.version}"
 
-    def stats(self, windows: Sequence[int], schema: str | None, model: str | None, timeline: bool) -> list[Any]:
-        from structspec.client.results import SchemaStats
-        from structspec.service import stats_views
+    def stats(self, windows: Sequence[int], schema: str | None, model: str | None,
+              timeline: bool) -> list[SchemaStats]:
+        from structspec.front import stats  # imports the schema registry, which imports torch: not at start-up
 
-        async def read(store: Any) -> list[Any]:
+        async def read(store: Store) -> list[SchemaStats]:
             key = await self._key(store, schema)
-            found = await stats_views.read_stats(store, windows, model=model, schema_key=key, include_timeline=timeline)
-            return [SchemaStats.from_pb(s) for s in found]
+            return await stats.read_stats(store, windows, model=model, schema_key=key, include_timeline=timeline)
 
         return asyncio.run(self._with_store(read))
 
     def rejected(self, schema: str | None, model: str | None, proposer: str | None, limit: int,
-                 schema_key: str | None = None) -> list[Any]:
+                 schema_key: str | None = None) -> list[RejectedDraft]:
         """``schema_key``: a statistics key as it is (a schema deleted since still has its samples)."""
-        from structspec.client.results import RejectedDraft
-        from structspec.service import stats_views
+        from structspec.front import stats  # as in ``stats``
 
-        async def read(store: Any) -> list[Any]:
+        async def read(store: Store) -> list[RejectedDraft]:
             key = schema_key or await self._key(store, schema)
-            found = await stats_views.read_rejected_drafts(store, model=model, schema_key=key, proposer=proposer,
-                                                           limit=limit)
-            return [RejectedDraft.from_pb(r) for r in found]
+            return await stats.read_rejected_drafts(store, model=model, schema_key=key, proposer=proposer, limit=limit)
 
         return asyncio.run(self._with_store(read))
 
@@ -163,7 +157,8 @@ class ServerSource:
     def describe(self) -> str:
         return f"server {self.conn.target}"
 
-    def stats(self, windows: Sequence[int], schema: str | None, model: str | None, timeline: bool) -> list[Any]:
+    def stats(self, windows: Sequence[int], schema: str | None, model: str | None,
+              timeline: bool) -> list[SchemaStats]:
         sid, version, key = _split_schema(schema)
         with self.conn.client() as client:
             try:
@@ -176,7 +171,7 @@ class ServerSource:
         raise AssertionError("unreachable")
 
     def rejected(self, schema: str | None, model: str | None, proposer: str | None, limit: int,
-                 schema_key: str | None = None) -> list[Any]:
+                 schema_key: str | None = None) -> list[RejectedDraft]:
         sid, version, key = (None, None, schema_key) if schema_key else _split_schema(schema)
         with self.conn.client() as client:
             try:
@@ -221,10 +216,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def schema_tables(entry: Any, window_seconds: int) -> list[Any]:
+def schema_tables(entry: SchemaStats, window_seconds: int) -> list[Table]:
     """One schema's tables: requests, drafting per proposer and batch bucket, the policy's state per proposer."""
-    from rich.table import Table
-
     w = entry.windows.get(window_seconds)
     names = sorted(w.names) if w is not None else []
     title = f"{entry.schema_key}{' (' + ', '.join(names) + ')' if names else ''} on {entry.model or '?'}, " \
@@ -317,8 +310,6 @@ def show(
     if as_json:
         _json([dataclasses.asdict(s) for s in stats])
         return
-    from rich.console import Console
-
     console = Console()
     if not stats:
         console.print("no statistics recorded in the window")
@@ -348,10 +339,6 @@ def rejections(
     if as_json:
         _json([dataclasses.asdict(d) for d in drafts])
         return
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     table = Table("when", "schema", "proposer", "pos", "context (end)", "drafted", "refused", "target chose",
                   title="rejected drafts, newest first")
     for d in drafts:
@@ -383,12 +370,12 @@ def report(
     over time with the threshold and the policy's switches, acceptance by batch bucket and by draft position, the
     output-length distribution, latency p50/p99 and passes per token over time, the policy's state and the
     rejected drafts."""
-    from structspec.report.page import ReportInput, render
+    from structspec.report.page import ReportInput, render  # plotly: not at start-up
 
     seconds = parse_window(window)
     source = _source(conn, server, data_dir, store_url)
     stats = source.stats((seconds,), schema, model, True)
-    rejected: dict[tuple[str, str], list[Any]] = {}
+    rejected: dict[tuple[str, str], list[RejectedDraft]] = {}
     note = ""
     if samples:
         try:

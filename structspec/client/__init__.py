@@ -8,7 +8,8 @@
             ...                                                        # TextDelta..., ExtractionResult
         calls = c.call_tool(messages=[{"role": "user", "content": "weather in Oslo?"}], tools=tools).calls
 
-``AsyncClient`` has the same methods as coroutines.
+``AsyncClient`` has the same methods as coroutines. The statistics methods return the statistics views
+(``structspec.front.views``, re-exported here: ``SchemaStats``, ``RejectedDraft``, ...).
 """
 
 from structspec.client.aio import AsyncClient
@@ -32,20 +33,10 @@ from structspec.client.errors import (
     UnavailableError,
 )
 from structspec.client.results import (
-    DecisionCount,
     DraftLoad,
     ExtractionResult,
-    HistogramBucket,
-    HourStats,
-    PolicyChange,
-    ProposerHour,
-    ProposerPolicyState,
-    ProposerStats,
-    RejectedDraft,
     SchemaInfo,
-    SchemaStats,
     SpeculationReport,
-    StatsWindow,
     TextDelta,
     Timings,
     ToolCall,
@@ -53,6 +44,18 @@ from structspec.client.results import (
     Usage,
 )
 from structspec.client.sync import Client
+from structspec.front.views import (
+    DecisionCount,
+    HistogramBucket,
+    HourStats,
+    PolicyChange,
+    ProposerHour,
+    ProposerPolicyState,
+    ProposerStats,
+    RejectedDraft,
+    SchemaStats,
+    StatsWindow,
+)
 
 __all__ = [
     "AsyncClient", "Client", "DeadlineExceededError", "DecisionCount", "DraftLoad", "ExtractionResult",

@@ -9,13 +9,13 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from structspec.client import convert
+from structspec.client import convert, stats_decode
 from structspec.client.channel import (RetryPolicy, TLSConfig, auth_metadata, channel_options, channel_target,
                                        resolve_tls)
 from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
-from structspec.client.results import (DraftLoad, ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats,
-                                       TextDelta, ToolCallResult)
+from structspec.client.results import DraftLoad, ExtractionResult, SchemaInfo, TextDelta, ToolCallResult
 from structspec.client.sync import deadline_after, remaining, retry_delay, warn_if_restarted
+from structspec.front.views import RejectedDraft, SchemaStats
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
@@ -157,13 +157,13 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> SchemaStats:
         req = convert.stats_request(schema_id, version, schema_key, windows, model, include_timeline)
-        return SchemaStats.from_pb((await self._call(self._stub.GetSchemaStats, req, timeout, admin=True)).stats)
+        return stats_decode.schema_stats((await self._call(self._stub.GetSchemaStats, req, timeout, admin=True)).stats)
 
     async def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
                                 include_timeline: bool = False, timeout: float | None = None) -> list[SchemaStats]:
         req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "",
                                         include_timeline=include_timeline)
-        return [SchemaStats.from_pb(s)
+        return [stats_decode.schema_stats(s)
                 for s in (await self._call(self._stub.ListSchemaStats, req, timeout, admin=True)).stats]
 
     async def list_rejected_drafts(self, schema_id: str | None = None, version: int | None = None, *,
@@ -171,7 +171,7 @@ class AsyncClient:
                                    proposer: str | None = None, limit: int = 20,
                                    timeout: float | None = None) -> list[RejectedDraft]:
         req = convert.rejected_drafts_request(schema_id, version, schema_key, model, proposer, limit)
-        return [RejectedDraft.from_pb(r)
+        return [stats_decode.rejected_draft(r)
                 for r in (await self._call(self._stub.ListRejectedDrafts, req, timeout, admin=True)).drafts]
 
     async def load_draft(self, path: str, *, timeout: float | None = None) -> DraftLoad:

@@ -9,13 +9,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from structspec.client import convert
+from structspec.client import convert, stats_decode
 from structspec.client.channel import (RetryPolicy, TLSConfig, auth_metadata, channel_options, channel_target,
                                        resolve_tls)
 from structspec.client.errors import (DeadlineExceededError, InternalError, UnavailableError, error_from_rpc,
                                      may_have_started)
-from structspec.client.results import (DraftLoad, ExtractionResult, RejectedDraft, SchemaInfo, SchemaStats,
-                                       TextDelta, ToolCallResult)
+from structspec.client.results import DraftLoad, ExtractionResult, SchemaInfo, TextDelta, ToolCallResult
+from structspec.front.views import RejectedDraft, SchemaStats
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 
@@ -216,7 +216,7 @@ class Client:
         its hourly timeline and the policy's changes over the longest window. Sent with the admin token when there
         is one: where tokens are configured, other tokens read registered schemas' statistics only."""
         req = convert.stats_request(schema_id, version, schema_key, windows, model, include_timeline)
-        return SchemaStats.from_pb(self._call(self._stub.GetSchemaStats, req, timeout, admin=True).stats)
+        return stats_decode.schema_stats(self._call(self._stub.GetSchemaStats, req, timeout, admin=True).stats)
 
     def list_schema_stats(self, windows: Sequence[int] = (), *, model: str | None = None,
                           include_timeline: bool = False, timeout: float | None = None) -> list[SchemaStats]:
@@ -224,14 +224,14 @@ class Client:
         admin token where tokens are configured: the registered schemas' alone."""
         req = pb.ListSchemaStatsRequest(window_seconds=list(windows), model=model or "",
                                         include_timeline=include_timeline)
-        return [SchemaStats.from_pb(s) for s in self._call(self._stub.ListSchemaStats, req, timeout, admin=True).stats]
+        return [stats_decode.schema_stats(s) for s in self._call(self._stub.ListSchemaStats, req, timeout, admin=True).stats]
 
     def list_rejected_drafts(self, schema_id: str | None = None, version: int | None = None, *,
                              schema_key: str | None = None, model: str | None = None, proposer: str | None = None,
                              limit: int = 20, timeout: float | None = None) -> list[RejectedDraft]:
         """Sampled rejected drafts of a schema (default: every schema), newest first. Needs the admin token."""
         req = convert.rejected_drafts_request(schema_id, version, schema_key, model, proposer, limit)
-        return [RejectedDraft.from_pb(r)
+        return [stats_decode.rejected_draft(r)
                 for r in self._call(self._stub.ListRejectedDrafts, req, timeout, admin=True).drafts]
 
     def load_draft(self, path: str, *, timeout: float | None = None) -> DraftLoad:

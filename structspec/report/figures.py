@@ -1,4 +1,4 @@
-"""The report's plots of one schema, as plotly figures, from the client's statistics values.
+"""The report's plots of one schema, as plotly figures, from the statistics views (``structspec.front.views``).
 
 Plotly, because a schema owner reads these interactively: hovering gives the exact acceptance
 of an hour and the reason of a switch, a range can be zoomed and a proposer hidden. Its
@@ -14,7 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from structspec.client.results import HourStats, PolicyChange, SchemaStats, StatsWindow
+from structspec.front.views import HourStats, PolicyChange, SchemaStats, StatsWindow
 
 HEIGHT = 340
 WIDTH = 640  # fixed: a grid cell's width is not known when plotly first draws

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from plotly.offline import get_plotlyjs
 
-from structspec.client.results import RejectedDraft, SchemaStats, StatsWindow
+from structspec.front.views import RejectedDraft, SchemaStats, StatsWindow
 from structspec.report.figures import schema_figures
 
 PLOTS_PER_SCHEMA = 5

@@ -29,12 +29,6 @@ from structspec.front.errors import invalid, schema_too_deep
 from structspec.front.requests import Example, ExtractionInput, Sampling, SchemaRef, SchemaSource, ToolCallInput
 from structspec.grammar import json_text
 from structspec.proto_gen.v1 import structspec_pb2 as pb
-from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS, label_bound
-from structspec.stats.policy_states import PolicyChange, ProposerState
-from structspec.stats.samples import RejectedDraft
-from structspec.stats.speedup import SpeedupEstimate
-from structspec.stats.summary import ProposerSummary, SchemaSummary
-from structspec.stats.timeline import HourPoint
 from structspec.store.base import SchemaRecord
 
 _ROLES = {pb.ROLE_SYSTEM: "system", pb.ROLE_USER: "user", pb.ROLE_ASSISTANT: "assistant", pb.ROLE_TOOL: "tool"}
@@ -290,7 +284,7 @@ def tool_result(res: ToolCallResult, model: str = "") -> pb.CallToolResponse:
     return out
 
 
-# -- registry and statistics -----------------------------------------------------------------------
+# -- registry ------------------------------------------------------------------------------------
 
 
 def timestamp(ts: float) -> timestamp_pb2.Timestamp:
@@ -310,105 +304,3 @@ def schema_version(rec: SchemaRecord, omit_content: bool = False) -> pb.SchemaVe
         speculation=_SCHEMA_SPECULATION.get(SchemaSpeculation(rec.speculation), pb.SCHEMA_SPECULATION_AUTO),
     )
 
-
-DEFAULT_WINDOWS = (3600, 86400, 7 * 86400)  # 1 h, 24 h, 7 d: the counters are hourly
-MAX_WINDOWS = 8
-MAX_WINDOW_SECONDS = 90 * 86400
-
-
-def windows(requested: Sequence[int]) -> tuple[int, ...]:
-    out = tuple(requested) or DEFAULT_WINDOWS
-    if len(out) > MAX_WINDOWS:
-        raise invalid("window_seconds", f"at most {MAX_WINDOWS} windows")
-    for w in out:
-        if not 1 <= w <= MAX_WINDOW_SECONDS:
-            raise invalid("window_seconds", f"each window must be in [1, {MAX_WINDOW_SECONDS}] seconds")
-    return out
-
-
-def proposer_stats(p: ProposerSummary) -> pb.ProposerStats:
-    return pb.ProposerStats(
-        proposer=p.proposer,
-        batch_bucket=p.batch_bucket,
-        drafted=p.drafted,
-        accepted=p.accepted,
-        events=p.verifications,
-        acceptance_rate=p.acceptance_rate,
-        probe_verifications=p.probe_verifications,
-        reached=list(p.reached),
-        accepted_at=list(p.accepted_at),
-        acceptance_by_position=p.acceptance_by_position(),
-    )
-
-
-def histogram(counts: dict[str, int], bounds: Sequence[float]) -> list[pb.HistogramBucket]:
-    """Every bucket of ``bounds`` in order, zeros included (and any other bound the counters name); [] when empty."""
-    if not any(counts.values()):
-        return []
-    by_bound = {label_bound(label): n for label, n in counts.items()}
-    return [pb.HistogramBucket(upper_bound=b, count=by_bound.get(b, 0)) for b in sorted(set(bounds) | set(by_bound))]
-
-
-def stats_window(window_seconds: int, s: SchemaSummary | None, speedup: SpeedupEstimate | None = None) -> pb.StatsWindow:
-    """One window of one (model, schema); ``None``: nothing recorded in it."""
-    if s is None:
-        return pb.StatsWindow(window_seconds=window_seconds)
-    return pb.StatsWindow(
-        estimated_speedup=speedup.speedup if speedup is not None else 0.0,
-        speedup_costs_measured=speedup is not None and speedup.measured_costs,
-        window_seconds=window_seconds,
-        proposers=[proposer_stats(p) for p in s.proposers],
-        requests=s.requests,
-        output_tokens=s.output_tokens,
-        target_passes=s.target_passes,
-        forced_tokens=s.forced_tokens,
-        finish_reasons=dict(s.finish),
-        output_tokens_p50=s.output_quantile(0.5) or 0.0,
-        output_tokens_p95=s.output_quantile(0.95) or 0.0,
-        latency_ms_p50=s.latency_quantile(0.5) or 0.0,
-        latency_ms_p99=s.latency_quantile(0.99) or 0.0,
-        latency_ms_mean=s.latency_ms_sum / s.requests if s.requests else 0.0,
-        passes_per_token=s.passes_per_token,
-        decisions=[pb.DecisionCount(proposer=p, reason=r, requests=n) for (p, r), n in sorted(s.decisions.items())],
-        output_length=histogram(s.output_length, LENGTH_BOUNDS),
-        latency_ms=histogram(s.latency_ms, LATENCY_BOUNDS_MS),
-        names=dict(s.names),
-    )
-
-
-def policy_state(p: ProposerState) -> pb.ProposerPolicyState:
-    out = pb.ProposerPolicyState(proposer=p.proposer, state=p.state, reason=p.reason, since=p.since,
-                                 changed_at=p.changed_at, last_switch_off=p.last_off or 0.0,
-                                 last_switch_on=p.last_on or 0.0, batch_bucket=p.batch_bucket)
-    if p.acceptance is not None:
-        out.acceptance = p.acceptance
-    if p.threshold is not None:
-        out.threshold = p.threshold
-    return out
-
-
-def policy_change(c: PolicyChange) -> pb.PolicyChange:
-    out = pb.PolicyChange(proposer=c.proposer, at=c.at, state=c.state, reason=c.reason, previous=c.previous,
-                          batch_bucket=c.batch_bucket)
-    if c.acceptance is not None:
-        out.acceptance = c.acceptance
-    if c.threshold is not None:
-        out.threshold = c.threshold
-    return out
-
-
-def hour_stats(h: HourPoint) -> pb.HourStats:
-    return pb.HourStats(
-        hour_start=h.hour, requests=h.requests, output_tokens=h.output_tokens, target_passes=h.target_passes,
-        latency_ms_p50=h.latency_quantile(0.5) or 0.0, latency_ms_p99=h.latency_quantile(0.99) or 0.0,
-        proposers=[pb.ProposerHour(proposer=name, drafted=p.drafted, accepted=p.accepted, examined=p.examined,
-                                   accepted_examined=p.accepted_examined) for name, p in h.proposers.items()])
-
-
-def rejected_draft(r: RejectedDraft) -> pb.RejectedDraft:
-    return pb.RejectedDraft(
-        model=r.model, schema_key=r.schema_key, proposer=r.proposer, created_at=r.created_at,
-        batch_bucket=r.batch_bucket, context_tokens=list(r.context_tokens), context_text=r.context_text,
-        draft_tokens=list(r.draft_tokens), draft_text=r.draft_text, position=r.position,
-        rejected_token=r.rejected_token, rejected_text=r.rejected_text, target_token=r.target_token,
-        target_text=r.target_text, grammatical=r.grammatical)

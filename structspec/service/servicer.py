@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from structspec.engine.api import ExtractionRequest
 from structspec.engine.types import GenerationResult
-from structspec.front import errors, failures, requests
+from structspec.front import errors, failures, requests, stats
 from structspec.front.auth import AuthConfig, bearer_token, reads_every_schema
 from structspec.front.call import REQUEST_ID_KEY, Call, CallGuard, EngineSlot, caller_scopes, guarded, request_id_from
 from structspec.front.errors import Code, FrontError, message_too_large
@@ -24,7 +24,7 @@ from structspec.front.metrics import ServiceMetrics
 from structspec.front.registry import ResolvedSchema, SchemaRegistry, registered_stats_key
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
-from structspec.service import convert, stats_views
+from structspec.service import convert, stats_convert
 from structspec.service.grpc_status import abort
 from structspec.store.base import Store
 
@@ -219,32 +219,32 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         raise errors.invalid("target", "set schema_ref or schema_key")
 
     def _reads_every_schema(self, context: grpc.aio.ServicerContext) -> bool:
-        """The admin token, or no tokens configured (``stats_views.readable_by_tenants`` says what others read)."""
+        """The admin token, or no tokens configured (``stats.readable_by_tenants`` says what others read)."""
         return reads_every_schema(bearer_token(context.invocation_metadata()), self._auth)
 
     async def GetSchemaStats(self, request: pb.GetSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetSchemaStatsResponse:
         async with self._rpc("GetSchemaStats", request, context):
-            windows = convert.windows(request.window_seconds)
+            windows = stats.windows(request.window_seconds)
             key = await self._schema_key(request.WhichOneof("target"), request)
-            if not stats_views.readable_by_tenants(key) and not self._reads_every_schema(context):
+            if not stats.readable_by_tenants(key) and not self._reads_every_schema(context):
                 raise FrontError(Code.PERMISSION_DENIED, "the statistics of an inline schema or a tool "
                                  "list (keyed by content, shared by every caller sending it) need the admin token; "
                                  "other tokens read registered schemas' (schema_ref, or a key <id>@<version>)",
                                  "ADMIN_TOKEN_REQUIRED")
             model = request.model or self._engine.model_key()
-            (stats,) = await stats_views.read_stats(self._store, windows, model=model, schema_key=key,
-                                                    include_timeline=request.include_timeline, now=self._clock())
-            return pb.GetSchemaStatsResponse(stats=stats)
+            (found,) = await stats.read_stats(self._store, windows, model=model, schema_key=key,
+                                              include_timeline=request.include_timeline, now=self._clock())
+            return pb.GetSchemaStatsResponse(stats=stats_convert.schema_stats(found, windows))
         raise AssertionError("unreachable")
 
     async def ListSchemaStats(self, request: pb.ListSchemaStatsRequest, context: grpc.aio.ServicerContext) -> pb.ListSchemaStatsResponse:
         async with self._rpc("ListSchemaStats", request, context):
-            windows = convert.windows(request.window_seconds)
-            stats = await stats_views.read_stats(self._store, windows, model=request.model or None,
-                                                 include_timeline=request.include_timeline, now=self._clock())
+            windows = stats.windows(request.window_seconds)
+            found = await stats.read_stats(self._store, windows, model=request.model or None,
+                                           include_timeline=request.include_timeline, now=self._clock())
             if not self._reads_every_schema(context):
-                stats = [s for s in stats if stats_views.readable_by_tenants(s.schema_key)]
-            return pb.ListSchemaStatsResponse(stats=stats)
+                found = [s for s in found if stats.readable_by_tenants(s.schema_key)]
+            return pb.ListSchemaStatsResponse(stats=[stats_convert.schema_stats(s, windows) for s in found])
         raise AssertionError("unreachable")
 
     async def ListRejectedDrafts(self, request: pb.ListRejectedDraftsRequest,
@@ -252,11 +252,11 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         async with self._rpc("ListRejectedDrafts", request, context):
             which = request.WhichOneof("target")
             key = await self._schema_key(which, request) if which is not None else None
-            if request.limit > stats_views.MAX_REJECTED:
-                raise errors.invalid("limit", f"at most {stats_views.MAX_REJECTED}")
-            drafts = await stats_views.read_rejected_drafts(self._store, model=request.model or None, schema_key=key,
-                                                            proposer=request.proposer or None, limit=request.limit)
-            return pb.ListRejectedDraftsResponse(drafts=drafts)
+            if request.limit > stats.MAX_REJECTED:
+                raise errors.invalid("limit", f"at most {stats.MAX_REJECTED}")
+            drafts = await stats.read_rejected_drafts(self._store, model=request.model or None, schema_key=key,
+                                                      proposer=request.proposer or None, limit=request.limit)
+            return pb.ListRejectedDraftsResponse(drafts=[stats_convert.rejected_draft(r) for r in drafts])
         raise AssertionError("unreachable")
 
     # -- draft models -----------------------------------------------------------------------------

@@ -148,30 +148,3 @@ def test_speculation_report_model_and_schema_override() -> None:
     rec = SchemaRecord("inv", 1, "{}", "h", "", 1.0, "api", "off")
     assert convert.schema_version(rec).speculation == pb.SCHEMA_SPECULATION_OFF
     assert convert.schema_version(replace(rec, speculation="auto")).speculation == pb.SCHEMA_SPECULATION_AUTO
-
-
-def test_stats_windows_from_summaries() -> None:
-    import math
-
-    from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS
-    from structspec.stats.summary import ProposerSummary, SchemaSummary
-
-    p = ProposerSummary("ngram", 2, verifications=3, drafted=9, accepted=4, probe_verifications=1,
-                        reached=(3, 2, 1), accepted_at=(2, 1, 1))
-    s = SchemaSummary("m", "k@1", 3600, requests=4, output_tokens=100, target_passes=50, forced_tokens=20,
-                      latency_ms_sum=400.0, finish={"stop": 3, "error": 1}, output_length={"32": 2, "inf": 1},
-                      latency_ms={"100": 4}, decisions={("ngram", "cold"): 4, ("", "drafted"): 4}, proposers=(p,))
-    w = convert.stats_window(3600, s)
-    (ps,) = w.proposers
-    assert (ps.proposer, ps.batch_bucket, ps.events, ps.drafted, ps.accepted, ps.probe_verifications) == ("ngram", 2, 3, 9, 4, 1)
-    assert list(ps.reached) == [3, 2, 1] and list(ps.accepted_at) == [2, 1, 1]
-    assert list(ps.acceptance_by_position) == pytest.approx([2 / 3, 0.5, 1.0]) and ps.acceptance_rate == pytest.approx(4 / 9)
-    assert (w.requests, w.output_tokens, w.target_passes, w.forced_tokens) == (4, 100, 50, 20)
-    assert dict(w.finish_reasons) == {"stop": 3, "error": 1} and w.passes_per_token == 0.5 and w.latency_ms_mean == 100
-    assert [(d.proposer, d.reason, d.requests) for d in w.decisions] == [("", "drafted", 4), ("ngram", "cold", 4)]
-    assert [b.upper_bound for b in w.output_length] == list(LENGTH_BOUNDS) and math.isinf(w.output_length[-1].upper_bound)
-    assert {b.upper_bound: b.count for b in w.output_length if b.count} == {32: 2, math.inf: 1}
-    assert [b.upper_bound for b in w.latency_ms] == list(LATENCY_BOUNDS_MS)
-    assert 0 < w.output_tokens_p50 <= w.output_tokens_p95 and 0 < w.latency_ms_p50 <= w.latency_ms_p99 <= 100
-    assert convert.stats_window(60, None) == pb.StatsWindow(window_seconds=60)  # nothing recorded: an empty window
-    assert w.estimated_speedup == 0.0 and not w.speedup_costs_measured  # no estimate given

@@ -1,0 +1,182 @@
+"""The statistics views: what a schema's owner reads about drafting, as plain values.
+
+One ``SchemaStats`` per (model, schema key): a ``StatsWindow`` per window asked for (requests,
+output tokens, target passes, finish reasons, quantiles, histograms, the estimated speedup and
+a ``ProposerStats`` per proposer and batch bucket), the drafting policy's state per proposer
+(``ProposerPolicyState``) and, on request, its changes (``PolicyChange``) and the hourly timeline
+(``HourStats``). A ``RejectedDraft`` is one sampled draft the target refused.
+
+``structspec.front.stats`` builds them from a store; the gRPC front sends them
+(``structspec.service.stats_convert``), the client decodes them back into these same classes,
+``structspec stats`` prints them and ``structspec.report`` renders them. Times are unix seconds.
+This module imports only the standard library: the client imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ProposerStats:
+    """Drafting of one proposer at one batch-size bucket over a window."""
+
+    proposer: str
+    batch_bucket: int
+    drafted: int
+    accepted: int
+    events: int  # verifications that carried its draft
+    acceptance_rate: float
+    probe_verifications: int = 0  # of ``events``, those made by recovery probes
+    reached: list[int] = field(default_factory=list)  # [i]: drafts whose position i+1 was examined
+    accepted_at: list[int] = field(default_factory=list)  # [i]: of those, accepted at position i+1
+    acceptance_by_position: list[float] = field(default_factory=list)  # [i]: accepted_at[i] / reached[i]
+
+
+@dataclass(frozen=True)
+class DecisionCount:
+    proposer: str  # "" for the request's own reason
+    reason: str
+    requests: int
+
+
+@dataclass(frozen=True)
+class HistogramBucket:
+    upper_bound: float  # math.inf for the last
+    count: int
+
+
+@dataclass(frozen=True)
+class StatsWindow:
+    """The statistics of one (model, schema) over one window ending now (whole hours)."""
+
+    window_seconds: int
+    proposers: list[ProposerStats] = field(default_factory=list)
+    requests: int = 0
+    output_tokens: int = 0
+    target_passes: int = 0
+    forced_tokens: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)  # stop | length | cancelled | error -> requests
+    output_tokens_p50: float = 0.0  # of the requests that finished with "stop"
+    output_tokens_p95: float = 0.0
+    latency_ms_p50: float = 0.0
+    latency_ms_p99: float = 0.0
+    latency_ms_mean: float = 0.0
+    passes_per_token: float = 0.0
+    decisions: list[DecisionCount] = field(default_factory=list)
+    output_length: list[HistogramBucket] = field(default_factory=list)
+    latency_ms: list[HistogramBucket] = field(default_factory=list)
+    names: dict[str, int] = field(default_factory=dict)  # readable names callers gave an inline schema -> requests
+    estimated_speedup: float = 0.0  # over the same requests without drafts; 0 without target passes
+    speedup_costs_measured: bool = False  # every drafted pass priced with measured step times
+
+    @property
+    def output_tokens_mean(self) -> float:
+        return self.output_tokens / self.requests if self.requests else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Output tokens per target forward pass (above 1: drafts and fast-forward paid off)."""
+        return self.output_tokens / self.target_passes if self.target_passes else 0.0
+
+    def finish_share(self, reason: str) -> float:
+        """The share of requests that finished with ``reason`` (length: truncated, cancelled, error: failed)."""
+        return self.finish_reasons.get(reason, 0) / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class ProposerPolicyState:
+    """The drafting policy's state of one proposer for one schema."""
+
+    proposer: str
+    state: str  # on | off
+    reason: str
+    since: float  # entered the current state
+    changed_at: float
+    last_switch_off: float | None
+    last_switch_on: float | None
+    acceptance: float | None  # what the policy read at the latest change
+    threshold: float | None
+    batch_bucket: int
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    proposer: str
+    at: float
+    state: str
+    reason: str
+    previous: str  # "" for the first decision
+    batch_bucket: int
+    acceptance: float | None
+    threshold: float | None
+
+    @property
+    def is_switch(self) -> bool:
+        return self.previous != self.state
+
+
+@dataclass(frozen=True)
+class ProposerHour:
+    proposer: str
+    drafted: int
+    accepted: int
+    examined: int
+    accepted_examined: int
+
+    @property
+    def acceptance(self) -> float | None:
+        """Accepted per examined drafted token (the policy's measure); None when nothing was drafted."""
+        if self.examined:
+            return self.accepted_examined / self.examined
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass(frozen=True)
+class HourStats:
+    hour_start: int  # unix seconds
+    requests: int
+    output_tokens: int
+    target_passes: int
+    latency_ms_p50: float
+    latency_ms_p99: float
+    proposers: list[ProposerHour] = field(default_factory=list)
+
+    @property
+    def passes_per_token(self) -> float | None:
+        return self.target_passes / self.output_tokens if self.output_tokens else None
+
+
+@dataclass(frozen=True)
+class SchemaStats:
+    schema_key: str
+    windows: dict[int, StatsWindow]  # window seconds -> its statistics, in the order asked for
+    model: str = ""  # the model they were measured on
+    policy: list[ProposerPolicyState] = field(default_factory=list)
+    policy_changes: list[PolicyChange] = field(default_factory=list)  # with include_timeline, oldest first
+    timeline: list[HourStats] = field(default_factory=list)  # with include_timeline, oldest first
+
+
+@dataclass(frozen=True)
+class RejectedDraft:
+    """A sampled draft the target refused: context, the drafted continuation, where and what the target chose."""
+
+    model: str
+    schema_key: str
+    proposer: str
+    created_at: float
+    batch_bucket: int
+    context_tokens: list[int]
+    context_text: str
+    draft_tokens: list[int]
+    draft_text: str
+    position: int  # 0-based; the drafted tokens before it were accepted
+    rejected_token: int
+    rejected_text: str
+    target_token: int
+    target_text: str
+    grammatical: bool  # False: the grammar refused the drafted token
+
+    @property
+    def accepted_text_tokens(self) -> list[int]:
+        return self.draft_tokens[: self.position]
