@@ -1,15 +1,17 @@
 """Request building, shared by both fronts: what a caller asked, protocol-neutral -> the engine's request.
 
 An *input* (``ExtractionInput``, ``ToolCallInput``) is a request converted from its protocol and
-nothing more: unset sampling fields are None, worked examples are JSON text; an extraction's schema
-(a ``SchemaSource``) is a registered ``SchemaRef``, inline JSON text (gRPC) or an inline value (HTTP,
-parsed with its body), resolved first. A ``Caller`` is who asks and until when (from the call guard). Field names in errors are
-the request's as the gRPC messages name them; the HTTP front renames them to its body's fields.
+nothing more: unset sampling fields are None, worked examples are JSON text. An extraction's schema,
+a ``SchemaSource`` (a registered ``SchemaRef``, inline JSON text from gRPC, or an inline value from
+HTTP, parsed with its body), is resolved first. A ``Caller`` is who asks and until when (the call
+guard's ``Call``). Field names in errors are the request's as the gRPC messages name them; the HTTP
+front renames them to its body's fields.
 
 What happens here, once per request:
 
-- the schema is resolved (``registry``) or parsed, and its canonical text hashed (``resolve_schema``): the digest rides
-  on the request to the engine (grammar cache, worked examples) and keys an inline schema's statistics;
+- the schema is resolved (``registry``) or parsed, and its canonical text hashed (``resolve_schema``):
+  the digest rides on the request to the engine (grammar cache, worked examples) and keys an inline
+  schema's statistics;
 - unset sampling fields take the engine's defaults, ``max_tokens`` within the server's cap (``sampling``);
 - worked examples are parsed, checked against the schema (or the tool list) and compacted (``examples``).
 
