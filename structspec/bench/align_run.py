@@ -16,6 +16,7 @@ proposer on (``all``), and the draft's acceptance and the tokens/s are reported 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import hashlib
@@ -28,6 +29,22 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
+from structspec.bench.decode_bench import PERFECT_DRAFT, _block_order
+from structspec.bench.perfect_draft import install_perfect_draft
+from structspec.bench.workloads import build_workload
+from structspec.engine.api import ExtractionRequest
+from structspec.engine.config import SchedulerLimits
+from structspec.engine.default_examples import build_example_book
+from structspec.engine.types import SamplingParams
+from structspec.models.loading import load_draft, load_profile
+from structspec.models.profiles import get_profile
+from structspec.prompts import encode_prompt, extraction_prompt
+from structspec.schemas import load_builtin_schemas
+from structspec.speculation.configs import ProposerSet
+from structspec.stats.book import StatsBook
+from structspec.store import open_store
 
 SCHEMA = "summary"
 
@@ -59,10 +76,6 @@ def stdlib_documents(n: int, min_chars: int = 250, max_chars: int = 800) -> list
 
 
 def _examples(models):
-    from structspec.engine.default_examples import build_example_book
-    from structspec.models.profiles import get_profile
-    from structspec.schemas import load_builtin_schemas
-
     return build_example_book(get_profile(models.profile).few_shot).for_schema(load_builtin_schemas()[SCHEMA])
 
 
@@ -71,21 +84,12 @@ def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 2
     """Copy lookup, history and the draft model on (``all``; ``draft_model`` False: ``ff+ngram+history``;
     ``references``: the perfect draft in the draft model's place, ``bench.perfect_draft``); the draft's
     drafted/accepted tokens and the tokens/s of ``docs``."""
-    from structspec.assembly import assemble_engine
-    from structspec.engine.api import ExtractionRequest
-    from structspec.engine.config import SchedulerLimits
-    from structspec.engine.types import SamplingParams
-    from structspec.schemas import load_builtin_schemas
-    from structspec.speculation.configs import ProposerSet
-
     schema = load_builtin_schemas()[SCHEMA]
     examples = _examples(models)
-    engine = assemble_engine(models, limits=SchedulerLimits(),
+    engine = assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(),
                              proposers=ProposerSet(True, True, draft_model or references is not None),
-                             stats=recorder, seed=0)
+                             stats=recorder, seed=0))
     if references is not None:
-        from structspec.bench.perfect_draft import install_perfect_draft
-
         install_perfect_draft(engine, references, recorder)
     engine.start()
 
@@ -115,9 +119,6 @@ def _serve(models, key: str, docs: list[str], recorder=None, max_tokens: int = 2
 
 def prompt_ids(models, doc: str) -> tuple[int, ...]:
     """The prompt ids the engine builds for ``doc`` sent to the summary schema (``Engine.prepare_extraction``)."""
-    from structspec.prompts import encode_prompt, extraction_prompt
-    from structspec.schemas import load_builtin_schemas
-
     return tuple(encode_prompt(models.tokenizer, extraction_prompt(load_builtin_schemas()[SCHEMA], doc, None,
                                                                     _examples(models))))
 
@@ -126,8 +127,6 @@ def measure_ceiling(models, key: str, docs: list[str], block: int = 10) -> dict[
     """``ff+ngram+history``, ``all`` and ``perfect_draft`` (the ceiling of any draft model: it drafts the first
     row's output of the same request) on ``docs``, in blocks of ``block`` requests, the first two taking turns;
     tokens/s over the sum of each row's blocks."""
-    from structspec.bench.decode_bench import PERFECT_DRAFT, _block_order
-
     names = ["ff+ngram+history", "all", PERFECT_DRAFT]
     rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     references: dict[tuple[int, ...], list[int]] = {}
@@ -155,14 +154,6 @@ def measure_ceiling(models, key: str, docs: list[str], block: int = 10) -> dict[
 def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 30, steps: int = 300,
                   data_dir: Path | None = None, original_recorded: int = 60, replay_weight: float = 1.0,
                   lr: float | None = None) -> dict[str, Any]:
-    from structspec.assembly import engine_model_key
-    from structspec.bench.workloads import build_workload
-    from structspec.models.loading import load_draft, load_profile
-    from structspec.models.profiles import get_profile
-    from structspec.schemas import load_builtin_schemas
-    from structspec.stats.book import StatsBook
-    from structspec.store import open_store
-
     data_dir = data_dir or Path(tempfile.mkdtemp(prefix="structspec-align-"))
     models = load_profile("gemma-3-270m", with_draft=True, executor="auto")
     if models.draft is None:
@@ -227,9 +218,6 @@ def run_alignment(out: Path, train: int = 120, held: int = 40, original: int = 3
 
 def run_ceiling(out: Path, train: int = 120, held: int = 40) -> dict[str, Any]:
     """The ceiling rows alone, on the held-out shifted documents ``run_alignment`` would measure."""
-    from structspec.assembly import engine_model_key
-    from structspec.models.loading import load_profile
-
     models = load_profile("gemma-3-270m", with_draft=True, executor="auto")
     docs = stdlib_documents(train + held)[train:]
     report = {"model": engine_model_key(models), "schema_key": SCHEMA, "executor": models.executor,
@@ -268,8 +256,6 @@ def _ceiling_lines(report: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/gemma-align-run.json"))
     parser.add_argument("--train", type=int, default=120)

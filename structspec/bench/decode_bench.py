@@ -44,18 +44,29 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from io import StringIO
 from typing import Any, Callable
 
 import torch
+from rich.console import Console
+from rich.table import Table
 
+from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
 from structspec.bench.llamacpp_baselines import (LLAMACPP_BASELINES, LlamaCppBaseline, context_for,
                                                  run_llamacpp_baseline)
+from structspec.bench.perfect_draft import install_perfect_draft
 from structspec.bench.workloads import WorkItem, build_workload, shift_phases
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
+from structspec.engine.config import PolicyConfig, SchedulerLimits
 from structspec.engine.postcheck import check_json_text
-from structspec.prompts import encode_prompt
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
+from structspec.models.loading import load_profile
+from structspec.models.profiles import get_profile
+from structspec.models.worker_thread import run_in_worker
+from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
 from structspec.speculation.configs import SPECULATION_CONFIGS, ProposerSet, speculation_config
+from structspec.stats.book import StatsBook
+from structspec.store import open_store
 
 ENGINE_CONFIGS = tuple(SPECULATION_CONFIGS)  # off, ff, ff+ngram, ff+ngram+history, all, policy
 SHIFT_MINUTES_PER_REQUEST = 15.0
@@ -231,7 +242,7 @@ def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) 
         "accepted": accepted,
         "by_schema": _grouped(records, lambda r: r.schema),
         **({"by_phase": _grouped(records, lambda r: r.phase)} if any(r.phase for r in records) else {}),
-        # every request's output, in workload order, so two runs compare token for token (``compare_outputs``)
+        # every request's output, in workload order, so two runs compare token for token (``bench.compare``)
         **({"outputs": [{"text": r.text, "token_ids": r.token_ids} for r in records]} if save_outputs else {}),
     }
 
@@ -303,8 +314,6 @@ class _CountCalls:
 
 
 def _prompt_for(item: WorkItem) -> str:
-    from structspec.prompts import ToolSpec, extraction_prompt, toolcall_prompt
-
     if item.kind == "toolcall":
         return toolcall_prompt([ToolSpec.from_openai(t) for t in item.tools], [("user", item.source)], item.examples)
     return extraction_prompt(item.schema, item.source, None, item.examples)
@@ -323,6 +332,7 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress:
     tok, model = models.tokenizer, models.target
     counter = _CountCalls(model)
     if mode == "hf_outlines":
+        # outlines costs 0.6-1.0 s to import (measured after torch); only this baseline uses it
         import outlines
         from outlines.types import JsonSchema
 
@@ -401,12 +411,6 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     concurrency 1 only), for per-schema comparisons that the machine's drift does not bias; ``block`` requests a turn.
     ``data_dir``: where the engine configurations record their statistics (a server's data directory layout).
     """
-    from structspec.models.loading import load_profile
-    from structspec.models.profiles import get_profile
-    from structspec.models.worker_thread import run_in_worker
-
-    from structspec.engine.config import PolicyConfig
-
     levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
     if isinstance(policy, dict):
         policy = PolicyConfig(**policy)
@@ -497,8 +501,6 @@ def _run_baseline(models, items: list[WorkItem], max_tokens: int, mode: str, pro
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False,
                 temperature=0.0, progress: Progress | None = None, extra_warm: list[WorkItem] = (),
                 policy: Any = None, data_dir: Any = None) -> dict[str, Any]:
-    from structspec.models.worker_thread import run_in_worker
-
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
         run_in_worker(_run_baseline, models, warm, max_tokens, name)
         if progress is not None:
@@ -527,11 +529,6 @@ def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=N
     """A started engine for configuration ``name``: (engine, its SpeculationConfig, drafting on, the clock's tick,
     the opened store in ``data_dir`` its statistics go to, or None). ``references``: the perfect draft's
     (``PERFECT_DRAFT``: prompt ids -> the off row's output ids)."""
-    from structspec.assembly import assemble_engine, engine_model_key
-    from structspec.engine.config import PolicyConfig, SchedulerLimits
-    from structspec.models.worker_thread import run_in_worker
-    from structspec.stats.book import StatsBook
-
     perfect = name == PERFECT_DRAFT
     spec = speculation_config("all" if perfect else name)
     proposers = spec.proposers
@@ -546,16 +543,12 @@ def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=N
         if simulated:
             tick = lambda: clock.__setitem__(0, clock[0] + 60 * SHIFT_MINUTES_PER_REQUEST)  # noqa: E731
         if data_dir is not None:
-            from structspec.store import open_store
-
             store = open_store("", data_dir, book)
             asyncio.run(store.open())
-    engine = run_in_worker(assemble_engine, models, limits=SchedulerLimits(max_batch=max(16, concurrency)),
-                           proposers=proposers, compiler=compiler, stats=recorder,
-                           policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0)
+    engine = run_in_worker(assemble_engine, models, AssemblyConfig(
+        limits=SchedulerLimits(max_batch=max(16, concurrency)), proposers=proposers, compiler=compiler, stats=recorder,
+        policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0))
     if perfect:
-        from structspec.bench.perfect_draft import install_perfect_draft
-
         # the same dict the off row fills as the run goes (an empty one is not replaced)
         install_perfect_draft(engine, references if references is not None else {}, recorder)
     engine.start()
@@ -579,8 +572,6 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
     between blocks, its state kept): a second live thread owning an OpenMP pool would slow every step; a baseline
     runs each block on a thread of its own that exits after.
     Each configuration's wall time is the sum of its requests' latencies."""
-    from structspec.models.worker_thread import run_in_worker
-
     compiler = None
     engines, baselines = {}, {}
     schema_of = lambda i: i.schema if i.kind == "extract" else _tool_schema(i)  # noqa: E731
@@ -661,39 +652,7 @@ def _add_identity(runs: list[dict[str, Any]]) -> None:
         row["same_as_off"] = same / max(1, len(ref["outputs"]))
 
 
-def compare_outputs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Differences between the saved outputs of two reports, per (config, concurrency) row they share.
-
-    Empty when every request's token ids and text are identical. Rows without saved outputs, or present in
-    only one report, are named as differences too: "nothing to compare" is never read as "identical".
-    """
-    def rows(report):
-        return {(r["config"], r["concurrency"]): r for r in report["runs"] if "error" not in r}
-
-    ra, rb = rows(a), rows(b)
-    diffs = [f"{k}: only in the {'first' if k in ra else 'second'} report" for k in sorted(ra.keys() ^ rb.keys())]
-    for key in sorted(ra.keys() & rb.keys()):
-        oa, ob = ra[key].get("outputs"), rb[key].get("outputs")
-        if oa is None or ob is None:
-            diffs.append(f"{key}: no saved outputs (run with --save-outputs)")
-            continue
-        if len(oa) != len(ob):
-            diffs.append(f"{key}: {len(oa)} vs {len(ob)} requests")
-            continue
-        for i, (x, y) in enumerate(zip(oa, ob)):
-            if x["token_ids"] != y["token_ids"] or x["text"] != y["text"]:
-                at = next((j for j, (s, t) in enumerate(zip(x["token_ids"], y["token_ids"])) if s != t),
-                          min(len(x["token_ids"]), len(y["token_ids"])))
-                diffs.append(f"{key}: request {i} differs from token {at}")
-    return diffs
-
-
 def format_table(report: dict[str, Any]) -> str:
-    from io import StringIO
-
-    from rich.console import Console
-    from rich.table import Table
-
     m = report["machine"]
     temperature = report.get("temperature") or 0.0
     mode = f"temperature {temperature:g}" if temperature else "greedy"
@@ -737,8 +696,6 @@ def format_table(report: dict[str, Any]) -> str:
 
 def _group_table(report: dict[str, Any], key: str, title: str):
     """Per schema (or phase) and configuration: throughput against ``off`` on the same requests, and why it drafted."""
-    from rich.table import Table
-
     rows = [r for r in report["runs"] if key in r]
     if not rows:
         return None

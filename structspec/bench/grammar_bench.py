@@ -75,7 +75,10 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+import llguidance
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from structspec.grammar import (
     GrammarCompiler,
@@ -86,6 +89,7 @@ from structspec.grammar import (
 )
 from structspec.grammar import schema_walk
 from structspec.grammar.base import GrammarBackend, Matcher, token_allowed
+from structspec.grammar.llguidance_backend import json_overrides
 from structspec.grammar.postcheck import instance_errors, is_post_check_error
 
 MAX_FAILURES = 300  # examples kept in the report, per kind
@@ -474,8 +478,6 @@ class RawLLGuidance:
     the llguidance backend, masks written through a pointer into one preallocated buffer."""
 
     def __init__(self, view: TokenizerView, backend: GrammarBackend):
-        from structspec.grammar.llguidance_backend import json_overrides
-
         self.tokenizer = view.ll_tokenizer
         self.limits = backend.limits
         self._overrides = json_overrides
@@ -484,8 +486,6 @@ class RawLLGuidance:
 
     def compile(self, schema: dict[str, Any], options: GrammarOptions) -> tuple[Any, float, float]:
         """(matcher or None when refused, ms to construct it, ms until its first mask is computed)."""
-        import llguidance
-
         t0 = time.perf_counter()
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=self._overrides(options))
@@ -588,9 +588,6 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _table(title: str, columns: list[tuple[str, str]], report: dict[str, Any]) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left")
     table.add_column("split")
     for _, header in columns:

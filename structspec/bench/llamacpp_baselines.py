@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 from structspec.engine.postcheck import check_json_text
 from structspec.engine.types import Outcome
+from structspec.models.llamacpp_model import lib
+from structspec.models.threads import cpu_budget
 from structspec.prompts import encode_prompt
 
 LLAMACPP_BASELINES = ("llamacpp_grammar", "llamacpp_grammar_lookup", "llamacpp_generate")
@@ -36,11 +38,10 @@ class LlamaCppBaseline:
     interleaved benchmark serves it block by block, like the engine configurations beside it."""
 
     def __init__(self, models, mode: str, n_ctx: int):
+        # llama-cpp-python is optional (the llamacpp extra): imported where a baseline opens, so the decode
+        # benchmark runs without it
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        from structspec.models.llamacpp_model import lib
-        from structspec.models.threads import cpu_budget
 
         if mode not in LLAMACPP_BASELINES:
             raise ValueError(f"unknown llama.cpp baseline {mode!r}")
@@ -71,7 +72,7 @@ class LlamaCppBaseline:
     def run(self, items: list, max_tokens: int, schema_of: Callable[[Any], dict], prompt_of: Callable[[Any], str],
             record: Callable[..., Any], progress: Callable[[int, int, int], None] | None = None) -> tuple[list, float]:
         """(records, wall seconds) for ``items``, one at a time."""
-        from llama_cpp import LlamaGrammar
+        from llama_cpp import LlamaGrammar  # optional, as in __init__
 
         records = []
         t_all = time.perf_counter()

@@ -19,6 +19,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from structspec.models.executor import StepInput
+from structspec.models.hf_executor import TransformersExecutor
+from structspec.models.loading import load_profile
+from structspec.models.threads import cpu_budget
+from structspec.models.worker_thread import run_in_worker
+
 _SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
 
 
@@ -31,8 +37,6 @@ class StepTimes:
 
 def time_steps(executor, prompt_len: int = 200, steps: int = 20, vocab: int = 1000) -> StepTimes:
     """Medians over ``steps`` decode steps and as many verifications, each rolled back after."""
-    from structspec.models.executor import StepInput
-
     seq = executor.new_sequence()
     try:
         gen = torch.Generator().manual_seed(0)
@@ -60,11 +64,6 @@ def spin(cores: int, seconds: float) -> list[subprocess.Popen]:
 
 
 def run_step_bench(profile: str, steps: int = 20, neighbour_cores: int = 1, dtype: str = "float32") -> dict:
-    from structspec.models.hf_executor import TransformersExecutor
-    from structspec.models.loading import load_profile
-    from structspec.models.threads import cpu_budget
-    from structspec.models.worker_thread import run_in_worker
-
     models = run_in_worker(load_profile, profile, device="cpu", dtype=dtype, with_draft=False)
     executor = run_in_worker(TransformersExecutor, models.target, max_context=1024)
     # measured on one thread, as the engine computes on its own

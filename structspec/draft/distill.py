@@ -31,6 +31,7 @@ import torch
 
 from structspec.models.draft_vocab import DraftVocab
 from structspec.models.executor import ForwardStep, StepInput
+from structspec.speculation.json_position import is_free_text, scan
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,5 @@ def agreement(draft, examples: Sequence[DistillExample], targets: Sequence[Targe
 def free_text_mask(tokenizer, schema: dict | None, output_ids: Sequence[int]) -> tuple[bool, ...]:
     """Per output token, whether the router would draft it with the draft model: the output before it stands
     inside a free-text string (``speculation.json_position.is_free_text``). Cost: one decode per token."""
-    from structspec.speculation.json_position import is_free_text, scan
-
     return tuple(is_free_text(schema, scan(tokenizer.decode(list(output_ids[:j]), skip_special_tokens=True)))
                  for j in range(len(output_ids)))

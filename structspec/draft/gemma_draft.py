@@ -21,6 +21,7 @@ beside the weights (data sizes, coverage, agreement, timings). Everything is see
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
@@ -31,10 +32,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from safetensors import safe_open
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
+from structspec.assembly import AssemblyConfig, assemble_engine, make_draft_executor, make_executor
+from structspec.bench.decode_bench import request_for
+from structspec.bench.step_bench import time_steps
+from structspec.bench.workloads import build_workload
 from structspec.draft.distill import (DistillConfig, DistillExample, agreement, distill, free_text_mask,
                                       target_topk)
+from structspec.engine.config import SchedulerLimits
+from structspec.models import gemma
 from structspec.models.draft_vocab import DraftVocab, vocabulary_hash
+from structspec.models.llamacpp_model import llamacpp_available
+from structspec.models.loading import load_draft, load_profile
+from structspec.models.profiles import get_profile
+from structspec.speculation.configs import ProposerSet
 
 TRAIN_SEED = 1001  # the benchmark's items come from seed 7 (bench.workloads.BENCH_SEED)
 
@@ -63,8 +76,6 @@ Say = Callable[[str], None]
 
 
 def _items(plan: GemmaDraftPlan, few_shot: int):
-    from structspec.bench.workloads import build_workload
-
     items = []
     for workload, n in (("extraction", plan.extraction), ("freetext", plan.freetext), ("toolcall", plan.toolcall)):
         if n:
@@ -74,13 +85,8 @@ def _items(plan: GemmaDraftPlan, few_shot: int):
 
 def generate_traffic(models, items, max_tokens: int, say: Say, concurrency: int = 4) -> list[dict[str, Any]]:
     """The target's own answers to ``items``: prompt ids, output ids, the schema drafted against."""
-    from structspec.assembly import assemble_engine
-    from structspec.bench.decode_bench import request_for
-    from structspec.engine.config import SchedulerLimits
-    from structspec.speculation.configs import ProposerSet
-
-    engine = assemble_engine(models, limits=SchedulerLimits(max_batch=concurrency),
-                             proposers=ProposerSet(ngram=True, history=True, draft=False), seed=0)
+    engine = assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(max_batch=concurrency),
+                             proposers=ProposerSet(ngram=True, history=True, draft=False), seed=0))
     engine.start()
     done = [0]
 
@@ -165,9 +171,6 @@ def choose_vocab(examples, targets, size: int, target_vocab: int, tokenizer) -> 
 
 def init_draft(target_dir: str, vocab: DraftVocab, layers: int, window: int):
     """A Gemma 3 text model of the target's first ``layers`` layers over ``vocab``'s ids (+ the input-only id)."""
-    from safetensors import safe_open
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
     cfg = Gemma3TextConfig.from_pretrained(target_dir)
     cfg.num_hidden_layers = layers
     cfg.layer_types = ["sliding_attention"] * layers
@@ -206,11 +209,6 @@ def init_draft(target_dir: str, vocab: DraftVocab, layers: int, window: int):
 def build_gemma_draft(out: Path, plan: GemmaDraftPlan = GemmaDraftPlan(), say: Say = print,
                       executor: str = "auto") -> dict[str, Any]:
     """Build the gemma-3-270m draft into ``out`` (see the module docstring); returns the report written there."""
-    from structspec.assembly import make_executor
-    from structspec.models import gemma
-    from structspec.models.loading import load_profile
-    from structspec.models.profiles import get_profile
-
     t_start = time.monotonic()
     random.seed(plan.seed)
     torch.manual_seed(plan.seed)
@@ -278,11 +276,6 @@ def measure_steps(draft_dir: Path, executors: tuple[str, ...] = ("llamacpp", "tr
                   prompt_len: int = 400) -> dict[str, dict[str, float]]:
     """Median batch-1 decode step of the target and of the draft in ``draft_dir``, per executor (ms), and their
     ratio: the draft must cost at most a fifth of a target step to pay at the acceptance it reaches."""
-    from structspec.assembly import make_draft_executor, make_executor
-    from structspec.bench.step_bench import time_steps
-    from structspec.models.loading import load_draft, load_profile
-    from structspec.models.llamacpp_model import llamacpp_available
-
     out = {}
     for kind in executors:
         if kind == "llamacpp" and not llamacpp_available():
@@ -300,8 +293,6 @@ def measure_steps(draft_dir: Path, executors: tuple[str, ...] = ("llamacpp", "tr
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(description="build the gemma-3-270m draft (see the module docstring)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--executor", default="auto")

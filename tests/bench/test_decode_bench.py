@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from structspec.bench.compare import compare_outputs
 from structspec.bench.decode_bench import ExecutorTime, executor_summary, format_table, run_decode_bench, to_json
 
 
@@ -32,8 +33,6 @@ def test_report_rows_ratios_and_table():
 
 
 def test_saved_outputs_compare_token_for_token():
-    from structspec.bench.decode_bench import compare_outputs
-
     report = run_decode_bench("demo", "extraction", requests=2, max_tokens=64, configs=("off", "ff"),
                               save_outputs=True)
     off, ff = report["runs"]
