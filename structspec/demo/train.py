@@ -44,6 +44,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from structspec.demo import corpus as c
 from structspec.demo.corpus import Example, flatten, generate
 
 EOS = "<|endoftext|>"
@@ -150,8 +151,6 @@ def lr_scale(step: int, steps: int, warmup: int, cosine: bool = True) -> float:
 
 def copy_pairs(seed: int, n: int) -> list[tuple[str, str]]:
     """Random spans of corpus words, ids and numbers, to be repeated verbatim."""
-    from structspec.demo import corpus as c
-
     r = random.Random(seed)
     words = c.FIRST + c.LAST + c.COMPANY_A + c.COMPANY_B + [x for x, _ in c.CITIES] + list(c.BRANDS) + list(c.JOBS)
     out = []

@@ -18,6 +18,8 @@ from structspec.grammar.base import (
 )
 from structspec.grammar.cache import GrammarCache, cache_key, schema_digest
 from structspec.grammar.deadline import run_with_deadline
+from structspec.grammar.llguidance_backend import LLGuidanceBackend
+from structspec.grammar.outlines_backend import OutlinesBackend
 from structspec.grammar.tokenizer_view import TokenizerView
 
 BACKENDS = ("llguidance", "outlines")
@@ -25,12 +27,8 @@ BACKENDS = ("llguidance", "outlines")
 
 def make_backend(name: str, view: TokenizerView) -> GrammarBackend:
     if name == "llguidance":
-        from structspec.grammar.llguidance_backend import LLGuidanceBackend
-
         return LLGuidanceBackend(view)
     if name == "outlines":
-        from structspec.grammar.outlines_backend import OutlinesBackend
-
         return OutlinesBackend(view)
     raise ValueError(f"unknown grammar backend {name!r} (one of {', '.join(BACKENDS)})")
 

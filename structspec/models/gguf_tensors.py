@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
@@ -65,8 +66,6 @@ class _Cursor:
 
 def tensor_bytes(path: str | Path, name: str) -> TensorBytes:
     """The bytes of tensor ``name`` in the GGUF at ``path``, one row of ``shape[0]`` elements per line."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     file = Path(path)
     mapped = np.memmap(file, dtype=np.uint8, mode="r")
     cur = _Cursor(memoryview(mapped))

@@ -102,9 +102,7 @@ HIDDEN_NODE = b"result_norm"  # llama.cpp's name for the final norm's output (th
 
 def _ggml_base():
     """libggml-base beside llama-cpp-python's libllama (tensor names and data for the eval callback), or None."""
-    import llama_cpp
-
-    folder = Path(llama_cpp.__file__).resolve().parent / "lib"
+    folder = Path(lib().__file__).resolve().parent / "lib"
     for path in sorted(folder.glob("libggml-base.*")) + sorted(folder.glob("ggml-base.*")):
         try:
             base = ctypes.CDLL(os.fspath(path))

@@ -24,6 +24,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from structspec.models.draft_vocab import VOCAB_FILE, DraftVocab, vocabulary_hash
+from structspec.models.gguf_export import export_gguf
+from structspec.models import llamacpp_model
+from structspec.models.llamacpp_model import INSTALL_HINT, LlamaCppError, LlamaCppModel
 from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, get_profile
 
 log = logging.getLogger(__name__)
@@ -59,17 +62,15 @@ def resolve_executor(requested: str, profile: ModelProfile, device: str) -> str:
     """``auto`` -> the profile's ``cpu_executor`` on a CPU when llama-cpp-python is installed, else transformers;
     ``llamacpp`` on another device than the CPU is refused (this build runs llama.cpp on the CPU only).
     Raises: ModelLoadError."""
-    from structspec.models.llamacpp_model import INSTALL_HINT, llamacpp_available
-
     if requested not in ("auto", *EXECUTORS):
         raise ModelLoadError(f"unknown executor {requested!r}; use auto, {', '.join(EXECUTORS)}")
     cpu = device in ("cpu", "auto") and not (device == "auto" and torch.cuda.is_available())
     if requested == "auto":
-        return profile.cpu_executor if cpu and llamacpp_available() else "transformers"
+        return profile.cpu_executor if cpu and llamacpp_model.llamacpp_available() else "transformers"
     if requested == "llamacpp":
         if not cpu:
             raise ModelLoadError(f"the llama.cpp executor runs on the CPU, not on device {device!r}")
-        if not llamacpp_available():
+        if not llamacpp_model.llamacpp_available():
             raise ModelLoadError(f"executor llamacpp: llama-cpp-python is not installed; {INSTALL_HINT}")
     return requested
 
@@ -200,8 +201,6 @@ def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: 
 def gguf_for(path: str) -> Path:
     """A GGUF of the transformers model folder ``path`` (F32, exact), written once into the cache and named by the
     folder's ``weights_version``. Raises: ModelLoadError."""
-    from structspec.models.gguf_export import export_gguf
-
     folder = Path(path)
     out = cache_dir() / "gguf" / f"{folder.name}-{weights_version(folder)}-f32.gguf"
     if out.is_file():
@@ -216,8 +215,6 @@ def gguf_for(path: str) -> Path:
 
 
 def _load_gguf(path: Path):
-    from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel
-
     try:
         return LlamaCppModel(path)
     except LlamaCppError as exc:

@@ -63,6 +63,7 @@ def _dir_size(path: Path) -> int:
 
 
 def _gemma_profile() -> ModelProfile:
+    # imported here: a cycle (gemma imports this module's cache_dir)
     from structspec.models import gemma
 
     return ModelProfile(

@@ -12,6 +12,8 @@ import math
 import os
 from pathlib import Path
 
+import torch
+
 _CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -44,8 +46,6 @@ def cpu_budget(root: Path = _CGROUP) -> int:
 
 def size_torch_threads(requested: int = 0) -> int:
     """Set torch's intra-op threads to ``requested`` (0: the CPU budget); returns the number set."""
-    import torch
-
     threads = requested if requested > 0 else cpu_budget()
     torch.set_num_threads(threads)
     return threads
