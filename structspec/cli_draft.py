@@ -16,10 +16,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+
+from structspec.models.profiles import get_profile
+from structspec.service.settings import load_settings
+from structspec.stats.counters import model_key
+from structspec.store import DEFAULT_DB_NAME, StoreError, open_store, redact_url
+
+# Aligning and distilling need torch (~6 s to import), the models and the assembly: their commands import them,
+# so that `structspec --help` and the other commands start without them.
 
 draft_app = typer.Typer(help="Draft models made from their target: build the gemma-3-270m draft, align a draft to "
                         "recorded traffic.",
@@ -37,8 +47,6 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def parse_since(text: str, now: float) -> float:
     """``--since``: unix seconds, an ISO 8601 time (UTC where it names no zone) or an age (``90m``, ``6h``, ``2d``:
     that long before ``now``). Raises: ValueError (with what is accepted)."""
-    from datetime import datetime, timezone
-
     value = text.strip()
     if value[-1:] in _UNITS and value[:-1].replace(".", "", 1).isdigit():
         return now - float(value[:-1]) * _UNITS[value[-1]]
@@ -56,8 +64,7 @@ def parse_since(text: str, now: float) -> float:
 
 def _open_and_read(settings: Any, model: str, schema: Optional[str], max_requests: int,
                    since: Optional[float] = None) -> tuple:
-    from structspec.draft.align import AlignError, read_traffic
-    from structspec.store import DEFAULT_DB_NAME, StoreError, open_store, redact_url
+    from structspec.draft.align import AlignError, read_traffic  # torch: see the note at the imports
 
     where = redact_url(settings.store_url) if settings.store_url else str(Path(settings.data_dir) / DEFAULT_DB_NAME)
     if not settings.store_url and not (Path(settings.data_dir) / DEFAULT_DB_NAME).is_file():
@@ -130,14 +137,12 @@ def align(
 ) -> None:
     """Fine-tune the draft on recorded traffic (completed requests and rejected drafts, the target's distributions
     recomputed at those positions) and write it only if it is not worse on a held-out share of that traffic."""
+    # torch: see the note at the imports
     import torch
 
     from structspec.draft.align import REPORT_FILE, AlignConfig, AlignError, AlignInputs, AlignReport, align_draft, \
         since_text, write_draft
     from structspec.models.loading import DTYPES, ModelLoadError, load_draft, load_profile, weights_version
-    from structspec.models.profiles import get_profile
-    from structspec.service.settings import load_settings
-    from structspec.stats.counters import model_key
 
     settings = load_settings(None, overrides={"data_dir": data_dir, "store_url": store_url}, validate=False)
     try:
@@ -175,7 +180,7 @@ def align(
         loaded = load_draft(str(source), models.tokenizer, prof.target, "transformers", models.device, torch.float32)
     except ModelLoadError as exc:
         _fail(str(exc))
-    from structspec.assembly import make_executor
+    from structspec.assembly import make_executor  # torch: see the note at the imports
 
     disk_dtype = DTYPES.get(str(json.loads((source / "config.json").read_text()).get("dtype", "float32")),
                             torch.float32)
@@ -215,8 +220,7 @@ def distill_command(
     """Build the gemma-3-270m draft from nothing but the target and the project's corpus (structspec.draft.gemma_draft:
     the target answers held-in workload items, a draft of Gemma's first two layers over the ids it emits is distilled
     towards its distributions; ~45-60 min on 2 cores). Writes the weights and distill_report.json into --out."""
-    from dataclasses import replace
-
+    # torch: see the note at the imports
     from structspec.draft.gemma_draft import GemmaDraftPlan, build_gemma_draft, measure_steps as time_steps
 
     report = build_gemma_draft(out, replace(GemmaDraftPlan(), max_minutes=minutes), say=typer.echo, executor=executor)
