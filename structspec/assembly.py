@@ -25,11 +25,17 @@ from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
+from structspec.engine.sequence import Serving
 from structspec.engine.types import DraftLoadError, DraftUpdate
 from structspec.grammar import GrammarCompiler, TokenizerView
 from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
 from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
+from structspec.models.llamacpp_executor import LlamaCppExecutor
+from structspec.models.loading import ModelLoadError, check_draft_folder, load_draft, load_profile, weights_version
+from structspec.models.profiles import get_profile
+from structspec.models.threads import size_torch_threads
+from structspec.models.worker_thread import run_in_worker
 from structspec.speculation.configs import ProposerSet, speculation_config
 from structspec.speculation.draft_model import DraftModelProposer
 from structspec.speculation.history import SchemaHistory
@@ -40,23 +46,40 @@ from structspec.stats.counters import model_key
 log = logging.getLogger(__name__)
 
 
-def assemble_engine(models, grammar_backend: str = "llguidance", limits: SchedulerLimits = SchedulerLimits(),
-                    proposers: ProposerSet | None = None, max_context: int | None = None, max_tokens_cap: int = 4096,
-                    compiler: GrammarCompiler | None = None, stats: Recorder | None = None,
-                    examples: ExampleBook | None = None, fast_forward: bool = True,
-                    policy: PolicyConfig | None = None, history: SchemaHistory | None = None,
-                    seed: int | None = None) -> Engine:
-    """An engine (not started) around loaded models.
+@dataclass(frozen=True)
+class AssemblyConfig:
+    """How ``assemble_engine`` wires an engine around loaded models.
 
-    ``proposers``: None = no drafting (fast-forward is per request, and ``fast_forward`` for all).
-    ``stats`` records requests, decisions, verifications and step times (its model should be
-    ``engine_model_key(models)``). ``policy``: the drafting policy's thresholds; None drafts with every
-    proposer always (a fixed configuration). ``examples``: worked examples added to requests that bring
-    none (``build_engine`` builds them for base-model profiles). ``seed`` seeds the policy's probes.
+    ``proposers``: None = no drafting (fast-forward is per request, and ``fast_forward`` for all). ``policy``: the
+    drafting policy's thresholds; None drafts with every proposer always (a fixed configuration). ``seed`` seeds
+    the policy's probes. The parts made elsewhere (None: made here, or none): ``compiler`` (one over the target's
+    tokenizer), ``stats`` records requests, decisions, verifications and step times (its model should be
+    ``engine_model_key(models)``), ``examples`` are added to requests that bring none (``build_engine`` builds them
+    for base-model profiles), ``history`` is the schema history the proposers draft from.
     """
-    executor = make_executor(models, models.target, max_context, limits)
+
+    grammar_backend: str = "llguidance"
+    limits: SchedulerLimits = SchedulerLimits()
+    proposers: ProposerSet | None = None
+    max_context: int | None = None
+    max_tokens_cap: int = 4096
+    fast_forward: bool = True
+    policy: PolicyConfig | None = None
+    seed: int | None = None
+    compiler: GrammarCompiler | None = None
+    stats: Recorder | None = None
+    examples: ExampleBook | None = None
+    history: SchemaHistory | None = None
+
+
+def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine:
+    """An engine (not started) around loaded models, wired as ``config`` says."""
+    limits, proposers, stats = config.limits, config.proposers, config.stats
+    executor = make_executor(models, models.target, config.max_context, limits)
+    compiler = config.compiler
     if compiler is None:
-        compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size), backend=grammar_backend)
+        compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size),
+                                   backend=config.grammar_backend)
     eos = models.tokenizer.eos_token_id
     speculator, loader = None, None
     draft_version = models.draft_version if proposers is not None and proposers.draft and models.draft is not None else ""
@@ -65,16 +88,16 @@ def assemble_engine(models, grammar_backend: str = "llguidance", limits: Schedul
         if draft_version:
             draft = DraftModelProposer(make_draft_executor(models, models.draft, models.draft_vocab, executor), eos,
                                        context_tokens=getattr(models, "draft_context", None))
-        speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=history, draft=draft,
-                            stats=stats, policy=policy, rng=random.Random(seed), max_draft=limits.max_draft,
-                            draft_version=draft_version)
+        speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=config.history, draft=draft,
+                            stats=stats, policy=config.policy, rng=random.Random(config.seed),
+                            max_draft=limits.max_draft, draft_version=draft_version)
         if proposers.draft:
             loader = DraftLoader(models.profile, models.tokenizer, f"profile {models.profile}",
                                  getattr(models, "executor", "transformers"), models.device, models.dtype, executor, eos)
-    core = EngineCore(executor, models.tokenizer, eos, limits, speculator, stats, engine_model_key(models),
-                      draft_version)
-    return Engine(core, models.tokenizer, compiler, executor.max_context, max_tokens_cap, examples, fast_forward,
-                  engine_model_key(models), draft_loader=loader)
+    core = EngineCore(executor, models.tokenizer, eos, limits, speculator,
+                      Serving(stats, engine_model_key(models), draft_version))
+    return Engine(core, models.tokenizer, compiler, executor.max_context, config.max_tokens_cap, config.examples,
+                  config.fast_forward, draft_loader=loader)
 
 
 @dataclass(frozen=True)
@@ -95,8 +118,6 @@ class DraftLoader:
         """The ``weights_version`` of the draft folder ``path``, its tokenizer checked against the target's (the
         version hashes the weights, not the tokenizer: a folder of the serving version's weights with another
         tokenizer must still be refused). Raises: DraftLoadError (not a model folder, another tokenizer)."""
-        from structspec.models.loading import ModelLoadError, check_draft_folder, weights_version
-
         self._check_folder(path)
         try:
             check_draft_folder(path, self.tokenizer, self.tokenizer_source)
@@ -115,8 +136,6 @@ class DraftLoader:
     def load(self, path: str) -> DraftUpdate:
         """The draft in folder ``path`` as the router's proposer. Raises: DraftLoadError (bad folder, another
         tokenizer, another vocabulary width)."""
-        from structspec.models.loading import ModelLoadError, load_draft
-
         self._check_folder(path)  # load_draft checks the tokenizer and hashes the weights itself
         try:
             loaded = load_draft(path, self.tokenizer, self.tokenizer_source, self.executor, self.device, self.dtype)
@@ -135,8 +154,6 @@ def make_executor(models, model: Any, max_context: int | None = None,
     stream holds (each resize moves the whole cache): a full prefix cache and as much again for the running
     requests, whose copied prefixes the pool counts once more; ids for a batch and the retained prompts."""
     if getattr(models, "executor", "transformers") == "llamacpp":
-        from structspec.models.llamacpp_executor import LlamaCppExecutor
-
         if limits is None:
             return LlamaCppExecutor(model, max_context=max_context)
         retained = 4  # prompts the prefix cache typically holds beside the batch
@@ -190,11 +207,6 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     ``store``: its statistics book records this engine's traffic (keyed by the model) and the drafting
     policy reads it; the schema history is loaded from it and written back.
     """
-    from structspec.models.loading import load_profile
-    from structspec.models.profiles import get_profile
-    from structspec.models.threads import size_torch_threads
-    from structspec.models.worker_thread import run_in_worker
-
     config: EngineConfig = settings if isinstance(settings, EngineConfig) else settings.engine_config()
     t0 = time.monotonic()
     device = config.resolved_device(torch.cuda.is_available())
@@ -208,10 +220,10 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     model = engine_model_key(models)
     recorder = store.stats.recorder(model) if store is not None else None
     history = persisted_history(store, models.profile, model) if store is not None and spec.proposers else None
-    engine = run_in_worker(assemble_engine, models, config.grammar_backend, config.limits, spec.proposers,
-                           max_tokens_cap=config.max_tokens_cap, stats=recorder, examples=examples,
-                           fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None,
-                           history=history)
+    engine = run_in_worker(assemble_engine, models, AssemblyConfig(
+        config.grammar_backend, config.limits, spec.proposers, max_tokens_cap=config.max_tokens_cap,
+        fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None, stats=recorder,
+        examples=examples, history=history))
     engine.start()
     log.info("engine ready in %.1fs (profile %s on %s, statistics under model %s)", time.monotonic() - t0,
              models.profile, models.executor, model)

@@ -63,14 +63,14 @@ def make_engine(request, executor_kind, demo_models, demo_compiler):
     """Build (unstarted) engines on the demo models, on the executor of ``executor_kind``; stops any that were
     started. Both executors share the tokenizer, hence the grammar compiler."""
     from structspec.engine.config import SchedulerLimits
-    from structspec.assembly import assemble_engine
+    from structspec.assembly import AssemblyConfig, assemble_engine
 
     models = demo_models if executor_kind == "transformers" else request.getfixturevalue("demo_llamacpp_models")
     made = []
 
     def make(proposers=None, **limits):
-        engine = assemble_engine(models, limits=SchedulerLimits(**limits), proposers=proposers,
-                                 compiler=demo_compiler)
+        engine = assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(**limits), proposers=proposers,
+                                 compiler=demo_compiler))
         made.append(engine)
         return engine
 

@@ -140,7 +140,7 @@ class SimSeq:
     decision: Any = None
     decision_bucket: int = 1
     speculation: Any = None
-    stats: Any = None
+    serving: Any = None
 
 
 class _DraftStub:

@@ -1,8 +1,12 @@
-"""What the service layer calls: typed extraction and tool-call requests, and the engine seam."""
+"""The engine seam as a caller sees it: ``EngineAPI`` and what a caller sends it (extraction and tool-call requests).
+
+The rule between the two boundary modules: this one holds the seam and the requests; ``types`` holds the values both
+sides share and what comes back (sampling parameters, results, deltas, typed errors).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
 
 from structspec.engine.types import (
@@ -12,6 +16,7 @@ from structspec.engine.types import (
     SchemaSpeculation,
     SpeculationMode,
     TextDelta,
+    ToolCallResult,
 )
 from structspec.prompts import FewShotExample
 
@@ -104,19 +109,6 @@ def _validate_sampling(params: SamplingParams, max_tokens_cap: int) -> None:
     params.validate()
     if params.max_tokens > max_tokens_cap:
         raise InvalidRequest(f"must be <= {max_tokens_cap} (the server's cap)", field="max_tokens")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass
-class ToolCallResult:
-    result: GenerationResult
-    calls: list[ToolCall] = field(default_factory=list)
-    text: str | None = None  # a plain-text answer, where tool_choice allowed one
 
 
 class EngineAPI(Protocol):

@@ -6,13 +6,14 @@ inbox. ``step()`` reads as its stages:
 
   0. run the calls queued for the engine thread (``call_between_steps``: a draft swap);
   1. take in new requests and aborts; cancel expired deadlines; admit (the ``Scheduler``), each
-     sequence bound to what serves it now (statistics, model key, draft version) for its whole life;
-  2. plan each running sequence's feed (the ``Scheduler``);
-  3. draft: for each plan that scores, ask the speculator for a draft, cut it at the first
-     ungrammatical token and fill the grammar mask of every scored position;
-  4. one target forward over the whole batch;
-  5. per sequence: verify (k = 0 is plain decoding), roll the KV cache back over rejected
-     draft tokens, commit accepted + recovered/bonus tokens, fast-forward the tokens the
+     sequence bound to what serves it now (``Drafter.bind``: statistics, model key, draft version)
+     for its whole life;
+  2. schedule: plan each running sequence's feed (the ``Scheduler``: ``StepPlan``);
+  3. draft: for each plan that scores, the ``Drafter``'s draft, cut at the first ungrammatical
+     token, with the grammar mask of every scored position (``StepDraft``);
+  4. run: one target forward over the whole batch;
+  5. postprocess, per sequence: verify (k = 0 is plain decoding), roll the KV cache back over
+     rejected draft tokens, commit accepted + recovered/bonus tokens, fast-forward the tokens the
      grammar forces, and finish on stop / length.
 
 Failures: what goes wrong with one sequence (its grammar, its draft, its step input, the rows
@@ -34,16 +35,16 @@ from typing import Any, Callable, Iterable
 import torch
 
 from structspec.engine.config import SchedulerLimits
-from structspec.engine.detok import IncrementalDetokenizer
+from structspec.engine.detok import OutputText
+from structspec.engine.drafter import Drafter, StepDraft
 from structspec.engine.scheduler import Scheduler, StepPlan
-from structspec.engine.sequence import EngineSequence, SequenceStatus
-from structspec.engine.speculator import Draft, DraftVerdict, Speculator
-from structspec.engine.types import DraftsUnsupported, DraftUpdate, FinishReason, OverBudget, QueueFull, SpeculationReport
+from structspec.engine.sequence import EngineSequence, SequenceStatus, Serving
+from structspec.engine.speculator import Speculator
+from structspec.engine.types import DraftUpdate, FinishReason, OverBudget, QueueFull
 from structspec.engine.verify import Verdict, verify
-from structspec.grammar.base import allocate_bitmask, apply_token_bitmask, small_allowed_set, token_allowed
+from structspec.grammar.base import apply_token_bitmask, token_allowed
 from structspec.models.executor import ForwardStep, InputError, StepInput
-from structspec.stats.book import Recorder
-from structspec.stats.counters import Reason, batch_bucket
+from structspec.stats.counters import batch_bucket
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +57,39 @@ class _Inbox:
     calls: list[tuple[Callable[[], Any], Future]] = field(default_factory=list)
 
 
+# One plan of the step with its draft and masks (None: the plan does not score)
+Planned = tuple[StepPlan, StepDraft | None]
+
+
 class EngineCore:
+    """``serving``: what serves the sequences admitted first (its model key defaults to its statistics' model)."""
+
     def __init__(self, executor: ForwardStep, tokenizer, eos_token_id: int, limits: SchedulerLimits = SchedulerLimits(),
-                 speculator: Speculator | None = None, stats: Recorder | None = None, model_key: str = "",
-                 draft_version: str = ""):
+                 speculator: Speculator | None = None, serving: Serving = Serving()):
         self.executor = executor
         self.tokenizer = tokenizer
         self.eos = eos_token_id
         self.limits = limits
-        self.speculator = speculator
-        # What serves the sequences admitted from now on (each keeps its own to the end; ``install_draft`` changes
-        # these): the statistics (in-memory counters, no I/O), the model key they are kept under, the draft's version
-        self.stats = stats
-        self.model_key = model_key or (stats.model if stats is not None else "")
-        self.draft_version = draft_version
+        if not serving.model_key and serving.stats is not None:
+            serving = Serving(serving.stats, serving.stats.model, serving.draft_version)
         self.scheduler = Scheduler(executor, limits)
-        self.draft_failures = 0  # drafting attempts that raised (each turned drafting off for its request)
+        self.drafter = Drafter(executor, eos_token_id, speculator, serving)
         self._inbox = _Inbox()
         self.wakeup = threading.Event()
+
+    @property
+    def speculator(self) -> Speculator | None:
+        return self.drafter.speculator
+
+    @property
+    def serving(self) -> Serving:
+        """What serves the sequences admitted from now on (``install_draft`` changes it)."""
+        return self.drafter.serving
+
+    @property
+    def draft_failures(self) -> int:
+        """Drafting attempts that raised (each turned drafting off for its request)."""
+        return self.drafter.draft_failures
 
     # -- called from any thread ------------------------------------------------------------------
     def submit(self, seq: EngineSequence) -> None:
@@ -126,14 +142,7 @@ class EngineCore:
         """Serve the sequences admitted from now on with ``update``'s draft, their statistics under its model key;
         running ones keep theirs. Call it on the engine thread between steps (``call_between_steps``).
         Raises: DraftsUnsupported (the speculator takes no draft model)."""
-        install = getattr(self.speculator, "install_draft", None)
-        if install is None or not getattr(self.speculator, "drafts_enabled", False):
-            raise DraftsUnsupported("the server's speculation configuration drafts without a draft model")
-        stats = self.stats.book.recorder(update.model_key) if self.stats is not None else None
-        install(update.proposer, update.version, stats)
-        self.stats, self.model_key, self.draft_version = stats, update.model_key, update.version
-        log.info("draft %s installed: requests admitted from now on are served by %s", update.version,
-                 update.model_key)
+        self.drafter.install(update)
 
     def step(self) -> None:
         self._run_calls()
@@ -141,13 +150,13 @@ class EngineCore:
         self._admit()
         self._redecide()
         plans = self.scheduler.schedule()
-        plans = [p for p in plans if not p.scores or self._alone(p.seq, "drafting and masking", self._draft, p)]
-        if not plans:
+        planned = self._draft(plans)
+        if not planned:
             return
-        plans, outputs = self._timed_forward(plans)
+        ran, outputs = self._timed_forward(planned)
         with torch.inference_mode():  # the step's logits are inference tensors, masked in place
-            for plan, logits in zip(plans, outputs):
-                self._postprocess(plan, logits)
+            for (plan, step), logits in zip(ran, outputs):
+                self._postprocess(plan, step, logits)
 
     def fail_running(self, error: str) -> None:
         """End every running request with ERROR (after an unexpected failure of a whole step)."""
@@ -180,32 +189,17 @@ class EngineCore:
                 self._finish(seq, FinishReason.CANCELLED, "deadline exceeded")
 
     def _admit(self) -> None:
-        admitted, failed = self.scheduler.admit(lambda: IncrementalDetokenizer(self.tokenizer))
+        admitted, failed = self.scheduler.admit(lambda: OutputText(self.tokenizer))
         for seq, error in failed:
             self._finish(seq, FinishReason.ERROR, error)
         for seq in admitted:
-            seq.stats, seq.model_key, seq.draft_version = self.stats, self.model_key, self.draft_version
-            self._decide(seq, len(self.scheduler.running))
+            self.drafter.bind(seq)
+            self.drafter.decide(seq, len(self.scheduler.running))
             self._alone(seq, "starting its grammar", self._start, seq)
 
     def _start(self, seq: EngineSequence) -> None:
         self._fast_forward(seq)  # the opening forced tokens ride along with the prompt
         self._check_done(seq)
-
-    def _decide(self, seq: EngineSequence, batch_size: int) -> None:
-        """Ask the speculator who may draft for ``seq`` at this batch size, and count the decision."""
-        if self.speculator is None:
-            seq.decision = SpeculationReport(False, Reason.SERVER_OFF)
-        else:
-            try:
-                seq.decision = self.speculator.decide(seq, batch_size)
-            except Exception:  # noqa: BLE001 - a policy bug costs speed, never the request
-                log.exception("the drafting policy failed for request %s; it runs without drafts", seq.request_id)
-                seq.decision = SpeculationReport(False, Reason.POLICY_ERROR)
-        seq.decision_bucket = batch_bucket(batch_size)
-        stats = self._stats_of(seq)
-        if stats is not None:
-            stats.record_decision(seq.schema_key, seq.decision.reason, seq.decision.reasons)
 
     def _redecide(self) -> None:
         """Decide again for the sequences admitted at another batch-size bucket than the batch's now."""
@@ -213,98 +207,53 @@ class EngineCore:
         bucket = batch_bucket(batch)
         for seq in self.scheduler.running:
             if seq.decision_bucket != bucket and seq.speculate:
-                self._decide(seq, batch)
+                self.drafter.decide(seq, batch)
 
     # -- 3. draft and grammar masks ----------------------------------------------------------------
-    def _draft(self, plan: StepPlan) -> None:
-        """Set ``plan.draft`` (its grammatical part), ``plan.tail`` and ``plan.bitmask`` (one row per scored position).
-
-        A sampled draft's first token the grammar cannot take (or an EOS) stays in the verification as
-        ``plan.tail``: a test at that position, not a silent trim (see ``verify``).
-        """
-        matcher = plan.seq.matcher
-        draft = self._propose(plan)
-        tokens = list(draft.tokens)[: plan.max_draft] if draft else []  # a proposer that drafts more than asked is cut
-        plan.drafted, plan.drafted_tokens = len(tokens), tokens
-        bitmask = allocate_bitmask(len(tokens) + 1, self.executor.vocab_size)
-        matcher.fill_mask(bitmask, 0)
-        consumed = 0
-        for i, tok in enumerate(tokens):
-            # The mask at i comes from the state after x_0..x_{i-1}; an ungrammatical x_i ends the draft there.
-            if tok == self.eos or not token_allowed(bitmask[i], tok) or not matcher.consume([tok]):
-                if draft.q is not None:
-                    plan.tail = (tok, draft.q[i])
-                break
-            consumed += 1
-            matcher.fill_mask(bitmask, i + 1)  # once the grammar is complete this row allows only EOS
-            if matcher.is_stopped():
-                break  # no draft continues past grammar termination
-        matcher.rollback(consumed)
-        if draft is not None and consumed < len(draft.tokens):
-            draft = Draft(draft.tokens[:consumed], draft.q[:consumed] if draft.q is not None else None, draft.proposer)
-        plan.draft = draft
-        plan.bitmask = bitmask[: consumed + 1]
-
-    def _propose(self, plan: StepPlan) -> Draft | None:
-        """The speculator's draft, the matcher left as found.
-
-        The speculator sees the matcher through a counter of what it consumed: a failure while drafting
-        (a proposer's bug, the draft model out of memory) is rolled back and ends drafting for that
-        request, never the request; a proposer that returns without rolling back is rolled back too.
-        """
-        if self.speculator is None or plan.max_draft <= 0:
-            return None
-        seq, matcher = plan.seq, plan.seq.matcher
-        seq.matcher = walked = _CountingMatcher(matcher)
-        try:
-            return self.speculator.propose(seq, plan.max_draft)
-        except Exception:  # noqa: BLE001 - costs speed, not the request
-            log.exception("drafting failed for request %s; it continues without drafts", seq.request_id)
-            walked.failed = True
-            self.draft_failures += 1
-            seq.speculate = False
-            return None
-        finally:
-            seq.matcher = matcher
-            if walked.consumed > 0:
-                if not walked.failed:
-                    log.error("a proposer left the matcher %d tokens on (request %s)", walked.consumed,
-                              seq.request_id)
-                matcher.rollback(walked.consumed)
-            elif walked.consumed < 0:  # rolled back into the committed text: consume those tokens again
-                log.error("a proposer rolled the matcher back %d committed tokens (request %s)", -walked.consumed,
-                          seq.request_id)
-                matcher.consume(seq.output[len(seq.output) + walked.consumed:])
+    def _draft(self, plans: list[StepPlan]) -> list[Planned]:
+        """Each plan with its draft and masks where it scores; a plan whose drafting or masking fails ends its
+        request alone and leaves the step."""
+        planned: list[Planned] = []
+        for plan in plans:
+            if not plan.scores:
+                planned.append((plan, None))
+                continue
+            try:
+                planned.append((plan, self.drafter.draft(plan)))
+            except Exception as exc:  # noqa: BLE001 - that request's grammar or draft, not the batch's
+                self._failed_alone(plan.seq, "drafting and masking", exc)
+        return planned
 
     # -- 4. one forward ------------------------------------------------------------------------------
-    def _timed_forward(self, plans: list[StepPlan]) -> tuple[list[StepPlan], list[torch.Tensor]]:
+    def _timed_forward(self, planned: list[Planned]) -> tuple[list[Planned], list[torch.Tensor]]:
         """The forward (``_forward``); a step of decodes only (no prompt chunk), run as planned, is timed for the
         policy's cost model."""
-        decode_only = all(p.seq.status is SequenceStatus.DECODING for p in plans)
+        decode_only = all(p.seq.status is SequenceStatus.DECODING for p, _ in planned)
         started = time.perf_counter()
-        ran, outputs = self._forward(plans)
-        if len(ran) == len(plans) and decode_only and self.stats is not None:
-            longest = max((len(p.draft.tokens) if p.draft else 0) for p in plans)
-            self.stats.record_step(len(self.scheduler.running), longest, time.perf_counter() - started)
+        ran, outputs = self._forward(planned)
+        stats = self.serving.stats
+        if len(ran) == len(planned) and decode_only and stats is not None:
+            longest = max((len(step.tokens) if step is not None else 0) for _, step in planned)
+            stats.record_step(len(self.scheduler.running), longest, time.perf_counter() - started)
         return ran, outputs
 
-    def _forward(self, plans: list[StepPlan]) -> tuple[list[StepPlan], list[torch.Tensor]]:
-        """One forward over ``plans``: the plans that ran and their logits.
+    def _forward(self, planned: list[Planned]) -> tuple[list[Planned], list[torch.Tensor]]:
+        """One forward over ``planned``: the plans that ran and their logits.
 
         A plan whose input cannot be built, or whose input the executor refuses (``InputError``: the executor is
         left as before the step), ends its request alone, and the forward runs again without it. Any other
         failure of the forward is the model's: every request of the batch ends with ERROR, and none ran."""
-        batch: list[tuple[StepPlan, StepInput]] = []
-        for p in plans:
+        batch: list[tuple[Planned, StepInput]] = []
+        for p in planned:
             try:
-                batch.append((p, self._step_input(p)))
+                batch.append((p, self._step_input(*p)))
             except Exception as exc:  # noqa: BLE001 - that request's input, not the batch's
-                self._failed_alone(p.seq, "building its step input", exc)
+                self._failed_alone(p[0].seq, "building its step input", exc)
         while batch:
             try:
                 return [p for p, _ in batch], self.executor.step([x for _, x in batch])
             except InputError as exc:
-                at_fault = [p for p, x in batch if x.seq_id in exc.reasons]
+                at_fault = [p for (p, _), x in batch if x.seq_id in exc.reasons]
                 if not at_fault:  # it names none of them: the model's failure after all
                     return self._batch_failed(batch, exc)
                 log.warning("the model refused the inputs of requests %s: %s",
@@ -316,80 +265,65 @@ class EngineCore:
                 return self._batch_failed(batch, exc)
         return [], []
 
-    def _batch_failed(self, batch: list[tuple[StepPlan, StepInput]], exc: Exception) -> tuple[list, list]:
-        log.error("the forward pass failed for the whole batch, requests %s", [p.seq.request_id for p, _ in batch],
-                  exc_info=exc)
-        for p, _ in batch:
+    def _batch_failed(self, batch: list[tuple[Planned, StepInput]], exc: Exception) -> tuple[list, list]:
+        log.error("the forward pass failed for the whole batch, requests %s",
+                  [p.seq.request_id for (p, _), _ in batch], exc_info=exc)
+        for (p, _), _ in batch:
             self._finish(p.seq, FinishReason.ERROR, f"model failure (the forward pass of its whole batch of "
                                                     f"{len(batch)}): {type(exc).__name__}: {exc}")
         return [], []
 
-    def _step_input(self, plan: StepPlan) -> StepInput:
-        draft = plan.draft.tokens if plan.draft else []
-        tokens = plan.feed + draft
-        if not plan.scores:
-            return StepInput(plan.seq.seq_id, tokens, logits_at=())
+    def _step_input(self, plan: StepPlan, step: StepDraft | None) -> StepInput:
+        if step is None:
+            return StepInput(plan.seq.seq_id, plan.feed, logits_at=())
         first = len(plan.feed) - 1
-        allowed = None
-        limit = self.executor.restricted_logits_max
-        if limit:  # let the executor score a small allowed set alone (the rest would be masked out anyway)
-            allowed = plan.allowed = tuple(small_allowed_set(row, limit) for row in plan.bitmask)
-        return StepInput(plan.seq.seq_id, tokens, logits_at=tuple(range(first, first + len(draft) + 1)),
-                         allowed=allowed)
+        return StepInput(plan.seq.seq_id, plan.feed + step.tokens,
+                         logits_at=tuple(range(first, first + len(step.tokens) + 1)),
+                         allowed=self.drafter.allowed_ids(step))
 
     # -- 5. verify, roll back, commit, fast-forward ------------------------------------------------
-    def _postprocess(self, plan: StepPlan, logits: torch.Tensor) -> None:
+    def _postprocess(self, plan: StepPlan, step: StepDraft | None, logits: torch.Tensor) -> None:
         plan.seq.usage.target_forward_passes += 1
-        self._alone(plan.seq, "committing the step", self._settle, plan, logits)
+        self._alone(plan.seq, "committing the step", self._settle, plan, step, logits)
 
-    def _settle(self, plan: StepPlan, logits: torch.Tensor) -> None:
+    def _settle(self, plan: StepPlan, step: StepDraft | None, logits: torch.Tensor) -> None:
         seq = plan.seq
         seq.fed(len(plan.feed))
-        if not plan.scores:
+        if step is None:
             return
         seq.scored()
-        verdict = self._verify(plan, logits)
+        verdict = self._verify(plan, step, logits)
         if verdict is None:
             return
-        self._roll_back(plan, verdict)
-        draft = plan.draft.tokens if plan.draft else []
-        self._commit(seq, draft[: verdict.accepted], verdict.token)
+        rejected = len(step.tokens) - verdict.accepted
+        if rejected:  # forget the rejected draft tokens' KV (the accepted ones stay cached)
+            self.executor.rollback(seq.seq_id, rejected)
+        self._commit(seq, step.tokens[: verdict.accepted], verdict.token)
         if seq.finish is None:
             self._fast_forward(seq)
         self._check_done(seq)
 
-    def _verify(self, plan: StepPlan, logits: torch.Tensor) -> Verdict | None:
+    def _verify(self, plan: StepPlan, step: StepDraft, logits: torch.Tensor) -> Verdict | None:
         """The verdict on the draft (and the next token); None when the grammar allows nothing (the request ends)."""
         seq = plan.seq
-        draft = plan.draft.tokens if plan.draft else []
-        if not plan.bitmask[0].numpy().any():
+        draft = step.tokens
+        if not step.bitmask[0].numpy().any():
             self.executor.rollback(seq.seq_id, len(draft))
             self._grammar_failed(seq, "grammar allows no token here (dead end)")
             return None
         # [k+1, V]; this step's logits are ours. Rows whose allowed set was listed for the executor are masked
         # from that list (the same ids as the bitmask's), not by unpacking the whole bitmask.
-        rows = apply_token_bitmask(logits, plan.bitmask, inplace=True, allowed=plan.allowed)
-        q = plan.draft.q if plan.draft else None
-        verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output), plan.tail)
-        if verdict.accepted and not token_allowed(plan.bitmask[verdict.accepted], verdict.token):
+        rows = apply_token_bitmask(logits, step.bitmask, inplace=True, allowed=step.allowed)
+        q = step.draft.q if step.draft else None
+        verdict = verify(rows, draft, q, seq.params, seq.seed, len(seq.output), step.tail)
+        if verdict.accepted and not token_allowed(step.bitmask[verdict.accepted], verdict.token):
             # the accepted draft led into a dead end: its row is -inf everywhere, the verdict's token (its argmax,
             # id 0) no choice; on any other row the verdict's token is one the mask allows (O(1) to check)
             self.executor.rollback(seq.seq_id, len(draft))
             self._grammar_failed(seq, "grammar allows no token here (dead end)")
             return None
-        if plan.draft is not None:
-            seq.record_draft(plan.draft.proposer, plan.drafted, verdict.accepted)
-            if self.speculator is not None:
-                self.speculator.on_verified(seq, DraftVerdict(plan.draft.proposer, plan.drafted, verdict.accepted,
-                                                              plan.batch_size, tuple(plan.drafted_tokens),
-                                                              len(draft), verdict.token))
+        self.drafter.verified(plan, step, verdict)
         return verdict
-
-    def _roll_back(self, plan: StepPlan, verdict: Verdict) -> None:
-        """Forget the rejected draft tokens' KV (the accepted ones stay cached)."""
-        rejected = (len(plan.draft.tokens) if plan.draft else 0) - verdict.accepted
-        if rejected:
-            self.executor.rollback(plan.seq.seq_id, rejected)
 
     def _commit(self, seq: EngineSequence, accepted: list[int], token: int) -> None:
         """Accepted draft tokens are already cached; the new token becomes pending (uncached)."""
@@ -470,12 +404,8 @@ class EngineCore:
             except Exception:  # noqa: BLE001 - the result still carries the whole text; the request must end
                 log.exception("the last text delta of request %s failed", seq.request_id)
         seq.end(reason, error, time.monotonic())
-        if self.speculator is not None:
-            try:
-                self.speculator.on_finish(seq)
-            except Exception:  # noqa: BLE001 - a speculator's bug must not keep the request from being answered
-                log.exception("the speculator failed to release request %s", seq.request_id)
-        stats = self._stats_of(seq)
+        self.drafter.release(seq)
+        stats = self.drafter.stats_of(seq)
         if stats is not None:
             decision = seq.decision
             stats.record_request(seq.schema_key, len(seq.output), seq.usage.target_forward_passes,
@@ -484,32 +414,6 @@ class EngineCore:
                                  seq.decision_bucket)
             stats.record_traffic(seq.schema_key, seq.prompt, seq.output, reason.value)
         seq.on_event("done", None)
-
-    def _stats_of(self, seq: EngineSequence) -> Recorder | None:
-        """The statistics ``seq`` records into: those it was admitted under (a sequence never admitted: today's)."""
-        return seq.stats if seq.stats is not None else self.stats
-
-
-class _CountingMatcher:
-    """A matcher that counts the tokens consumed through it (net of rollbacks); everything else passes through."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self.consumed = 0
-        self.failed = False  # set while unwinding from a proposer's exception (the rollback is expected)
-
-    def consume(self, tokens) -> bool:
-        ok = self._inner.consume(tokens)
-        if ok:
-            self.consumed += len(tokens)
-        return ok
-
-    def rollback(self, n: int) -> None:
-        self._inner.rollback(n)
-        self.consumed -= n
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def run_until_idle(core: EngineCore, seqs: Iterable[EngineSequence]) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from structspec.engine.synthetic_examples import synthesize_extraction_examples, synthesize_tool_examples
 from structspec.grammar.cache import schema_digest
 from structspec.prompts import FewShotExample, compact_json, schema_title
+from structspec.schemas import BUILTIN_EXAMPLES_FILE, load_builtin_schemas, load_builtin_tools
 
 MAX_SYNTHESIZED = 1024  # schemas and tool lists whose synthesised example is kept (each a few hundred bytes)
 
@@ -92,8 +93,6 @@ def build_example_book(shots: int) -> ExampleBook:
     """``shots`` examples per built-in schema, and per tool for the built-in tool list."""
     if shots <= 0:
         return ExampleBook()
-    from structspec.schemas import BUILTIN_EXAMPLES_FILE, load_builtin_schemas, load_builtin_tools
-
     shipped = json.loads(BUILTIN_EXAMPLES_FILE.read_text())
     pick = lambda items: tuple(FewShotExample(e["text"], e["output"]) for e in items[:shots])  # noqa: E731
     schemas = load_builtin_schemas()

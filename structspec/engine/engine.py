@@ -21,17 +21,18 @@ import threading
 import uuid
 from typing import Any, AsyncIterator, Protocol
 
-from structspec.engine.api import ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
+from structspec.engine.api import ExtractionRequest, ToolCallRequest
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
 from structspec.engine.prefix_cache import common_prefix
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupported, DraftUpdate, EngineStopped,
-                                     FinishReason, GenerationResult, Outcome, TextDelta)
+                                     FinishReason, GenerationResult, Outcome, TextDelta, ToolCall, ToolCallResult)
 from structspec.grammar import GrammarCompiler
 from structspec.grammar.base import CompiledGrammar
 from structspec.grammar.cache import schema_digest
+from structspec.grammar.tools import parse_tool_output
 from structspec.models.worker_thread import run_in_worker
 from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, extraction_template, toolcall_prompt
 
@@ -53,10 +54,8 @@ class Engine:
 
     def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
                  max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True,
-                 model_key: str = "", draft_loader: DraftLoader | None = None):
+                 draft_loader: DraftLoader | None = None):
         self.core = core
-        if model_key:
-            core.model_key = model_key
         self.draft_loader = draft_loader  # None: no draft can be loaded while running
         self._draft_lock: asyncio.Lock | None = None  # one load at a time (made in the loop that loads)
         self.examples = examples or ExampleBook()  # worked examples for requests that bring none
@@ -102,12 +101,12 @@ class Engine:
     @property
     def model_key(self) -> str:
         """The model statistics of requests admitted now are kept under (profile and draft version)."""
-        return self.core.model_key
+        return self.core.serving.model_key
 
     @property
     def draft_version(self) -> str:
         """The draft model's version serving requests admitted now ("" without one)."""
-        return self.core.draft_version
+        return self.core.serving.draft_version
 
     # -- draft models ----------------------------------------------------------------------------
     async def load_draft(self, path: str) -> DraftSwap:
@@ -193,8 +192,6 @@ class Engine:
         return self._sequence(request, prompt, grammar, f"tools:{schema_digest(shape)}", None)
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
-        from structspec.grammar.tools import parse_tool_output
-
         seq = await asyncio.to_thread(self.prepare_toolcall, request)
         tools = list(request.tools)
         parsed: dict[str, Any] = {}
@@ -271,12 +268,13 @@ class Engine:
             if seq.finish is None:
                 self.core.abort(seq.key)
             raise
-        text = self.tokenizer.decode(seq.output, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        served = seq.serving if seq.serving is not None and seq.serving.model_key else self.core.serving
+        text = seq.output_text()
         yield GenerationResult(
             request_id=seq.request_id, text=text, token_ids=list(seq.output), finish_reason=seq.finish,
             outcome=Outcome.NOT_CHECKED, usage=seq.usage, timings=seq.timings, error=seq.error,
-            grammar_limit=seq.grammar_limit, speculation=seq.decision, model_key=seq.model_key or self.model_key,
-            draft_version=seq.draft_version if seq.model_key else self.draft_version,
+            grammar_limit=seq.grammar_limit, speculation=seq.decision, model_key=served.model_key,
+            draft_version=served.draft_version,
         )
 
     def _finalize(self, result: GenerationResult, check) -> GenerationResult:

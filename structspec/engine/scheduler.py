@@ -22,33 +22,27 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Iterator
-
-import torch
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from structspec.engine.config import SchedulerLimits
+from structspec.engine.detok import OutputText
 from structspec.engine.prefix_cache import PrefixCache
 from structspec.engine.sequence import EngineSequence, SequenceStatus
-from structspec.engine.speculator import Draft
 from structspec.models.executor import ForwardStep
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepPlan:
+    """What one sequence feeds this step (its draft and masks are the ``Drafter``'s, ``StepDraft``)."""
+
     seq: EngineSequence
     feed: list[int]  # uncached committed tokens sent this step (excluding the draft)
     scores: bool  # the feed completes the committed text: logits for the next position(s) are wanted
     max_draft: int = 0  # drafted tokens this plan may carry (0: no drafting this step)
     batch_size: int = 0  # sequences running when the step was planned
-    draft: Draft | None = None  # set by the step: the grammatical part of the proposer's draft
-    tail: tuple[int, torch.Tensor] | None = None  # a sampled draft's first token past it, with its q row
-    drafted: int = 0  # proposer tokens before the grammatical cut (stats)
-    drafted_tokens: list[int] = field(default_factory=list)  # those tokens (rejected-draft samples)
-    bitmask: torch.Tensor | None = None  # [len(draft)+1, W] grammar masks of the scored positions
-    allowed: tuple[torch.Tensor | None, ...] | None = None  # per scored position, its allowed ids when few (or None)
 
 
 class Scheduler:
@@ -74,7 +68,8 @@ class Scheduler:
         self.waiting.extend(seqs)
 
     # -- admission -------------------------------------------------------------------------------
-    def admit(self, make_detok) -> tuple[list[EngineSequence], list[tuple[EngineSequence, str]]]:
+    def admit(self, make_text: Callable[[], OutputText]
+              ) -> tuple[list[EngineSequence], list[tuple[EngineSequence, str]]]:
         """Admit waiting sequences in order while the batch and the KV budget allow.
 
         Returns (admitted, failed): a failed one could not get a KV slot (its error says why) and is
@@ -100,7 +95,7 @@ class Scheduler:
                 return admitted, [(seq, f"model failure: no KV-cache slot: {type(exc).__name__}: {exc}")]
             self.waiting.popleft()
             self.reserved += need
-            seq.admit(seq_id, need, make_detok(), time.monotonic())
+            seq.admit(seq_id, need, make_text(), time.monotonic())
             self.running.append(seq)
             self._prefix_unchecked.add(seq.key)
             admitted.append(seq)

@@ -13,17 +13,25 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from structspec.engine.detok import IncrementalDetokenizer
+from structspec.engine.detok import IncrementalDetokenizer, OutputText
 from structspec.engine.prefix_cache import PromptOwner
 from structspec.engine.types import FinishReason, SamplingParams, SchemaSpeculation, SpeculationReport, Timings, Usage
 from structspec.grammar.base import CompiledGrammar, Matcher
-
-if TYPE_CHECKING:
-    from structspec.stats.book import Recorder
+from structspec.stats.book import Recorder
 
 _KEYS = itertools.count()
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What serves a sequence, bound at admission and kept to its end (a draft loaded meanwhile serves later
+    sequences only): the statistics its records go to, the model key they are kept under, the draft's version."""
+
+    stats: Recorder | None = None  # in-memory counters (no I/O); None: nothing recorded
+    model_key: str = ""
+    draft_version: str = ""  # "" without a draft model
 
 
 class SequenceStatus(enum.Enum):
@@ -72,13 +80,10 @@ class EngineSequence:
     finish: FinishReason | None = None
     error: str | None = None
     grammar_limit: str | None = None  # the grammar engine's resource limit that ended it (finish ERROR)
-    detok: IncrementalDetokenizer | None = None  # output text as it is committed (while admitted)
+    text: OutputText | None = None  # the output as text, decoded once per commit (from admission on)
+    detok: IncrementalDetokenizer | None = None  # the text deltas handed out (while admitted)
     speculation: Any = None  # the speculator's per-sequence state (opaque to the engine)
-    # What serves it, set at admission and kept to its end (a draft loaded meanwhile serves later sequences): the
-    # statistics its records go to, the model key they are kept under, the draft model's version
-    stats: "Recorder | None" = None
-    model_key: str = ""
-    draft_version: str = ""
+    serving: Serving | None = None  # what serves it, bound at admission (``Drafter.bind``); None before
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     created: float = field(default_factory=time.monotonic)
@@ -99,6 +104,11 @@ class EngineSequence:
             return 0
         return max(self.decision.max_draft.values(), default=0)
 
+    def output_text(self) -> str:
+        """``output`` as text (decoded once per commit; "" before admission, when nothing is committed).
+        Raises: what the tokenizer's decode raises."""
+        return self.text(self.output) if self.text is not None else ""
+
     @property
     def prompt_owner(self) -> PromptOwner:
         return PromptOwner(self.tenant, self.public_prefix)
@@ -108,9 +118,10 @@ class EngineSequence:
         return self.status in (SequenceStatus.PREFILLING, SequenceStatus.DECODING)
 
     # -- status moves, each with its bookkeeping --------------------------------------------------
-    def admit(self, seq_id: int, reserved: int, detok: IncrementalDetokenizer, now: float) -> None:
+    def admit(self, seq_id: int, reserved: int, text: OutputText, now: float) -> None:
         self.status = SequenceStatus.PREFILLING
-        self.seq_id, self.reserved, self.detok = seq_id, reserved, detok
+        self.seq_id, self.reserved = seq_id, reserved
+        self.text, self.detok = text, IncrementalDetokenizer(text)
         self.admitted = now
         self.timings.queued_ms = (now - self.created) * 1000
         self.uncached = list(self.prompt)

@@ -7,14 +7,12 @@ imports the engine's types, never the other way round).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import SpeculationReport
-
-if TYPE_CHECKING:
-    from structspec.engine.sequence import EngineSequence
 
 
 @dataclass(frozen=True)
@@ -38,19 +36,19 @@ class DraftVerdict:
 
 
 class Speculator(Protocol):
-    def decide(self, seq: "EngineSequence", batch_size: int) -> SpeculationReport:
+    def decide(self, seq: EngineSequence, batch_size: int) -> SpeculationReport:
         """Who may draft for ``seq`` with ``batch_size`` sequences running, how far, and why.
 
         Asked at admission and whenever the running batch crosses a batch-size bucket. Raises: Never."""
 
-    def propose(self, seq: "EngineSequence", max_tokens: int) -> Draft | None:
+    def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
         """At most ``max_tokens`` drafted tokens after ``seq``'s committed text, or None.
 
         Leaves ``seq.matcher`` as found. Per-sequence state lives in ``seq.speculation``.
         """
 
-    def on_verified(self, seq: "EngineSequence", verdict: DraftVerdict) -> None:
+    def on_verified(self, seq: EngineSequence, verdict: DraftVerdict) -> None:
         """Told after every step that carried one of its drafts."""
 
-    def on_finish(self, seq: "EngineSequence") -> None:
+    def on_finish(self, seq: EngineSequence) -> None:
         """Told once when ``seq`` ends (any reason); releases what it holds for it."""

@@ -18,6 +18,7 @@ without an example.
 from __future__ import annotations
 
 import re
+import re._parser as parser  # the standard library's own regex parser (``_shortest_match``)
 import warnings
 from typing import Any
 
@@ -180,8 +181,6 @@ class _Builder:
 def _shortest_match(pattern: str) -> str:
     """A short string the regex matches, built from the regex's parse tree (``re._parser``): every repeat
     at its minimum, the first branch, the first character of each class. Checked by the caller."""
-    import re._parser as parser  # the standard library's own regex parser
-
     def walk(items) -> str:
         out = []
         for op, arg in items:

@@ -1,4 +1,9 @@
-"""Values that cross the engine's boundary: requests in, deltas and results out, typed errors."""
+"""Values that cross the engine's boundary, both ways: sampling parameters and switches, results and deltas out,
+typed errors.
+
+The rule between the two boundary modules: this one holds values; ``api`` holds the seam (``EngineAPI``) and the
+requests a caller sends.
+"""
 
 from __future__ import annotations
 
@@ -195,3 +200,16 @@ class TextDelta:
 
     request_id: str
     text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ToolCallResult:
+    result: GenerationResult
+    calls: list[ToolCall] = field(default_factory=list)
+    text: str | None = None  # a plain-text answer, where tool_choice allowed one

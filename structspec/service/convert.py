@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from structspec.engine.api import ChatMessage, ToolCallResult
+from structspec.engine.api import ChatMessage
 from structspec.engine.types import (
     FinishReason,
     GenerationResult,
@@ -23,6 +23,7 @@ from structspec.engine.types import (
     SpeculationMode,
     SpeculationReport,
     Timings,
+    ToolCallResult,
     Usage,
 )
 from structspec.front.errors import invalid, schema_too_deep

@@ -14,7 +14,14 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from structspec.engine.sequence import EngineSequence
 from structspec.speculation.base import Draft, DraftContext
+
+
+def history_key(seq: EngineSequence) -> str:
+    """The schema history ``seq`` reads and adds to. Outputs are shared as drafts only within a scope (e.g. one
+    auth token): another caller's acceptance, and so latency, must not reveal whether my outputs matched theirs."""
+    return f"{seq.history_scope}|{seq.schema_key}" if seq.history_scope else seq.schema_key
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,10 @@ def test_limit_at_the_first_step_is_refused_at_compile_time(demo_compiler):
 
 
 def test_limit_mid_decode_ends_the_request_naming_the_limit(make_engine, demo_compiler, demo_models):
-    from structspec.assembly import assemble_engine
+    from structspec.assembly import AssemblyConfig, assemble_engine
 
     compiler = tight(demo_compiler.view, step_lexer_fuel=1000)  # compiles, then runs out a few tokens in
-    engine = assemble_engine(demo_models, compiler=compiler)
+    engine = assemble_engine(demo_models, AssemblyConfig(compiler=compiler))
     try:
         engine.start()
         request = ExtractionRequest(schema=INVOICE, text="INVOICE INV-7 from Acme, total 12.50 EUR",

@@ -135,11 +135,11 @@ def test_on_llama_cpp_the_pool_starts_at_twice_the_prefix_budget_and_a_stream_ke
     """A resize moves the whole cache (~0.25 s for Gemma at 4k cells): the engine starts llama.cpp's pool at what
     retained prompts and the requests copying them count, so a stream over cached prefixes runs in one context;
     never above the KV budget (a pool over it would stop admission)."""
-    from structspec.assembly import assemble_engine
+    from structspec.assembly import AssemblyConfig, assemble_engine
     from structspec.engine.config import SchedulerLimits
 
     models = request.getfixturevalue("demo_llamacpp_models")
-    engine = assemble_engine(models, limits=SchedulerLimits(prefix_cache_tokens=2048))
+    engine = assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(prefix_cache_tokens=2048)))
     executor = engine.core.executor
     assert executor.cells == 4096
     context = executor._ctx
@@ -153,18 +153,19 @@ def test_on_llama_cpp_the_pool_starts_at_twice_the_prefix_budget_and_a_stream_ke
     assert cached > 0  # prompts were reused
     assert executor._ctx == context and executor.cells == 4096
     assert engine.core.scheduler.prefix.tokens > 0
-    small = assemble_engine(models, limits=SchedulerLimits(prefix_cache_tokens=2048, kv_budget_tokens=3000))
+    small = assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(prefix_cache_tokens=2048,
+                                                                          kv_budget_tokens=3000)))
     assert small.core.executor.cells == 2048  # the power of two under the budget
 
 
 def _contact_engine(demo_models, demo_compiler, **limits):
     """An engine adding the server's worked examples (a long public template) to requests for built-in schemas."""
-    from structspec.assembly import assemble_engine
+    from structspec.assembly import AssemblyConfig, assemble_engine
     from structspec.engine.config import SchedulerLimits
     from structspec.engine.default_examples import build_example_book
 
-    return assemble_engine(demo_models, limits=SchedulerLimits(**limits), compiler=demo_compiler,
-                           examples=build_example_book(1))
+    return assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(**limits), compiler=demo_compiler,
+                           examples=build_example_book(1)))
 
 
 def _tenant_request(text: str, tenant: str, max_tokens: int = 12) -> ExtractionRequest:

@@ -305,9 +305,9 @@ def test_an_input_the_model_refuses_ends_that_request_alone_and_the_rest_run_aga
 
 def test_an_input_that_cannot_be_built_ends_that_request_alone(monkeypatch):
     """Listing one request's allowed ids for the executor fails: that request alone ends."""
-    import structspec.engine.core as core_module
+    import structspec.engine.drafter as drafter_module
 
-    real = core_module.small_allowed_set
+    real = drafter_module.small_allowed_set
 
     def failing(row, limit):
         ids = real(row, limit)
@@ -315,7 +315,7 @@ def test_an_input_that_cannot_be_built_ends_that_request_alone(monkeypatch):
             raise MemoryError("no memory for the list")
         return ids
 
-    monkeypatch.setattr(core_module, "small_allowed_set", failing)
+    monkeypatch.setattr(drafter_module, "small_allowed_set", failing)
     executor = TableExecutor(CYCLE)
     executor.restricted_logits_max = 4
     reference, three, fourth, core, executor = four_with_one_failing(

@@ -96,7 +96,7 @@ def test_restricted_draft_speculates_exactly(demo_models, executor_kind, tempera
     draft takes the verifier's keyed noise at its covered ids), and the draft's tokens are accepted."""
     import asyncio
 
-    from structspec.assembly import assemble_engine
+    from structspec.assembly import AssemblyConfig, assemble_engine
     from structspec.engine.api import ExtractionRequest
     from structspec.engine.config import SchedulerLimits
     from structspec.engine.types import SamplingParams, SpeculationMode
@@ -111,7 +111,7 @@ def test_restricted_draft_speculates_exactly(demo_models, executor_kind, tempera
     items = build_workload("freetext", 4, seed=11)
     outputs = {}
     for name, proposers in (("off", None), ("draft", ProposerSet(ngram=False, history=False, draft=True))):
-        engine = assemble_engine(models, limits=SchedulerLimits(), proposers=proposers)
+        engine = assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(), proposers=proposers))
         engine.start()
         try:
             async def run():

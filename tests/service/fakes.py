@@ -32,7 +32,7 @@ import re
 import time
 from typing import Any, AsyncIterator
 
-from structspec.engine.api import ExtractionRequest, ToolCall, ToolCallRequest, ToolCallResult
+from structspec.engine.api import ExtractionRequest, ToolCallRequest
 from structspec.engine.types import (
     ContextTooLong,
     EngineStopped,
@@ -46,6 +46,8 @@ from structspec.engine.types import (
     SpeculationReport,
     TextDelta,
     Timings,
+    ToolCall,
+    ToolCallResult,
     Usage,
 )
 from structspec.grammar.base import SchemaError, SchemaIssue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from structspec.engine.api import ToolCall, ToolCallResult
+from structspec.engine.types import ToolCall, ToolCallResult
 from structspec.engine.types import (
     FinishReason,
     GenerationResult,

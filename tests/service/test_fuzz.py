@@ -36,8 +36,8 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from structspec.engine.api import ExtractionRequest, ToolCallRequest, ToolCallResult
-from structspec.engine.types import GenerationResult, TextDelta
+from structspec.engine.api import ExtractionRequest, ToolCallRequest
+from structspec.engine.types import GenerationResult, TextDelta, ToolCallResult
 from structspec.grammar import intake, json_text
 from structspec.grammar import tools as toolcalls
 from structspec.grammar.base import GrammarOptions, SchemaError, SchemaIssue

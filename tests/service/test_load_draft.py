@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from structspec import cli_client
-from structspec.assembly import assemble_engine, engine_model_key
+from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
 from structspec.bench.workloads import build_workload
 from structspec.client import (Client, FailedPreconditionError, InvalidArgumentError, NO_RETRY,
                                PermissionDeniedError)
@@ -46,8 +46,8 @@ def _settings(tmp: Path):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_models, demo_compiler):
-    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=32, max_queue=128),
-                             proposers=speculation_config("all").proposers, compiler=demo_compiler)
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=32, max_queue=128),
+                             proposers=speculation_config("all").proposers, compiler=demo_compiler))
     srv = ServerThread(_settings(tmp_path_factory.mktemp("load-draft")), engine).start()
     yield srv
     srv.stop()
@@ -120,7 +120,7 @@ def test_bad_folders_and_non_admins_get_clear_statuses(server, tmp_path, second_
 @pytest.mark.parametrize("kind", ["fake", "no_draft"])
 def test_servers_that_take_no_draft_say_so(tmp_path, demo_models, demo_compiler, second_draft, kind):
     engine = (FakeEngine() if kind == "fake" else
-              assemble_engine(demo_models, proposers=ProposerSet(draft=False), compiler=demo_compiler))
+              assemble_engine(demo_models, AssemblyConfig(proposers=ProposerSet(draft=False), compiler=demo_compiler)))
     with ServerThread(_settings(tmp_path), engine) as srv:
         with pytest.raises(FailedPreconditionError) as err:
             client_call(srv, lambda c: c.load_draft(str(second_draft)))

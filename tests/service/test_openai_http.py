@@ -64,16 +64,16 @@ class Contact(BaseModel):
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory, demo_models, demo_compiler) -> Iterator[ServerThread]:
-    from structspec.assembly import assemble_engine, engine_model_key
+    from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
     from structspec.engine.config import SchedulerLimits
     from structspec.speculation.configs import speculation_config
     from structspec.store import open_store
 
     settings = settings_for(tmp_path_factory.mktemp("http"), http_port=0, profile="demo")
     store = open_store(settings.store_url, settings.data_dir)  # the engine records its statistics in the server's
-    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=8, max_queue=64),
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=8, max_queue=64),
                              proposers=speculation_config("all").proposers, compiler=demo_compiler,
-                             stats=store.stats.recorder(engine_model_key(demo_models)))
+                             stats=store.stats.recorder(engine_model_key(demo_models))))
     with ServerThread(settings, engine, store=store) as st:
         yield st
         st.run(store.close())

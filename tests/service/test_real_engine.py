@@ -24,11 +24,11 @@ class Contact(BaseModel):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_models, demo_compiler):
     from structspec.engine.config import SchedulerLimits
-    from structspec.assembly import assemble_engine
+    from structspec.assembly import AssemblyConfig, assemble_engine
     from structspec.speculation.configs import speculation_config
 
-    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=32, max_queue=256),
-                             proposers=speculation_config("all").proposers, compiler=demo_compiler)
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=32, max_queue=256),
+                             proposers=speculation_config("all").proposers, compiler=demo_compiler))
     srv = ServerThread(settings_for(tmp_path_factory.mktemp("real")), engine).start()
     yield srv
     srv.stop()

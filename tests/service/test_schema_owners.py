@@ -26,7 +26,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, demo_models, demo_compiler):
-    from structspec.assembly import assemble_engine, engine_model_key
+    from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
     from structspec.engine.config import PolicyConfig, SchedulerLimits
     from structspec.speculation.configs import speculation_config
     from structspec.stats.book import StatsBook
@@ -34,9 +34,9 @@ def served(tmp_path_factory, demo_models, demo_compiler):
 
     data = tmp_path_factory.mktemp("owners")
     store = open_store("", data, StatsBook(samples_per_hour=50))
-    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=8), compiler=demo_compiler,
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=8), compiler=demo_compiler,
                              proposers=speculation_config("policy").proposers, policy=PolicyConfig(), seed=0,
-                             stats=store.stats.recorder(engine_model_key(demo_models)))
+                             stats=store.stats.recorder(engine_model_key(demo_models))))
     srv = ServerThread(settings_for(data, metrics_port=0), engine, store=store).start()
     items = [i for i in build_workload("extraction", 12) if i.schema_name in ("contact", "invoice")][:6]
     with Client(srv.target, retry=NO_RETRY) as client:

@@ -73,12 +73,12 @@ def test_each_token_is_a_tenant_whatever_the_history_scope(tmp_path: Path) -> No
 @pytest.fixture(scope="module")
 def real(tmp_path_factory, demo_models, demo_compiler) -> Iterator[ServerThread]:
     """The demo models with the server's worked examples (a long public template before each document)."""
-    from structspec.assembly import assemble_engine
+    from structspec.assembly import AssemblyConfig, assemble_engine
     from structspec.engine.config import SchedulerLimits
     from structspec.engine.default_examples import build_example_book
 
-    engine = assemble_engine(demo_models, limits=SchedulerLimits(prefix_cache_tokens=8192), compiler=demo_compiler,
-                             examples=build_example_book(1))
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(prefix_cache_tokens=8192),
+                                                         compiler=demo_compiler, examples=build_example_book(1)))
     settings = _tenant_settings(tmp_path_factory.mktemp("tenants"), http_port=0, profile="demo")
     with ServerThread(settings, engine) as st:
         yield st

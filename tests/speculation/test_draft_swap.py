@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from structspec.assembly import assemble_engine, engine_model_key
+from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
 from structspec.bench.workloads import build_workload
 from structspec.engine.api import ExtractionRequest
 from structspec.engine.config import PolicyConfig, SchedulerLimits
+from structspec.engine.sequence import Serving
 from structspec.engine.types import (DraftLoadError, DraftsUnsupported, FinishReason, SamplingParams,
                                      SchemaSpeculation, SpeculationMode)
 from structspec.models.loading import weights_version
@@ -117,9 +118,9 @@ def test_a_draft_swapped_under_load_serves_only_later_requests(demo_models, demo
     old_version, new_key = demo_models.draft_version, model_key(demo_models.profile, new_version)
     assert new_version != old_version
     book = StatsBook()
-    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=32, max_queue=64),
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=32, max_queue=64),
                              proposers=speculation_config("all").proposers, compiler=demo_compiler,
-                             stats=book.recorder(old_key))
+                             stats=book.recorder(old_key)))
     old_executor = weakref.ref(engine.core.speculator.draft.executor)
     items = build_workload("freetext", FIRST_WAVE + SECOND_WAVE)
     engine.start()
@@ -164,7 +165,8 @@ async def _all(engine, requests):
 
 
 def test_bad_drafts_and_engines_without_drafts_are_refused(demo_models, demo_compiler, tmp_path, second_draft):
-    engine = assemble_engine(demo_models, proposers=speculation_config("all").proposers, compiler=demo_compiler)
+    engine = assemble_engine(demo_models, AssemblyConfig(proposers=speculation_config("all").proposers,
+                                                         compiler=demo_compiler))
     engine.start()
     try:
         for path, words in ((tmp_path / "missing", "not a folder"), (tmp_path, "no config.json")):
@@ -184,7 +186,7 @@ def test_bad_drafts_and_engines_without_drafts_are_refused(demo_models, demo_com
     finally:
         engine.stop()
     for proposers in (None, ProposerSet(ngram=True, history=True, draft=False)):
-        plain = assemble_engine(demo_models, proposers=proposers, compiler=demo_compiler)
+        plain = assemble_engine(demo_models, AssemblyConfig(proposers=proposers, compiler=demo_compiler))
         with pytest.raises(DraftsUnsupported):
             asyncio.run(plain.load_draft(str(second_draft)))
 
@@ -197,7 +199,7 @@ class Seq:
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO
     decision: object = None
     speculation: object = None
-    stats: object = None
+    serving: object = None
     finish: object = None
     output: tuple = ()
 
@@ -229,10 +231,10 @@ def test_the_policy_judges_a_new_draft_version_on_its_own_evidence():
     first, second = DraftStub(), DraftStub()
     router = Router(None, ProposerSet(ngram=False, history=False, draft=True), 16, draft=first, stats=old,
                     policy=PolicyConfig(probe_rate=0.0), rng=random.Random(0), draft_version="old")
-    before = Seq(schema=LONG, stats=old)
+    before = Seq(schema=LONG, serving=Serving(old))
     assert router.decide(before, 1).reasons["draft"] == Reason.LOW_ACCEPTANCE
     router.install_draft(second, "new", new)
-    after = Seq(schema=LONG, stats=new)
+    after = Seq(schema=LONG, serving=Serving(new))
     assert router.decide(after, 1).reasons["draft"] == Reason.COLD  # no evidence of its own yet
     assert router.decide(before, 2).reasons["draft"] == Reason.LOW_ACCEPTANCE  # the old one's own, still
     assert before.speculation.draft.proposer is first and after.speculation.draft.proposer is second

@@ -25,7 +25,7 @@ class Seq:
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO
     decision: object = None
     speculation: object = None  # the router's per-sequence state (bound to the draft at the first decision)
-    stats: object = None  # the statistics it was admitted under (None: the router's)
+    serving: object = None  # what it was admitted under (None: the router's statistics)
 
 
 class DraftStub:

@@ -149,16 +149,18 @@ def test_a_sampled_draft_keeps_the_probability_of_eos():
 
 
 def test_the_schema_history_is_shared_only_within_a_scope():
+    from structspec.engine.detok import OutputText
     from structspec.engine.types import FinishReason
     from structspec.speculation.configs import ProposerSet
-    from structspec.speculation.router import Router, history_key
+    from structspec.speculation.history import history_key
+    from structspec.speculation.router import Router
     from tests.engine.fakes import ToyTokenizer, free_slots, make_seq
 
     router = Router(ToyTokenizer(), ProposerSet(ngram=False, history=True, draft=False), vocab_size=16)
     alice, bob, anyone = (make_seq([1], free_slots(2)) for _ in range(3))
     alice.history_scope, bob.history_scope = "t:a", "t:b"
     for seq in (alice, bob, anyone):
-        seq.output, seq.finish = [3, 4], FinishReason.STOP
+        seq.output, seq.finish, seq.text = [3, 4], FinishReason.STOP, OutputText(router.tokenizer)  # as admitted
         router.on_finish(seq)
     assert history_key(alice) != history_key(bob) != history_key(anyone) == "toy"
     assert router.history.outputs(history_key(alice)) == ["cd"] and router.history.outputs("toy") == ["cd"]

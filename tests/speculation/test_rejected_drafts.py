@@ -4,7 +4,7 @@ proposer is recorded as it decides; each finished request is offered to the traf
 
 from __future__ import annotations
 
-from structspec.assembly import assemble_engine
+from structspec.assembly import AssemblyConfig, assemble_engine
 from structspec.engine.config import PolicyConfig, SchedulerLimits
 from structspec.engine.core import run_until_idle
 from structspec.speculation.configs import ProposerSet
@@ -16,8 +16,8 @@ from tests.speculation.test_speculative_decoding import ITEMS, sequences
 
 def test_rejected_drafts_are_sampled_as_the_verifier_saw_them(demo_models, demo_compiler):
     book = StatsBook(samples_per_hour=1000, traffic_per_hour=1000)  # keep every one: each can be checked
-    engine = assemble_engine(demo_models, limits=SchedulerLimits(max_batch=4), compiler=demo_compiler,
-                             proposers=ProposerSet(ngram=True, history=True, draft=True), stats=book.recorder("demo"), policy=PolicyConfig(), seed=0)
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=4), compiler=demo_compiler,
+                             proposers=ProposerSet(ngram=True, history=True, draft=True), stats=book.recorder("demo"), policy=PolicyConfig(), seed=0))
     seqs = sequences(engine, ITEMS[:6], max_tokens=120)
     run_until_idle(engine.core, seqs)
     samples = book.samples.take()

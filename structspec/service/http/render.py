@@ -18,7 +18,7 @@ import json
 import uuid
 from typing import Any
 
-from structspec.engine.api import ToolCallResult
+from structspec.engine.types import ToolCallResult
 from structspec.engine.types import GenerationResult
 
 EXTENSION = "structspec"
