@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from structspec.service.settings import SECRET_FIELDS, SettingsError, env_var, field_type, settings_fields
+from structspec.service.settings import (SECRET_FIELDS, SettingsError, env_var, field_type, load_settings,
+                                         settings_fields)
 
 ENV_CONFIG = "STRUCTSPEC_CONFIG"
 
@@ -53,8 +54,10 @@ def serve(**options: Any) -> None:
     """Run the gRPC server: loads the model (health NOT_SERVING meanwhile), serves until SIGTERM,
     then drains. Precedence: flags > STRUCTSPEC_* environment > --config file > defaults.
     Token values come from STRUCTSPEC_AUTH_TOKEN / STRUCTSPEC_ADMIN_TOKEN or the *-token-file options."""
-    from structspec.service.server import default_engine_factory, run_server
-    from structspec.service.settings import load_settings
+    # here, not at the top: the assembly imports torch and the models (~14 s measured on a loaded machine), and
+    # the client commands mounted beside this one must not pay for it
+    from structspec.assembly import build_engine
+    from structspec.service.server import run_server
 
     config = options.pop("config", None)
     try:
@@ -62,7 +65,7 @@ def serve(**options: Any) -> None:
     except SettingsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(run_server(settings, default_engine_factory))
+    raise typer.Exit(run_server(settings, build_engine))
 
 
 serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]

@@ -51,7 +51,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StructSpec"].full_name
 # STORE_UNAVAILABLE) and statistics wait in memory, and while the statistics' flushes fail for another reason; the
 # server's own ("" and SERVICE_NAME) stays SERVING, since extraction goes on.
 STORE_HEALTH_SERVICE = "structspec.store"
-DEFAULT_ENGINE_FACTORY = "structspec.assembly:build_engine"
 # gRPC itself refuses messages above this multiple of max_message_bytes (RESOURCE_EXHAUSTED);
 # between 1x and this, the servicer answers INVALID_ARGUMENT with a readable message.
 TRANSPORT_LIMIT_FACTOR = 2
@@ -98,10 +97,17 @@ def call_factory(factory: Callable[..., Any], settings: ServiceSettings, store: 
     return factory(settings, store=store) if store is not None and accepts_store(factory) else factory(settings)
 
 
-def default_engine_factory(settings: ServiceSettings, store: Store | None = None) -> EngineAPI | Awaitable[EngineAPI]:
-    """``settings.engine_factory`` or ``structspec.assembly:build_engine``, called with the
-    settings (and ``store=`` the server's store, if the factory takes it)."""
-    return call_factory(load_factory(settings.engine_factory or DEFAULT_ENGINE_FACTORY), settings, store)
+def chosen_engine_factory(settings: ServiceSettings, assembly: EngineFactory) -> EngineFactory:
+    """The factory the server builds its engine with: ``assembly`` (``structspec serve`` passes
+    ``structspec.assembly.build_engine``), unless ``settings.engine_factory`` plugs another in as
+    'module:callable' (a fake engine in tests), imported when it is called."""
+    if not settings.engine_factory:
+        return assembly
+
+    def plugged(settings: ServiceSettings, store: Store | None = None) -> EngineAPI | Awaitable[EngineAPI]:
+        return call_factory(load_factory(settings.engine_factory), settings, store)
+
+    return plugged
 
 
 def _is_loopback(host: str) -> bool:
@@ -453,9 +459,10 @@ def configure_logging(level: str) -> None:
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
-async def serve(settings: ServiceSettings, engine_factory: EngineFactory | None = None) -> int:
-    """Run until SIGTERM/SIGINT; 0 after a clean drain, 1 if the engine failed to load."""
-    factory = engine_factory or default_engine_factory
+async def serve(settings: ServiceSettings, engine_factory: EngineFactory) -> int:
+    """Run until SIGTERM/SIGINT; 0 after a clean drain, 1 if the engine failed to load. ``engine_factory``: the
+    assembly's (``settings.engine_factory`` replaces it where set)."""
+    factory = chosen_engine_factory(settings, engine_factory)
     server = StructSpecServer(settings)
     try:
         await server.start()
@@ -494,7 +501,7 @@ async def serve(settings: ServiceSettings, engine_factory: EngineFactory | None 
     return rc
 
 
-def run_server(settings: ServiceSettings, engine_factory: EngineFactory | None = None) -> int:
+def run_server(settings: ServiceSettings, engine_factory: EngineFactory) -> int:
     """Blocking entry point of ``structspec serve``; returns the process exit code."""
     configure_logging(settings.log_level)
     log.info("settings: %s", settings.public_dict())

@@ -76,7 +76,8 @@ class ServiceSettings:
     device: str = _opt(_ENGINE.device, "device to run the model on", ("auto", "cpu", "cuda"))
     dtype: str = _opt(_ENGINE.dtype, "model weights' dtype", ("auto", "float32", "bfloat16", "float16"))
     engine_factory: str = _opt(
-        "", "engine factory as 'module:callable' taking these settings; empty: structspec.assembly:build_engine"
+        "", "engine factory as 'module:callable' taking these settings, plugged in instead of the assembly's "
+        "(empty: structspec.assembly.build_engine)"
     )
     # -- network -------------------------------------------------------------------------------
     host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 or :: for every interface)")
