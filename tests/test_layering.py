@@ -203,7 +203,7 @@ FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     "cli_client.py": (6, "grpc and protobuf: the client, the health check and the load test"),
     "cli_draft.py": (6, "torch: aligning and distilling drafts (the models, the assembly)"),
     "cli_serve.py": (2, "torch: the assembly and the server, for serve alone"),
-    "cli_stats.py": (3, "torch through the schema registry (front.stats), plotly for the HTML report"),
+    "cli_stats.py": (3, "the statistics reader (front.stats, ~60 ms CPU on every command), plotly for the HTML report"),
     # optional or heavy dependencies that few paths use
     "bench/decode_bench.py": (2, "outlines (0.6-1.0 s): only the hf_outlines baseline"),
     "bench/llamacpp_baselines.py": (3, "llama-cpp-python, optional (the llamacpp extra): where a baseline opens"),

@@ -6,14 +6,13 @@ A schema's *canonical text* (``canonical_json``) is its one spelling: sorted key
 ``properties``, whose order is part of the output. Its SHA-256 (``content_hash``) is the schema's
 *digest*, computed once per request (once per version for a registered schema) and carried to the
 engine, which keys its grammar cache and its worked examples by it; an inline schema's statistics
-key is made from it too.
+key is made from it too (``front.keys`` spells the statistics keys).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,12 +22,12 @@ import jsonschema
 
 from structspec.engine.types import SchemaSpeculation
 from structspec.front.errors import Code, FieldViolation, FrontError, invalid, not_found, schema_too_deep
+from structspec.front.keys import SCHEMA_ID_RE, inline_key, registered_stats_key
 from structspec.grammar import json_text
 from structspec.grammar.cache import canonical_json
 from structspec.grammar.intake import metaschema_errors
 from structspec.store.base import SchemaRecord, Store, StoreUnavailable
 
-SCHEMA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 MAX_METASCHEMA_ISSUES = 10
 
 
@@ -36,18 +35,9 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def registered_stats_key(schema_id: str, version: int) -> str:
-    """The statistics key of a registered schema version."""
-    return f"{schema_id}@{version}"
-
-
 def inline_stats_key(canonical: str) -> str:
     """The statistics key of a schema sent inline (by content)."""
-    return _inline_key(content_hash(canonical))
-
-
-def _inline_key(digest: str) -> str:
-    return f"inline:{digest[:16]}"
+    return inline_key(content_hash(canonical))
 
 
 def check_schema_id(schema_id: str, field: str = "schema_id") -> None:
@@ -248,7 +238,7 @@ def inline_schema(schema: dict[str, Any]) -> ResolvedSchema:
     """A schema sent inline, keyed for statistics by its content: canonicalised and hashed here, once per request
     (validated by the engine's compile, which reports pointers)."""
     digest = content_hash(canonical_json(schema))
-    return ResolvedSchema(schema, _inline_key(digest), digest=digest)
+    return ResolvedSchema(schema, inline_key(digest), digest=digest)
 
 
 async def register_builtins(registry: SchemaRegistry, schemas: Mapping[str, Mapping[str, Any]]) -> list[tuple[SchemaRecord, bool]]:

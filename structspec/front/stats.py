@@ -22,7 +22,7 @@ from typing import Sequence
 
 from structspec.front import views
 from structspec.front.errors import invalid
-from structspec.front.registry import SCHEMA_ID_RE
+from structspec.front.keys import DEFAULT_WINDOWS, MAX_WINDOW_SECONDS, MAX_WINDOWS, SCHEMA_ID_RE
 from structspec.stats.book import Counters
 from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS, hour_of, label_bound
 from structspec.stats.evidence import CostEvidence, cost_evidence
@@ -35,9 +35,6 @@ from structspec.store.base import Store, sum_counters
 
 FLAT_HALF_LIFE_HOURS = 1e9  # step times averaged evenly over a window (the policy weighs recent ones more)
 MAX_REJECTED = 1000
-DEFAULT_WINDOWS = (3600, 86400, 7 * 86400)  # 1 h, 24 h, 7 d: the counters are hourly
-MAX_WINDOWS = 8
-MAX_WINDOW_SECONDS = 90 * 86400
 
 
 def windows(requested: Sequence[int]) -> tuple[int, ...]:
