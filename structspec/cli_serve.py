@@ -50,14 +50,21 @@ def _serve_parameters() -> list[inspect.Parameter]:
     return params
 
 
+def assembly_engine(settings: Any, store: Any = None) -> Any:
+    """The server's engine: ``structspec.assembly.build_engine``, imported here, on the server's engine-loading
+    thread: the import (torch and the models, ~14 s measured on a loaded 2-core machine) then runs while health
+    says NOT_SERVING, and neither the client commands mounted beside ``serve`` nor a factory plugged in with
+    ``--engine-factory`` pay for it."""
+    from structspec.assembly import build_engine
+
+    return build_engine(settings, store=store)
+
+
 def serve(**options: Any) -> None:
     """Run the gRPC server: loads the model (health NOT_SERVING meanwhile), serves until SIGTERM,
     then drains. Precedence: flags > STRUCTSPEC_* environment > --config file > defaults.
     Token values come from STRUCTSPEC_AUTH_TOKEN / STRUCTSPEC_ADMIN_TOKEN or the *-token-file options."""
-    # here, not at the top: the assembly imports torch and the models (~14 s measured on a loaded machine), and
-    # the client commands mounted beside this one must not pay for it
-    from structspec.assembly import build_engine
-    from structspec.service.server import run_server
+    from structspec.service.server import run_server  # grpc and protobuf (~0.4 s): for serve alone
 
     config = options.pop("config", None)
     try:
@@ -65,7 +72,7 @@ def serve(**options: Any) -> None:
     except SettingsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(run_server(settings, build_engine))
+    raise typer.Exit(run_server(settings, assembly_engine))
 
 
 serve.__signature__ = inspect.Signature(_serve_parameters())  # type: ignore[attr-defined]

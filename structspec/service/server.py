@@ -99,7 +99,7 @@ def call_factory(factory: Callable[..., Any], settings: ServiceSettings, store: 
 
 def chosen_engine_factory(settings: ServiceSettings, assembly: EngineFactory) -> EngineFactory:
     """The factory the server builds its engine with: ``assembly`` (``structspec serve`` passes
-    ``structspec.assembly.build_engine``), unless ``settings.engine_factory`` plugs another in as
+    ``structspec.assembly.build_engine``, through ``cli_serve.assembly_engine``), unless ``settings.engine_factory`` plugs another in as
     'module:callable' (a fake engine in tests), imported when it is called."""
     if not settings.engine_factory:
         return assembly
