@@ -3,6 +3,7 @@
 - request id: the first well-formed id the caller offered (``x-request-id`` metadata or header, then the
   request's own field), else a new one; logged with every line about the call and sent back.
 - deadline: when the caller stops waiting, as a ``time.monotonic()`` value (the engine's clock); None for none.
+  Whether it has passed is ``deadlines.deadline_passed``; ``guarded`` cancels an engine call just after it.
 - ``Call``: what one call carries while it runs (its rpc name, which labels metrics and logs: a gRPC method or
   an HTTP route; its request id, deadline, the caller's tenant and history scope, the engine's result).
 - ``CallGuard``: how a call ends: cancelled (the caller left or its deadline passed), failed (any exception,
@@ -26,7 +27,8 @@ from typing import Awaitable, Iterable, TypeVar
 
 from structspec.engine.api import EngineAPI
 from structspec.engine.types import GenerationResult
-from structspec.front.errors import Code, FrontError
+from structspec.front.deadlines import deadline_passed
+from structspec.front.errors import Code, FrontError, deadline_exceeded
 from structspec.front.failures import from_exception
 from structspec.front.limits import Limits
 from structspec.front.metrics import ServiceMetrics
@@ -98,8 +100,7 @@ def request_id_from(offered: Iterable[str | None]) -> str:
 
 def cancelled_code(deadline: float | None) -> Code:
     """Why a call ended while it waited: its deadline passed, or it was cancelled (the client left)."""
-    late = deadline is not None and time.monotonic() >= deadline - 0.005
-    return Code.DEADLINE_EXCEEDED if late else Code.CANCELLED
+    return Code.DEADLINE_EXCEEDED if deadline_passed(deadline) else Code.CANCELLED
 
 
 async def guarded(deadline: float | None, awaitable: Awaitable[T]) -> T:
@@ -111,7 +112,7 @@ async def guarded(deadline: float | None, awaitable: Awaitable[T]) -> T:
         async with asyncio.timeout_at(loop.time() + (deadline - time.monotonic()) + DEADLINE_SLACK_S):
             return await awaitable
     except TimeoutError:
-        raise FrontError(Code.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED") from None
+        raise deadline_exceeded() from None
 
 
 class CallGuard:

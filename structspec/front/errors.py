@@ -69,6 +69,11 @@ def schema_too_deep(field: str, exc: Any) -> FrontError:
                       [FieldViolation(field, message, getattr(exc, "pointer", ""))])
 
 
+def deadline_exceeded() -> FrontError:
+    """A call whose deadline passed while the engine decoded it."""
+    return FrontError(Code.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED")
+
+
 def not_found(message: str, reason: str = "SCHEMA_NOT_FOUND", field: str = "schema_id") -> FrontError:
     return FrontError(Code.NOT_FOUND, message, reason, [FieldViolation(field, message)])
 

@@ -8,8 +8,6 @@ parameters under ``sampling.``); the HTTP front renames them to its body's field
 
 from __future__ import annotations
 
-import time
-
 from structspec.engine.types import (
     ContextTooLong,
     DraftLoadError,
@@ -23,7 +21,8 @@ from structspec.engine.types import (
     OverBudget,
     QueueFull,
 )
-from structspec.front.errors import Code, FieldViolation, FrontError
+from structspec.front.deadlines import deadline_passed
+from structspec.front.errors import Code, FieldViolation, FrontError, deadline_exceeded
 from structspec.grammar.base import SchemaError
 from structspec.store.base import StoreError, StoreUnavailable
 
@@ -90,10 +89,9 @@ def check_result(result: GenerationResult, deadline: float | None, now: float | 
     """Raise for results that must not be returned as a success: cancelled (deadline or
     shutdown), errored, or failing the post-check for an unexpected reason. LENGTH and
     SCHEMA_VIOLATION are successes with their finish reason/outcome."""
-    now = time.monotonic() if now is None else now
     if result.finish_reason is FinishReason.CANCELLED:
-        if deadline is not None and now >= deadline - 0.005:
-            raise FrontError(Code.DEADLINE_EXCEEDED, "deadline exceeded during decoding", "DEADLINE_EXCEEDED")
+        if deadline_passed(deadline, now):
+            raise deadline_exceeded()
         raise FrontError(Code.CANCELLED, result.error or "decoding was cancelled", "CANCELLED")
     if result.finish_reason is FinishReason.ERROR and result.grammar_limit:  # the schema's, not the model's
         message = f"{schema_field}: {result.error or 'grammar engine limit ' + result.grammar_limit}"
