@@ -79,7 +79,12 @@ class EngineCore:
 
     @property
     def speculator(self) -> Speculator | None:
+        """What the drafter asks for drafts (None: no drafting)."""
         return self.drafter.speculator
+
+    @speculator.setter
+    def speculator(self, speculator: Speculator | None) -> None:
+        self.drafter.speculator = speculator
 
     @property
     def serving(self) -> Serving:

@@ -232,14 +232,13 @@ def test_speculation_never_exceeds_max_tokens(make_engine, max_tokens):
 
 
 def test_router_draft_length_respects_the_cap():
-    from structspec.speculation.router import Router
-
     from structspec.speculation.base import SequenceSpeculation
+    from structspec.speculation.proposing import draft_length
 
     state = SequenceSpeculation("", accepted={"ngram": 3.0})  # a proposer that has been doing well
-    assert Router._draft_len(state, "ngram", 8) == 5
-    assert Router._draft_len(state, "ngram", 1) == 1  # one token left before max_tokens: never two
-    assert Router._draft_len(state, "history", 6) == 6  # not drafted yet: the maximum
+    assert draft_length(state, "ngram", 8) == 5
+    assert draft_length(state, "ngram", 1) == 1  # one token left before max_tokens: never two
+    assert draft_length(state, "history", 6) == 6  # not drafted yet: the maximum
 
 
 def matcher_state(matcher, vocab: int):
