@@ -9,12 +9,15 @@ a ``ProposerStats`` per proposer and batch bucket), the drafting policy's state 
 ``structspec.front.stats`` builds them from a store; the gRPC front sends them
 (``structspec.service.stats_convert``), the client decodes them back into these same classes,
 ``structspec stats`` prints them and ``structspec.report`` renders them. Times are unix seconds.
-This module imports only the standard library: the client imports it.
+This module imports only the standard library and ``stats.counters`` (itself standard library only): the client
+imports it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from structspec.stats.counters import acceptance_of
 
 
 @dataclass(frozen=True)
@@ -126,10 +129,8 @@ class ProposerHour:
 
     @property
     def acceptance(self) -> float | None:
-        """Accepted per examined drafted token (the policy's measure); None when nothing was drafted."""
-        if self.examined:
-            return self.accepted_examined / self.examined
-        return self.accepted / self.drafted if self.drafted else None
+        """Accepted per examined drafted token (the policy's measure; ``counters.acceptance_of``)."""
+        return acceptance_of(self.accepted_examined, self.examined, self.accepted, self.drafted)
 
 
 @dataclass(frozen=True)

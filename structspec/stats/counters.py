@@ -34,6 +34,14 @@ def model_key(profile: str, draft_version: str = "") -> str:
     return f"{profile}+draft:{draft_version}" if draft_version else profile
 
 
+
+def acceptance_of(accepted_examined: int, examined: int, accepted: int, drafted: int) -> float | None:
+    """Accepted per examined drafted token (the measure the policy's threshold applies to), or accepted per
+    drafted token where nothing was examined; None when nothing was drafted."""
+    if examined:
+        return accepted_examined / examined
+    return accepted / drafted if drafted else None
+
 @dataclass(frozen=True, order=True)
 class CounterKey:
     model: str

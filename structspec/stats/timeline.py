@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from structspec.stats.book import Counters
-from structspec.stats.counters import LATENCY_BOUNDS_MS, Series, histogram_quantile
+from structspec.stats.counters import LATENCY_BOUNDS_MS, Series, acceptance_of, histogram_quantile
 
 
 @dataclass(frozen=True)
@@ -20,10 +20,8 @@ class ProposerHour:
 
     @property
     def acceptance(self) -> float | None:
-        """Accepted per examined token: the measure the policy's threshold applies to (None: nothing examined)."""
-        if self.examined:
-            return self.accepted_examined / self.examined
-        return self.accepted / self.drafted if self.drafted else None
+        """Accepted per examined drafted token (the policy's measure; ``counters.acceptance_of``)."""
+        return acceptance_of(self.accepted_examined, self.examined, self.accepted, self.drafted)
 
 
 @dataclass(frozen=True)
