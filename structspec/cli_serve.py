@@ -54,9 +54,15 @@ def assembly_engine(settings: Any, store: Any = None) -> Any:
     """The server's engine: ``structspec.assembly.build_engine``, imported here, on the server's engine-loading
     thread: the import (torch and the models, ~14 s measured on a loaded 2-core machine) then runs while health
     says NOT_SERVING, and neither the client commands mounted beside ``serve`` nor a factory plugged in with
-    ``--engine-factory`` pay for it."""
-    from structspec.assembly import build_engine
+    ``--engine-factory`` pay for it. Raises: ``EngineUnavailable`` where this build lacks the engine (torch,
+    transformers), logged as one line that says so rather than an import traceback."""
+    try:
+        from structspec.assembly import build_engine
+    except ModuleNotFoundError as exc:
+        from structspec.service.server import EngineUnavailable  # loaded already: serve runs the server
 
+        raise EngineUnavailable(f"cannot import the engine ({exc}); the decoding engine is not available in this "
+                                "build. Use --engine-factory module:callable to plug one in.") from exc
     return build_engine(settings, store=store)
 
 

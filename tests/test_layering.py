@@ -202,7 +202,8 @@ FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     "cli.py": (8, "torch: model loading, the benchmarks and the demo trainer; rich.progress for bench decode"),
     "cli_client.py": (6, "grpc and protobuf: the client, the health check and the load test"),
     "cli_draft.py": (6, "torch: aligning and distilling drafts (the models, the assembly)"),
-    "cli_serve.py": (2, "torch: the assembly, on the engine-loading thread; grpc: the server, for serve alone"),
+    "cli_serve.py": (3, "torch: the assembly, on the engine-loading thread; grpc: the server, for serve alone and "
+                        "for the error of a build without the engine"),
     "cli_stats.py": (3, "the statistics reader (front.stats, ~60 ms CPU on every command), plotly for the HTML report"),
     # optional or heavy dependencies that few paths use
     "bench/decode_bench.py": (2, "outlines (0.6-1.0 s): only the hf_outlines baseline"),

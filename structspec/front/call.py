@@ -118,13 +118,14 @@ async def guarded(deadline: float | None, awaitable: Awaitable[T]) -> T:
 class CallGuard:
     """How calls end: each is classified and logged here, and observed in ``metrics`` once."""
 
-    def __init__(self, metrics: ServiceMetrics):
+    def __init__(self, metrics: ServiceMetrics, ends_log: logging.Logger = log):
         self.metrics = metrics
+        self.ends_log = ends_log  # the front's own logger for its cancelled and per-call lines; failures go to ``log``
 
     def cancelled(self, call: Call) -> Code:
         """The code of a call that ended while it waited (the caller left, or its deadline passed), logged."""
         code = cancelled_code(call.deadline)
-        log.info("rpc=%s request_id=%s %s", call.rpc, call.request_id, code.name.lower())
+        self.ends_log.info("rpc=%s request_id=%s %s", call.rpc, call.request_id, code.name.lower())
         return code
 
     def failed(self, call: Call, exc: Exception) -> FrontError:
@@ -146,4 +147,5 @@ class CallGuard:
         call.done = True
         seconds = time.perf_counter() - call.started
         self.metrics.observe(call.rpc, code.name, seconds, call.result)
-        log.debug("rpc=%s request_id=%s code=%s ms=%.1f", call.rpc, call.request_id, code.name, seconds * 1000)
+        self.ends_log.debug("rpc=%s request_id=%s code=%s ms=%.1f", call.rpc, call.request_id, code.name,
+                            seconds * 1000)

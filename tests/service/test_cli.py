@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,12 @@ def test_missing_engine_module_is_a_clear_error() -> None:
     with pytest.raises(EngineUnavailable, match="module:function"):
         load_factory("no-colon")
     assert load_factory("tests.service.fakes:make_fake_engine").__name__ == "make_fake_engine"
+
+
+def test_a_build_without_the_engine_is_a_clear_error_at_the_composition_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "structspec.assembly", None)  # import of it fails as a missing module would
+    with pytest.raises(EngineUnavailable, match="not available in this build.*--engine-factory"):
+        cli_serve.assembly_engine(object())
 
 
 def test_client_commands(app: typer.Typer, served: ServerThread, tmp_path: Path) -> None:

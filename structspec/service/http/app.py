@@ -115,7 +115,7 @@ class OpenAIApp:
         self._registry = registry
         self._store = store
         self._metrics = metrics
-        self._calls = CallGuard(metrics)
+        self._calls = CallGuard(metrics, log)
         self._limits = limits
         self._auth = auth
         self._profile = profile
