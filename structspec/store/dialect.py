@@ -25,6 +25,7 @@ class Dialect:
     array_out: Callable[[Any], Sequence[int]]  # a stored token list (made a tuple by the row codecs)
     replace_into: bool  # a sample's slot is overwritten by INSERT OR REPLACE (else an upsert of its columns)
     key_order: bool  # counters and samples are written in key order (writers sharing the tables cannot deadlock)
+    lock_rows: str  # what locks the rows a SELECT reads until the transaction ends (SQLite's writer holds the file)
 
     def sql(self, text: str) -> str:
         """``text`` (``?`` placeholders) with the driver's placeholders."""
@@ -32,7 +33,6 @@ class Dialect:
 
 
 SQLITE = Dialect("?", "INTEGER PRIMARY KEY AUTOINCREMENT", "TEXT", "INTEGER", "CREATE {} IF NOT EXISTS", json.dumps,
-                 json.loads, replace_into=True,
-                 key_order=False)
+                 json.loads, replace_into=True, key_order=False, lock_rows="")
 POSTGRES = Dialect("%s", "BIGSERIAL PRIMARY KEY", "INTEGER[]", "BOOLEAN", "CREATE {}", list, tuple, replace_into=False,
-                   key_order=True)
+                   key_order=True, lock_rows=" FOR UPDATE")

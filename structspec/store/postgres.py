@@ -48,17 +48,14 @@ import asyncio
 import contextlib
 import math
 import uuid
-from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence, TypeVar
 
-from structspec.stats.book import Counters, Reload, StatsBook
-from structspec.stats.counters import hour_of
-from structspec.store import rows, statements
-from structspec.store.base import (BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError, StoreUnavailable,
-                                   redact_url)
+from structspec.stats.book import Reload, StatsBook
+from structspec.store import rows
+from structspec.store.base import StoreError, StoreUnavailable, redact_url
 from structspec.store.dialect import POSTGRES
 from structspec.store.postgres_schema import migrate
-from structspec.store.sql_store import Batch, SQLStore, _as_is
-from structspec.store.statements import CHANGE_COLS, SCHEMA_COLS
+from structspec.store.sql_store import Batch, SQLStore, Tx
 
 try:  # the ``postgres`` extra
     import psycopg
@@ -72,9 +69,29 @@ _sql = POSTGRES.sql
 # what psycopg raises when the database refuses a statement's values (SQLSTATE classes 22 and 23), not when it
 # cannot be reached or the statement itself is wrong
 _REFUSALS: tuple[type[BaseException], ...] = (psycopg.DataError, psycopg.IntegrityError) if psycopg else ()
-# each key's latest policy change
-_LATEST_CHANGES = (f"SELECT DISTINCT ON (model, schema_key, proposer) {CHANGE_COLS} FROM policy_changes "
-                   "ORDER BY model, schema_key, proposer, id DESC")
+# the batch's number as this replica's flush mark, unless a mark as high is there (the batch landed before)
+_MARK = ("INSERT INTO flush_marks (replica, batch, at) VALUES (?, ?, ?) ON CONFLICT (replica) DO UPDATE "
+         "SET batch = excluded.batch, at = excluded.at WHERE flush_marks.batch < excluded.batch RETURNING batch")
+
+
+class _Tx:
+    """``Tx`` on a psycopg ``AsyncConnection``."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+
+    async def one(self, sql: str, args: Sequence[Any] = ()) -> rows.Row | None:
+        return await (await self.conn.execute(_sql(sql), args)).fetchone()
+
+    async def all(self, sql: str, args: Sequence[Any] = ()) -> list[rows.Row]:
+        return await (await self.conn.execute(_sql(sql), args)).fetchall()
+
+    async def run(self, sql: str, args: Sequence[Any] = ()) -> int:
+        return (await self.conn.execute(_sql(sql), args)).rowcount
+
+    async def many(self, sql: str, args: Iterable[Sequence[Any]]) -> None:
+        async with self.conn.cursor() as cur:
+            await cur.executemany(_sql(sql), args)  # in pipeline mode: one round trip
 
 
 class PostgresStore(SQLStore):
@@ -137,10 +154,13 @@ class PostgresStore(SQLStore):
         except psycopg.Error as exc:
             raise StoreError(f"PostgreSQL store {self.where}: {exc}") from exc
 
-    async def _fetch(self, sql: str, args: Sequence[Any] = (), row: Callable[[rows.Row], R] = _as_is) -> list[R]:
-        async with self._conn() as conn:
-            found = await (await conn.execute(_sql(sql), args)).fetchall()
-        return [row(r) for r in found]
+    async def _session(self, fn: Callable[[Tx], Awaitable[R]], atomic: bool = True,
+                       then: Callable[[], None] | None = None) -> R:
+        async with self._conn() as conn, conn.transaction() if atomic else contextlib.nullcontext():
+            out = await fn(_Tx(conn))
+        if then is not None:
+            then()  # a write's: under the flush lock, where a snapshot of the counters begins
+        return out
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -172,38 +192,6 @@ class PostgresStore(SQLStore):
         pool, self._pool, self._loop = self._pool, None, None
         await pool.close()
 
-    # -- schema registry -------------------------------------------------------------------
-
-    async def put_schema(self, schema_id: str, schema_json: str, sha256: str, description: str, source: str,
-                         now: float) -> tuple[SchemaRecord, bool]:
-        async with self._conn() as conn, conn.transaction():
-            await conn.execute("INSERT INTO schema_ids (schema_id, last_version) VALUES (%s, 0) "
-                               "ON CONFLICT (schema_id) DO NOTHING", (schema_id,))
-            # the row lock serializes registrations of this id across every replica; each statement after it sees
-            # what the one before committed
-            await conn.execute("SELECT last_version FROM schema_ids WHERE schema_id = %s FOR UPDATE", (schema_id,))
-            row = await (await conn.execute(_sql(statements.SAME_CONTENT), (schema_id, sha256))).fetchone()
-            if row is not None:
-                return rows.schema(row), False
-            (version,) = await (await conn.execute(
-                "UPDATE schema_ids SET last_version = last_version + 1 WHERE schema_id = %s RETURNING last_version",
-                (schema_id,))).fetchone()
-            rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
-            await conn.execute(_sql(statements.INSERT_SCHEMA), rows.schema_row(rec))
-            return rec, True
-
-    async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
-        cond, args = statements.versions(schema_id, version)
-        found = await self._fetch(f"DELETE FROM schema_versions WHERE {cond} RETURNING version", args)
-        return sorted(int(r[0]) for r in found)
-
-    async def set_schema_speculation(self, schema_id: str, version: int, mode: str) -> SchemaRecord | None:
-        if mode not in SPECULATION_MODES:
-            raise ValueError(f"speculation mode must be one of {', '.join(SPECULATION_MODES)}, got {mode!r}")
-        found = await self._fetch(f"UPDATE schema_versions SET speculation = ? WHERE schema_id = ? AND version = ? "
-                                  f"RETURNING {SCHEMA_COLS}", (mode, schema_id, version), rows.schema)
-        return found[0] if found else None
-
     # -- statistics ----------------------------------------------------------------------------
 
     async def flush(self) -> None:
@@ -224,27 +212,18 @@ class PostgresStore(SQLStore):
         if b.seq is None:
             self._seq += 1
             b.seq = self._seq
-        async with self._conn() as conn, conn.transaction():
-            mark = await (await conn.execute(
-                "INSERT INTO flush_marks (replica, batch, at) VALUES (%s, %s, %s) ON CONFLICT (replica) DO UPDATE "
-                "SET batch = excluded.batch, at = excluded.at WHERE flush_marks.batch < excluded.batch RETURNING batch",
-                (self.replica, b.seq, self.stats.clock()))).fetchone()
-            if mark is not None:  # None: this batch landed before; its commit was not acknowledged
-                async with conn.cursor() as cur:
-                    for kind in BACKLOG_KINDS:
-                        if getattr(b, kind):
-                            for sql, args in statements.writes(POSTGRES, kind, getattr(b, kind)):
-                                await cur.executemany(_sql(sql), args)
-        self.stats.committed(b.counters)  # under the flush lock: no read counts them twice
+        await super()._write(b)
+
+    async def _write_rows(self, tx: Tx, b: Batch) -> None:
+        if await tx.one(_MARK, (self.replica, b.seq, self.stats.clock())) is not None:  # None: this batch landed
+            await super()._write_rows(tx, b)  # before; its commit was not acknowledged
 
     def _unwritten(self, kind: str) -> list[Any]:
         return [r for batch in list(self._retry) for r in getattr(batch, kind)]
 
-    @contextlib.asynccontextmanager
-    async def _snapshot(self) -> AsyncIterator[tuple[Any, Reload]]:
-        """A connection in a read-only transaction whose snapshot holds every flush of this process that landed, and
-        the book's reload begun at that moment (its unwritten counters are exactly those the snapshot lacks). Taken
-        under the flush lock (no flush commits in between), read outside it. The caller ends the reload."""
+    async def _snapshot(self, fn: Callable[[Tx], Awaitable[R]]) -> tuple[R, Reload]:
+        """A read-only transaction; its snapshot and the reload are taken under the flush lock (no flush commits in
+        between), ``fn`` reads outside it."""
         reload: Reload | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -260,39 +239,14 @@ class PostgresStore(SQLStore):
                     if head is not None and head.seq is not None and mark is not None and int(mark[0]) >= head.seq:
                         self._landed(head)
                     reload = self.stats.begin_reload()
-                yield conn, reload
+                return await fn(_Tx(conn)), reload
         except BaseException:
             if reload is not None:
                 self.stats.cancel_reload(reload)
             raise
 
-    async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
-                            schema_key: str | None = None) -> Counters:
-        async with self._snapshot() as (conn, reload):
-            self.stats.cancel_reload(reload)  # only its unwritten counters are needed
-            stored = await (await conn.execute(*_counters(hour_of(since), model, schema_key))).fetchall()
-        return self._counted([rows.counter(r) for r in stored], reload, since, until, model, schema_key)
-
-    async def refresh_stats(self) -> None:
-        async with self._snapshot() as (conn, reload):
-            since = hour_of(self.stats.clock() - self.stats.horizon_seconds)
-            stored = await (await conn.execute(*_counters(since, None, None))).fetchall()
-            latest = await (await conn.execute(_LATEST_CHANGES)).fetchall()
-        # built outside every lock (and off the event loop: a week of counters), swapped in under the book's
-        await self._reload(lambda: [rows.counter(r) for r in stored], reload)
-        self.stats.policy.seed([rows.change(r) for r in latest])  # a restarted server knows each proposer's state
-
-    async def prune(self, before: float) -> int:
-        cutoff = hour_of(before)
-        async with self._conn() as conn, conn.transaction():
-            n = 0
-            for sql, by_hour in statements.PRUNE:
-                n += (await conn.execute(_sql(sql), (cutoff if by_hour else before,))).rowcount
-            # replicas that have not flushed since (stopped processes): their marks are not needed any more
-            await conn.execute("DELETE FROM flush_marks WHERE at < %s", (before,))
-        return n
-
-
-def _counters(since_hour: int, model: str | None, schema_key: str | None) -> tuple[str, list[Any]]:
-    sql, args = statements.counters(since_hour, model, schema_key)
-    return _sql(sql), args
+    async def _prune(self, tx: Tx, before: float) -> int:
+        removed = await super()._prune(tx, before)
+        # replicas that have not flushed since (stopped processes): their marks are not needed any more
+        await tx.run("DELETE FROM flush_marks WHERE at < ?", (before,))
+        return removed

@@ -1,25 +1,31 @@
 """What the SQLite and the PostgreSQL stores do alike: ``SQLStore``, over ``statements`` and ``rows``.
 
-The reads of one statement each, the history buffer, the backlog, and the writing of what a flush took
-(``Batch``): each batch in a transaction of its own; one the store refuses for its rows is written again in parts,
-down to single rows, which are quarantined (``quarantine``). A subclass owns the connection (``_fetch`` runs one
-statement on it, ``_write`` one batch) and does what truly differs: opening and migrating, transactions, when a
-flush writes what, and the snapshot the counters are read in.
+Every ``Store`` method is written here once, as statements run on a connection (``Tx``). A subclass gives two
+primitives: ``_session`` (run such a function on its connection, in one transaction or not) and ``_snapshot`` (run
+it in a read transaction that holds exactly the flushes whose counters the book no longer holds as unwritten), and
+does what truly differs: opening and migrating, when a flush writes what, and its own additions to a write or a prune.
+
+The shared code is written as coroutines over ``Tx``: psycopg's statements are awaited on the event loop; SQLite's
+never suspend, so the SQLite store runs the same coroutine to its end in its worker thread.
+
+The writing of what a flush took (``Batch``): each batch in a transaction of its own; one the store refuses for its
+rows is written again in parts, down to single rows, which are quarantined (``quarantine``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence, TypeVar
 
 from structspec.stats.book import Counters, Reload, StatsBook
-from structspec.stats.counters import CounterKey
+from structspec.stats.counters import CounterKey, hour_of
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import TrafficSample
 from structspec.store import rows, statements
-from structspec.store.base import BACKLOG_KINDS, Backlog, HistoryBuffer, HistoryRow, SchemaRecord, sum_counters
+from structspec.store.base import (BACKLOG_KINDS, SPECULATION_MODES, Backlog, HistoryBuffer, HistoryRow, SchemaRecord,
+                                   sum_counters)
 from structspec.store.dialect import Dialect
 from structspec.store.quarantine import Quarantine, halves, refused
 from structspec.store.statements import CHANGE_COLS, SAMPLE_COLS, TRAFFIC_COLS, matching, select
@@ -58,6 +64,22 @@ class Batch:
         return kind, next(iter(rows.items())) if isinstance(rows, dict) else rows[0]
 
 
+class Tx(Protocol):
+    """Statements (``?`` placeholders) run on one connection, in the transaction ``_session`` opened, if any."""
+
+    async def one(self, sql: str, args: Sequence[Any] = ()) -> rows.Row | None:
+        """The first row of ``sql``'s result (None: none)."""
+
+    async def all(self, sql: str, args: Sequence[Any] = ()) -> list[rows.Row]:
+        """Every row of ``sql``'s result."""
+
+    async def run(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run ``sql``; the rows it changed."""
+
+    async def many(self, sql: str, args: Iterable[Sequence[Any]]) -> None:
+        """Run ``sql`` once per row of ``args``."""
+
+
 def _as_is(row: rows.Row) -> Any:
     return row
 
@@ -80,7 +102,7 @@ def _newest(stored: Iterable[S], unwritten: Iterable[S], model: str | None, sche
 
 class SQLStore:
     """The ``Store`` methods both stores run alike (a subclass sets ``dialect`` and ``refusals``, and implements
-    ``_fetch`` and ``_write``)."""
+    ``_session``, ``_snapshot``, ``flush``, ``open`` and what ``close`` releases)."""
 
     dialect: Dialect
     refusals: tuple[type[BaseException], ...]  # the driver's errors that say the store refuses a write's rows
@@ -107,13 +129,36 @@ class SQLStore:
         finally:  # closed even when the last flush fails (its error still reaches the caller)
             await self._release()
 
-    async def _fetch(self, sql: str, args: Sequence[Any] = (), row: Callable[[rows.Row], R] = _as_is) -> list[R]:
-        """The rows of one statement (``?`` placeholders) run alone, each made a record by ``row``."""
+    async def _session(self, fn: Callable[[Tx], Awaitable[R]], atomic: bool = True,
+                       then: Callable[[], None] | None = None) -> R:
+        """``fn`` run on a connection: in one transaction when ``atomic`` (committed when it returns, rolled back when
+        it raises), else each statement alone; ``then`` once it committed, before any read of the counters can
+        begin a snapshot. Raises ``StoreError`` (``StoreUnavailable`` when the store cannot be reached)."""
         raise NotImplementedError
+
+    async def _snapshot(self, fn: Callable[[Tx], Awaitable[R]]) -> tuple[R, Reload]:
+        """``fn`` run in a read transaction whose snapshot holds exactly the flushes that landed before the book's
+        reload began (returned with it: its unwritten counters are exactly those the snapshot lacks). The caller
+        ends the reload (``replace_persisted`` or ``cancel_reload``); it is ended here when ``fn`` fails."""
+        raise NotImplementedError
+
+    async def _fetch(self, sql: str, args: Sequence[Any] = (), row: Callable[[rows.Row], R] = _as_is) -> list[R]:
+        """The rows of one statement run alone, each made a record by ``row``."""
+        async def fetch(tx: Tx) -> list[R]:
+            return [row(r) for r in await tx.all(sql, args)]
+
+        return await self._session(fetch, atomic=False)
 
     async def _write(self, batch: Batch) -> None:
         """Write ``batch`` in one transaction, and mark its counters committed once it is."""
-        raise NotImplementedError
+        await self._session(lambda tx: self._write_rows(tx, batch), then=lambda: self.stats.committed(batch.counters))
+
+    async def _write_rows(self, tx: Tx, batch: Batch) -> None:
+        """What writing ``batch`` runs in its transaction: each kind's statements (``statements.writes``)."""
+        for kind in BACKLOG_KINDS:
+            if getattr(batch, kind):
+                for sql, args in statements.writes(self.dialect, kind, getattr(batch, kind)):
+                    await tx.many(sql, args)
 
     def _unwritten(self, kind: str) -> list[Any]:
         """Rows of a backlog kind taken from their buffer, not yet written, that the store keeps itself."""
@@ -152,13 +197,38 @@ class SQLStore:
 
         await asyncio.shield(asyncio.ensure_future(asyncio.to_thread(replace)))
 
-    @staticmethod
-    def _counted(stored: list[tuple[CounterKey, float]], reload: Reload, since: float, until: float | None,
-                 model: str | None, schema_key: str | None) -> Counters:
-        """``read_counters``: the ``stored`` counters and the reload's unwritten ones of ``model`` and
-        ``schema_key``, summed over ``[since, until)``."""
+    async def _stored_counters(self, tx: Tx, since_hour: int, model: str | None,
+                               schema_key: str | None) -> Iterable[tuple[CounterKey, float]]:
+        """The stored counters of ``model`` and ``schema_key`` (None: any) from ``since_hour`` on, made records as
+        they are consumed (a week of counters is built where the book is rebuilt, off the event loop)."""
+        return map(rows.counter, await tx.all(*statements.counters(since_hour, model, schema_key)))
+
+    async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
+                            schema_key: str | None = None) -> Counters:
+        stored, reload = await self._snapshot(lambda tx: self._stored_counters(tx, hour_of(since), model, schema_key))
+        self.stats.cancel_reload(reload)  # only its unwritten counters are needed
         pending = [(k, v) for k, v in reload.unflushed.items() if matches(k, model, schema_key)]
-        return sum_counters(stored + pending, since, until)
+        return sum_counters([*stored, *pending], since, until)
+
+    async def refresh_stats(self) -> None:
+        async def read(tx: Tx) -> tuple[Iterable[tuple[CounterKey, float]], list[rows.Row]]:
+            since = hour_of(self.stats.clock() - self.stats.horizon_seconds)
+            return await self._stored_counters(tx, since, None, None), await tx.all(statements.LATEST_CHANGES)
+
+        (stored, latest), reload = await self._snapshot(read)
+        # built outside every lock (and off the event loop), swapped in under the book's
+        await self._reload(lambda: stored, reload)
+        self.stats.policy.seed([rows.change(r) for r in latest])  # a restarted server knows each proposer's state
+
+    async def prune(self, before: float) -> int:
+        return await self._session(lambda tx: self._prune(tx, before))
+
+    async def _prune(self, tx: Tx, before: float) -> int:
+        """What ``prune`` runs in its transaction (``statements.PRUNE``); the rows removed."""
+        cutoff, removed = hour_of(before), 0
+        for sql, by_hour in statements.PRUNE:
+            removed += await tx.run(sql, (cutoff if by_hour else before,))
+        return removed
 
     def backlog(self) -> Backlog:
         stats, history, quarantined = self.stats, self._history, self.quarantine.counts()
@@ -185,6 +255,50 @@ class SQLStore:
 
     async def list_schemas(self, schema_id: str | None = None, all_versions: bool = False) -> list[SchemaRecord]:
         return await self._fetch(*statements.list_schemas(schema_id, all_versions), rows.schema)
+
+    async def put_schema(self, schema_id: str, schema_json: str, sha256: str, description: str, source: str,
+                         now: float) -> tuple[SchemaRecord, bool]:
+        async def put(tx: Tx) -> tuple[SchemaRecord, bool]:
+            await tx.run("INSERT INTO schema_ids (schema_id, last_version) VALUES (?, 0) "
+                         "ON CONFLICT (schema_id) DO NOTHING", (schema_id,))
+            # the id's row locked (SQLite: the whole file, by its write transaction) serializes registrations of this
+            # id across every replica; each statement after it sees what the one before committed
+            (last,) = await tx.one(f"SELECT last_version FROM schema_ids WHERE schema_id = ?{self.dialect.lock_rows}",
+                                   (schema_id,))
+            row = await tx.one(statements.SAME_CONTENT, (schema_id, sha256))
+            if row is not None:
+                return rows.schema(row), False
+            rec = SchemaRecord(schema_id, int(last) + 1, schema_json, sha256, description, now, source)
+            await tx.run("UPDATE schema_ids SET last_version = ? WHERE schema_id = ?", (rec.version, schema_id))
+            await tx.run(statements.INSERT_SCHEMA, rows.schema_row(rec))
+            return rec, True
+
+        return await self._session(put)
+
+    async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
+        cond, args = ("schema_id = ?", (schema_id,)) if version is None else \
+            ("schema_id = ? AND version = ?", (schema_id, version))
+
+        async def delete(tx: Tx) -> list[int]:
+            # locked: of two deletes at once, one finds the versions the other deleted gone
+            found = await tx.all(f"SELECT version FROM schema_versions WHERE {cond} ORDER BY version"
+                                 f"{self.dialect.lock_rows}", args)
+            await tx.run(f"DELETE FROM schema_versions WHERE {cond}", args)
+            return [int(r[0]) for r in found]
+
+        return await self._session(delete)
+
+    async def set_schema_speculation(self, schema_id: str, version: int, mode: str) -> SchemaRecord | None:
+        if mode not in SPECULATION_MODES:
+            raise ValueError(f"speculation mode must be one of {', '.join(SPECULATION_MODES)}, got {mode!r}")
+
+        async def update(tx: Tx) -> SchemaRecord | None:
+            await tx.run("UPDATE schema_versions SET speculation = ? WHERE schema_id = ? AND version = ?",
+                         (mode, schema_id, version))
+            row = await tx.one(statements.SCHEMA_AT_VERSION, (schema_id, version))
+            return rows.schema(row) if row else None
+
+        return await self._session(update)
 
     # -- what schema owners read beside the counters ------------------------------------------------
 

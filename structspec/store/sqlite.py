@@ -16,16 +16,15 @@ import contextlib
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from structspec.stats.book import Counters, Reload, StatsBook
-from structspec.stats.counters import CounterKey, Series, hour_of
-from structspec.stats.policy_states import PolicyChange
+from structspec.stats.book import Reload, StatsBook
+from structspec.stats.counters import CounterKey, Series
 from structspec.store import rows, statements
-from structspec.store.base import BACKLOG_KINDS, SPECULATION_MODES, SchemaRecord, StoreError
+from structspec.store.base import StoreError
 from structspec.store.dialect import SQLITE
-from structspec.store.sql_store import Batch, SQLStore, _as_is
-from structspec.store.statements import CHANGE_COLS, COUNTER_COLS, SCHEMA_VERSION
+from structspec.store.sql_store import Batch, SQLStore, Tx
+from structspec.store.statements import COUNTER_COLS, SCHEMA_VERSION
 from structspec.store.text import ENCODED_COLUMNS, MARK
 
 T = TypeVar("T")
@@ -34,9 +33,6 @@ _TABLES = statements.tables(SQLITE)
 _RESERVOIRS = {table: next(d for d in _TABLES if f"TABLE IF NOT EXISTS {table} " in d)
                for table in ("rejected_drafts", "traffic_samples")}  # their DDL
 UNKNOWN_MODEL = "unknown"  # statistics written before they were keyed by model
-# each key's latest policy change
-_LATEST_CHANGES = (f"SELECT {CHANGE_COLS} FROM policy_changes p WHERE id = (SELECT MAX(id) FROM policy_changes q "
-                   "WHERE q.model = p.model AND q.schema_key = p.schema_key AND q.proposer = p.proposer)")
 
 
 def _migrate_from_1(c: sqlite3.Connection) -> None:
@@ -88,6 +84,36 @@ def _transaction(c: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+class _Tx:
+    """``Tx`` on a sqlite3 connection: its statements never suspend (``_complete`` runs them in the worker thread)."""
+
+    def __init__(self, c: sqlite3.Connection):
+        self.c = c
+
+    async def one(self, sql: str, args: Sequence[Any] = ()) -> rows.Row | None:
+        return self.c.execute(sql, args).fetchone()
+
+    async def all(self, sql: str, args: Sequence[Any] = ()) -> list[rows.Row]:
+        return self.c.execute(sql, args).fetchall()
+
+    async def run(self, sql: str, args: Sequence[Any] = ()) -> int:
+        return self.c.execute(sql, args).rowcount
+
+    async def many(self, sql: str, args: Iterable[Sequence[Any]]) -> None:
+        self.c.executemany(sql, args)
+
+
+def _complete(c: sqlite3.Connection, fn: Callable[[Tx], Awaitable[T]]) -> T:
+    """``fn`` run on ``c`` to its end, here (its awaits are ``_Tx``'s, which never suspend)."""
+    work = fn(_Tx(c)).__await__()
+    try:
+        work.send(None)
+    except StopIteration as done:
+        return done.value
+    work.close()
+    raise RuntimeError("a SQLite store's statements suspended")
+
+
 class SQLiteStore(SQLStore):
     """``Store`` on a SQLite file (``":memory:"`` for a throwaway one)."""
 
@@ -133,8 +159,16 @@ class SQLiteStore(SQLStore):
             asyncio.current_task().cancel()  # written: the cancellation lands at the caller's next await
             return work.result()
 
-    async def _fetch(self, sql: str, args: Sequence[Any] = (), row: Callable[[rows.Row], T] = _as_is) -> list[T]:
-        return await self._run(lambda c: [row(r) for r in c.execute(sql, args).fetchall()])
+    async def _session(self, fn: Callable[[Tx], Awaitable[T]], atomic: bool = True,
+                       then: Callable[[], None] | None = None) -> T:
+        def call(c: sqlite3.Connection) -> T:
+            with _transaction(c) if atomic else contextlib.nullcontext():
+                out = _complete(c, fn)
+            if then is not None:
+                then()  # under the connection lock, where a snapshot of the counters begins
+            return out
+
+        return await self._run(call)
 
     async def open(self) -> None:
         if self._conn is not None:
@@ -185,49 +219,6 @@ class SQLiteStore(SQLStore):
             if c is not None:
                 c.close()
 
-    # -- schema registry -----------------------------------------------------------------------
-
-    async def put_schema(
-        self, schema_id: str, schema_json: str, sha256: str, description: str, source: str, now: float
-    ) -> tuple[SchemaRecord, bool]:
-        def put(c: sqlite3.Connection) -> tuple[SchemaRecord, bool]:
-            with _transaction(c):
-                row = c.execute(statements.SAME_CONTENT, (schema_id, sha256)).fetchone()
-                if row is not None:
-                    return rows.schema(row), False
-                c.execute("INSERT INTO schema_ids (schema_id, last_version) VALUES (?, 1) ON CONFLICT (schema_id) "
-                          "DO UPDATE SET last_version = schema_ids.last_version + 1", (schema_id,))
-                (version,) = c.execute("SELECT last_version FROM schema_ids WHERE schema_id = ?",
-                                       (schema_id,)).fetchone()
-                rec = SchemaRecord(schema_id, int(version), schema_json, sha256, description, now, source)
-                c.execute(statements.INSERT_SCHEMA, rows.schema_row(rec))
-                return rec, True
-
-        return await self._run(put)
-
-    async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
-        def delete(c: sqlite3.Connection) -> list[int]:
-            with _transaction(c):
-                cond, args = statements.versions(schema_id, version)
-                found = c.execute(f"SELECT version FROM schema_versions WHERE {cond} ORDER BY version", args)
-                versions = [int(r[0]) for r in found]
-                c.execute(f"DELETE FROM schema_versions WHERE {cond}", args)
-                return versions
-
-        return await self._run(delete)
-
-    async def set_schema_speculation(self, schema_id: str, version: int, mode: str) -> SchemaRecord | None:
-        if mode not in SPECULATION_MODES:
-            raise ValueError(f"speculation mode must be one of {', '.join(SPECULATION_MODES)}, got {mode!r}")
-
-        def update(c: sqlite3.Connection) -> SchemaRecord | None:
-            c.execute("UPDATE schema_versions SET speculation = ? WHERE schema_id = ? AND version = ?",
-                      (mode, schema_id, version))
-            row = c.execute(statements.SCHEMA_AT_VERSION, (schema_id, version)).fetchone()
-            return rows.schema(row) if row else None
-
-        return await self._run(update)
-
     # -- statistics ----------------------------------------------------------------------------
 
     async def flush(self) -> None:
@@ -251,26 +242,19 @@ class SQLiteStore(SQLStore):
         if error is not None:
             raise error
 
-    async def _write(self, batch: Batch) -> None:
-        def write(c: sqlite3.Connection) -> None:
-            with _transaction(c):
-                for kind in BACKLOG_KINDS:
-                    if getattr(batch, kind):
-                        for sql, args in statements.writes(SQLITE, kind, getattr(batch, kind)):
-                            c.executemany(sql, args)
-            self.stats.committed(batch.counters)  # under the connection lock: no reader counts them twice
-
-        await self._run(write)
+    async def _stored_counters(self, tx: _Tx, since_hour: int, model: str | None,
+                               schema_key: str | None) -> Iterable[tuple[CounterKey, float]]:
+        return self._select(tx.c, since_hour, model, schema_key)
 
     def _select(self, c: sqlite3.Connection, since_hour: int, model: str | None,
                 schema_key: str | None) -> list[tuple[CounterKey, float]]:
+        """The stored counters as records, built in the worker thread."""
         return [rows.counter(r) for r in c.execute(*statements.counters(since_hour, model, schema_key)).fetchall()]
 
-    async def _snapshot(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T, Reload]:
-        """``fn`` run in a read transaction whose snapshot holds exactly the flushes committed before the book's
-        reload began (taken together under the connection lock, where a flush commits and marks its rows
-        committed): on the reader connection, outside that lock, for a file; under it for ":memory:". The caller
-        ends the reload (``replace_persisted`` or ``cancel_reload``)."""
+    async def _snapshot(self, fn: Callable[[Tx], Awaitable[T]]) -> tuple[T, Reload]:
+        """The snapshot and the reload are taken together under the connection lock, where a flush commits and marks
+        its rows committed; ``fn`` runs on the reader connection, outside that lock, for a file; under it for
+        ":memory:"."""
         def on_reader() -> tuple[T, Reload]:
             with self._reader_lock:
                 r = self._reader
@@ -283,7 +267,7 @@ class SQLiteStore(SQLStore):
                             r.execute("SELECT 1 FROM meta LIMIT 1").fetchall()  # the first read takes the snapshot
                             reload = self.stats.begin_reload()
                         try:
-                            return fn(r), reload
+                            return _complete(r, fn), reload
                         except BaseException:
                             self.stats.cancel_reload(reload)
                             raise
@@ -293,7 +277,7 @@ class SQLiteStore(SQLStore):
                     raise StoreError(f"sqlite: {exc}") from exc
 
         if self._reader is None:
-            return await self._run(lambda c: (fn(c), self.stats.begin_reload()))
+            return await self._run(lambda c: (_complete(c, fn), self.stats.begin_reload()))
         work = asyncio.ensure_future(asyncio.to_thread(on_reader))
         try:
             return await asyncio.shield(work)
@@ -301,24 +285,3 @@ class SQLiteStore(SQLStore):
             work.add_done_callback(
                 lambda w: w.cancelled() or w.exception() is not None or self.stats.cancel_reload(w.result()[1]))
             raise
-
-    async def read_counters(self, since: float, until: float | None = None, model: str | None = None,
-                            schema_key: str | None = None) -> Counters:
-        stored, reload = await self._snapshot(lambda c: self._select(c, hour_of(since), model, schema_key))
-        self.stats.cancel_reload(reload)  # only its unwritten counters are needed
-        return self._counted(stored, reload, since, until, model, schema_key)
-
-    async def refresh_stats(self) -> None:
-        def read(c: sqlite3.Connection) -> tuple[list[tuple[CounterKey, float]], list[PolicyChange]]:
-            stored = self._select(c, hour_of(self.stats.clock() - self.stats.horizon_seconds), None, None)
-            return stored, [rows.change(r) for r in c.execute(_LATEST_CHANGES).fetchall()]
-
-        (stored, latest), reload = await self._snapshot(read)
-        # built outside every lock (and off the event loop), swapped in under the book's
-        await self._reload(lambda: stored, reload)
-        self.stats.policy.seed(latest)  # a restarted server knows each proposer's state
-
-    async def prune(self, before: float) -> int:
-        cutoff = hour_of(before)
-        return await self._run(lambda c: sum(c.execute(sql, (cutoff if by_hour else before,)).rowcount
-                                             for sql, by_hour in statements.PRUNE))

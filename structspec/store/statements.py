@@ -98,13 +98,6 @@ SAME_CONTENT = schema("schema_id = ? AND sha256 = ? ORDER BY version LIMIT 1")
 INSERT_SCHEMA = f"INSERT INTO schema_versions ({SCHEMA_COLS}) VALUES ({', '.join('?' * 8)})"
 
 
-def versions(schema_id: str, version: int | None) -> tuple[str, tuple[Any, ...]]:
-    """The condition on ``schema_versions`` of one version of an id (every version: None), and its arguments."""
-    if version is None:
-        return "schema_id = ?", (schema_id,)
-    return "schema_id = ? AND version = ?", (schema_id, version)
-
-
 def list_schemas(schema_id: str | None, all_versions: bool) -> tuple[str, list[Any]]:
     where, args = ("WHERE v.schema_id = ?", [schema_id]) if schema_id else ("", [])
     if not all_versions:
@@ -124,6 +117,10 @@ LOAD_HISTORY = ("SELECT history_key, text FROM (SELECT id, history_key, text, ro
                 "history_key ORDER BY id DESC) AS n FROM history WHERE model = ? AND history_key IN (SELECT "
                 "history_key FROM history WHERE model = ? GROUP BY history_key ORDER BY MAX(id) DESC LIMIT ?)) "
                 "recent WHERE n <= ? ORDER BY id")
+
+# each (model, schema, proposer)'s latest policy change (a window function, as ``LOAD_HISTORY``)
+LATEST_CHANGES = (f"SELECT {CHANGE_COLS} FROM (SELECT *, row_number() OVER (PARTITION BY model, schema_key, proposer "
+                  "ORDER BY id DESC) AS n FROM policy_changes) latest WHERE n = 1")
 
 # (statement, whether its argument is the cutoff hour rather than the time itself)
 PRUNE = (("DELETE FROM counters WHERE hour < ?", True), ("DELETE FROM rejected_drafts WHERE hour < ?", True),
