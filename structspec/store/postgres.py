@@ -197,8 +197,7 @@ class PostgresStore(SQLStore):
     async def flush(self) -> None:
         async with self._flush_lock:
             await self._write_all(self._retry)  # raises while the store cannot be written: nothing new is taken
-            batch = Batch(self.stats.take(), self._history.take(), self.stats.samples.take(),
-                          self.stats.traffic.take(), self.stats.policy.take())
+            batch = Batch(**{kind: buffer.take() for kind, buffer in self._buffers().items()})
             if batch.size() == 0:
                 return
             self._retry.append(batch)  # written again first, under its number, while it fails

@@ -230,17 +230,18 @@ class SQLStore:
             removed += await tx.run(sql, (cutoff if by_hour else before,))
         return removed
 
+    def _buffers(self) -> dict[str, Any]:
+        """Each backlog kind's buffer of what was recorded and not yet taken by a flush (counters: the book's)."""
+        return {"counters": self.stats, "history": self._history, "samples": self.stats.samples,
+                "traffic": self.stats.traffic, "policy_changes": self.stats.policy}
+
     def backlog(self) -> Backlog:
-        stats, history, quarantined = self.stats, self._history, self.quarantine.counts()
-        out = Backlog(
-            {"counters": stats.unwritten_keys(), "history": len(history), "samples": len(stats.samples.pending()),
-             "traffic": len(stats.traffic.pending()), "policy_changes": len(stats.policy.pending())},
-            {"counters": stats.dropped, "history": history.dropped, "samples": stats.samples.dropped,
-             "traffic": stats.traffic.dropped, "policy_changes": stats.policy.dropped},
-            {kind: quarantined.get(kind, 0) for kind in BACKLOG_KINDS})
-        for kind in BACKLOG_KINDS[1:]:  # taken, still unwritten (counters: in the book's count)
-            out.unwritten[kind] += len(self._unwritten(kind))
-        return out
+        buffers, quarantined = self._buffers(), self.quarantine.counts()
+        # a kind's waiting rows and those taken, still unwritten (counters: the book counts both)
+        unwritten = {kind: len(b.pending()) + len(self._unwritten(kind)) for kind, b in buffers.items() if kind != "counters"}
+        return Backlog({"counters": self.stats.unwritten_keys(), **unwritten},
+                       {kind: b.dropped for kind, b in buffers.items()},
+                       {kind: quarantined.get(kind, 0) for kind in BACKLOG_KINDS})
 
     async def check(self) -> None:
         await self._fetch("SELECT 1")

@@ -225,9 +225,7 @@ class SQLiteStore(SQLStore):
         """Each kind in a transaction of its own: a failed write of one does not hold the others back (the last
         error is raised); what a failed write did not write is put back in its buffer."""
         error: BaseException | None = None
-        for kind, buffer in (("history", self._history), ("samples", self.stats.samples),
-                             ("traffic", self.stats.traffic), ("policy_changes", self.stats.policy),
-                             ("counters", self.stats)):
+        for kind, buffer in sorted(self._buffers().items(), key=lambda kb: kb[0] == "counters"):  # counters last
             taken = buffer.take()
             queue = [Batch(**{kind: taken})] if taken else []
             try:

@@ -120,7 +120,7 @@ LOAD_HISTORY = ("SELECT history_key, text FROM (SELECT id, history_key, text, ro
 
 # each (model, schema, proposer)'s latest policy change (a window function, as ``LOAD_HISTORY``)
 LATEST_CHANGES = (f"SELECT {CHANGE_COLS} FROM (SELECT *, row_number() OVER (PARTITION BY model, schema_key, proposer "
-                  "ORDER BY id DESC) AS n FROM policy_changes) latest WHERE n = 1")
+                  "ORDER BY id DESC) AS n FROM policy_changes) latest WHERE n = 1 ORDER BY id")
 
 # (statement, whether its argument is the cutoff hour rather than the time itself)
 PRUNE = (("DELETE FROM counters WHERE hour < ?", True), ("DELETE FROM rejected_drafts WHERE hour < ?", True),
