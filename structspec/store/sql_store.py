@@ -65,19 +65,14 @@ class Batch:
 
 
 class Tx(Protocol):
-    """Statements (``?`` placeholders) run on one connection, in the transaction ``_session`` opened, if any."""
+    """Statements (``?`` placeholders) run on one connection, in the transaction ``_session`` opened, if any:
+    ``one`` answers the first row of the result (None: none), ``all`` every row, ``run`` the rows it changed;
+    ``many`` runs the statement once per row of arguments."""
 
-    async def one(self, sql: str, args: Sequence[Any] = ()) -> rows.Row | None:
-        """The first row of ``sql``'s result (None: none)."""
-
-    async def all(self, sql: str, args: Sequence[Any] = ()) -> list[rows.Row]:
-        """Every row of ``sql``'s result."""
-
-    async def run(self, sql: str, args: Sequence[Any] = ()) -> int:
-        """Run ``sql``; the rows it changed."""
-
-    async def many(self, sql: str, args: Iterable[Sequence[Any]]) -> None:
-        """Run ``sql`` once per row of ``args``."""
+    async def one(self, sql: str, args: Sequence[Any] = ()) -> rows.Row | None: ...
+    async def all(self, sql: str, args: Sequence[Any] = ()) -> list[rows.Row]: ...
+    async def run(self, sql: str, args: Sequence[Any] = ()) -> int: ...
+    async def many(self, sql: str, args: Iterable[Sequence[Any]]) -> None: ...
 
 
 def _as_is(row: rows.Row) -> Any:
@@ -186,12 +181,12 @@ class SQLStore:
                 continue
             queue.pop(0)
 
-    async def _reload(self, stored: Callable[[], Iterable[tuple[CounterKey, float]]], reload: Reload) -> None:
-        """``stats.replace_persisted(stored(), reload)`` in a worker thread (a week of counters is not built on the
+    async def _reload(self, stored: Iterable[tuple[CounterKey, float]], reload: Reload) -> None:
+        """``stats.replace_persisted(stored, reload)`` in a worker thread (a week of counters is not built on the
         event loop); the reload ends whatever happens, a cancellation included (the thread then runs to its end)."""
         def replace() -> None:
             try:
-                self.stats.replace_persisted(stored(), reload)
+                self.stats.replace_persisted(stored, reload)
             finally:
                 self.stats.cancel_reload(reload)  # ended already unless something failed
 
@@ -217,7 +212,7 @@ class SQLStore:
 
         (stored, latest), reload = await self._snapshot(read)
         # built outside every lock (and off the event loop), swapped in under the book's
-        await self._reload(lambda: stored, reload)
+        await self._reload(stored, reload)
         self.stats.policy.seed([rows.change(r) for r in latest])  # a restarted server knows each proposer's state
 
     async def prune(self, before: float) -> int:
