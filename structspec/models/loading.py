@@ -51,6 +51,9 @@ class LoadedModels:
     executor: str = "transformers"  # transformers | llamacpp
     draft_vocab: DraftVocab | None = None  # a restricted draft's vocabulary map (``draft_vocab``); None: full
     draft_context: int | None = None  # the committed tokens the draft's outputs depend on (``LoadedDraft``)
+    # the chat template's text to render prompts with (``--chat-template`` file, else the tokenizer's own);
+    # None: the model has none and prompts keep the plain format
+    chat_template: str | None = None
 
     def parameter_count(self) -> int:
         if self.executor == "llamacpp":
@@ -214,6 +217,22 @@ def gguf_for(path: str) -> Path:
     return out
 
 
+def chat_template_of(profile: ModelProfile, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The template text prompts are rendered with: the profile's ``chat_template`` file (``--chat-template``),
+    else the tokenizer's own (transformers fills it from a folder's ``chat_template.jinja`` or
+    ``tokenizer_config.json``, or from a GGUF's ``tokenizer.chat_template``); None: none (the plain format).
+    A tokenizer with several named templates gives its ``default``. Raises: ModelLoadError (an unreadable file)."""
+    if profile.chat_template is not None:
+        try:
+            return Path(profile.chat_template).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"cannot read chat template {profile.chat_template}: {_cause(exc)}") from exc
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, dict):
+        own = own.get("default")
+    return own or None
+
+
 def _load_gguf(path: Path):
     try:
         return LlamaCppModel(path)
@@ -233,7 +252,8 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
         draft = load_draft(profile.draft, tokenizer, tokenizer_dir, "llamacpp", torch.device("cpu"), torch.float32)
     log.info("loaded profile %s for llama.cpp (%s)", profile.name, target.info.path)
     return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
-                        draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens)
+                        draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens,
+                        chat_template=chat_template_of(profile, tokenizer))
 
 
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
@@ -252,7 +272,7 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
         draft = load_draft(profile.draft, tokenizer, profile.target, "transformers", dev, dt)
     log.info("loaded profile %s on %s (%s)", profile.name, dev, dt)
     return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab,
-                        draft_context=draft.context_tokens)
+                        draft_context=draft.context_tokens, chat_template=chat_template_of(profile, tokenizer))
 
 
 def load_profile(name: str, **kwargs: Any) -> LoadedModels:

@@ -15,7 +15,7 @@ Each profile runs on either executor (``EXECUTORS``). ``auto`` picks the profile
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +46,7 @@ class ModelProfile:
     tokenizer: Callable[[], Path] | None = None  # a tokenizer folder that needs no converted target (llama.cpp)
     cpu_executor: str = "transformers"  # what ``auto`` means on a CPU with llama-cpp-python installed
     align_lr: float = 5e-4  # ``structspec draft align``'s default peak learning rate for this profile's draft
+    chat_template: str | None = None  # a template file (``--chat-template``); None: the model's own, if any
 
     def is_ready(self) -> bool:
         return _is_model_dir(Path(self.target)) and (self.draft is None or _is_model_dir(Path(self.draft)))
@@ -94,6 +95,18 @@ def profiles() -> dict[str, ModelProfile]:
     )
     gemma = _gemma_profile()
     return {demo.name: demo, gemma.name: gemma}
+
+
+def resolve_model(spec: str, *, draft: str | None = None, tokenizer: str | None = None,
+                  served_name: str | None = None, chat_template: str | None = None) -> ModelProfile:
+    """The profile that ``spec`` names: a profile name (a shortcut), a ``.gguf`` file or a model folder.
+
+    The returned profile's ``name`` is the served name (what statistics, results and ``/v1/models`` show).
+    Raises: KeyError (an unknown name that is no path either)."""
+    profile = get_profile(spec)
+    overrides = {k: v for k, v in (("draft", draft), ("chat_template", chat_template), ("name", served_name))
+                 if v is not None}
+    return replace(profile, **overrides) if overrides else profile
 
 
 def get_profile(name: str) -> ModelProfile:
