@@ -4,9 +4,10 @@ One connection guarded by a lock; blocking calls run in a worker thread so the e
 never waits on disk. WAL mode lets the engine (or a CLI) open the same file concurrently, and
 lets the statistics' long reads (``refresh_stats``, ``read_counters``) run on a second
 connection (``_reader``) in a snapshot, so a flush never waits on them.
-The tables, statements and row codecs are the PostgreSQL store's (``statements``, ``rows``), so a
-row means the same in both. Each kind of statistics is written in a transaction of its own; rows
-the file refuses (``quarantine``) hold back neither the other kinds nor the rows behind them.
+The tables, statements, row codecs and every method but opening, flushing and the snapshot are the
+PostgreSQL store's (``statements``, ``rows``, ``SQLStore``), so a row means the same in both. Each kind of
+statistics is written in a transaction of its own; rows the file refuses (``quarantine``) hold back neither the
+other kinds nor the rows behind them.
 """
 
 from __future__ import annotations
