@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from structspec.chat_template import ChatPrompts, PlainPrompts, PromptFormat
 from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook, build_example_book
@@ -81,6 +82,7 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
         compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size),
                                    backend=config.grammar_backend)
     eos = models.tokenizer.eos_token_id
+    prompts = make_prompts(models)
     speculator, loader = None, None
     draft_version = models.draft_version if proposers is not None and proposers.draft and models.draft is not None else ""
     if proposers is not None:
@@ -93,11 +95,12 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
                             max_draft=limits.max_draft, draft_version=draft_version)
         if proposers.draft:
             loader = DraftLoader(models.profile, models.tokenizer, f"profile {models.profile}",
-                                 getattr(models, "executor", "transformers"), models.device, models.dtype, executor, eos)
+                                 getattr(models, "executor", "transformers"), models.device, models.dtype, executor,
+                                 eos, prompts.stats_format)
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator,
                       Serving(stats, engine_model_key(models), draft_version))
     return Engine(core, models.tokenizer, compiler, executor.max_context, config.max_tokens_cap, config.examples,
-                  config.fast_forward, draft_loader=loader)
+                  config.fast_forward, draft_loader=loader, prompts=prompts)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class DraftLoader:
     dtype: torch.dtype
     target: ForwardStep
     eos: int
+    prompt_format: str = ""  # the statistics key's prompt format (``PromptFormat.stats_format``)
 
     def version(self, path: str) -> str:
         """The ``weights_version`` of the draft folder ``path``, its tokenizer checked against the target's (the
@@ -143,7 +147,7 @@ class DraftLoader:
         except (ModelLoadError, ValueError) as exc:
             raise DraftLoadError(str(exc)) from exc
         return DraftUpdate(DraftModelProposer(executor, self.eos, context_tokens=loaded.context_tokens), loaded.version,
-                           model_key(self.profile, loaded.version))
+                           model_key(self.profile, loaded.version, self.prompt_format))
 
 
 def make_executor(models, model: Any, max_context: int | None = None,
@@ -176,9 +180,24 @@ def make_draft_executor(models, draft: Any, vocab: DraftVocab | None, target: Fo
     return executor
 
 
+def make_prompts(models) -> PromptFormat:
+    """How the engine renders prompts for ``models``: through its chat template (``models.chat_template``; the
+    tokenizer's ``tool_use`` variant, where it has one beside that template, for tool calls), else the plain
+    format."""
+    template = getattr(models, "chat_template", None)
+    if not template:
+        return PlainPrompts(models.tokenizer)
+    own = getattr(models.tokenizer, "chat_template", None)
+    if isinstance(own, dict) and own.get("default") == template and "tool_use" in own:
+        return ChatPrompts(models.tokenizer, {"default": template, "tool_use": own["tool_use"]})
+    return ChatPrompts(models.tokenizer, template)
+
+
 def engine_model_key(models) -> str:
-    """The model an engine's statistics are kept under: the profile and, with a draft model, its version."""
-    return model_key(models.profile, models.draft_version if models.draft is not None else "")
+    """The model an engine's statistics are kept under: the profile, its prompt format where that is not the plain
+    one and, with a draft model, its version."""
+    return model_key(models.profile, models.draft_version if models.draft is not None else "",
+                     make_prompts(models).stats_format)
 
 
 def persisted_history(store: Any, model: str, legacy_model: str = "") -> SchemaHistory:

@@ -40,9 +40,10 @@ class ToolSpec:
         return cls(fn["name"], fn.get("description", ""), fn.get("parameters", {}))
 
 
-def schema_title(schema: dict[str, Any]) -> str:
+def schema_title(schema: dict[str, Any], schema_id: str = "") -> str:
+    """What the plain format calls a schema's object: its title, else its registered id ("": neither)."""
     title = schema.get("title") if isinstance(schema, dict) else None
-    return str(title) if title else "the requested object"
+    return str(title) if title else schema_id
 
 
 def extraction_prompt(
@@ -50,27 +51,37 @@ def extraction_prompt(
     text: str,
     instruction: str | None = None,
     examples: tuple[FewShotExample, ...] = (),
+    schema_id: str = "",
 ) -> str:
     """``### Extract <Title> as JSON.`` + optional instruction + input + ``### JSON:``.
 
     Few-shot examples repeat the same block with their output, separated by a
     blank line, so a base model sees the pattern before the real request.
+    A schema without a title is named by ``schema_id`` (a registered schema's id),
+    else announced as ``### Extract JSON.`` with its description on the next line.
     """
-    return f"{extraction_template(schema, instruction, examples)}{text.strip()}\n### JSON:\n"
+    return f"{extraction_template(schema, instruction, examples, schema_id)}{text.strip()}\n### JSON:\n"
 
 
 def extraction_template(
     schema: dict[str, Any],
     instruction: str | None = None,
     examples: tuple[FewShotExample, ...] = (),
+    schema_id: str = "",
 ) -> str:
     """The start of ``extraction_prompt`` before the input text: the same for every input."""
-    def head(title: str) -> str:
-        return f"### Extract {title} as JSON.\n" + (f"{instruction.strip()}\n" if instruction else "")
+    said = f"{instruction.strip()}\n" if instruction else ""
 
-    own = schema_title(schema)
-    blocks = [f"{head(ex.title or own)}### Input:\n{ex.text.strip()}\n### JSON:\n{ex.output}\n" for ex in examples]
-    return "\n".join([*blocks, f"{head(own)}### Input:\n"])
+    def head(title: str) -> str:
+        return f"### Extract {title} as JSON.\n" if title else "### Extract JSON.\n"
+
+    own = head(schema_title(schema, schema_id))
+    description = schema.get("description") if isinstance(schema, dict) and not schema.get("title") else None
+    if description:  # an untitled schema says what it holds in its description
+        own += " ".join(str(description).split()) + "\n"
+    blocks = [f"{head(ex.title) if ex.title else own}{said}### Input:\n{ex.text.strip()}\n### JSON:\n{ex.output}\n"
+              for ex in examples]
+    return "\n".join([*blocks, f"{own}{said}### Input:\n"])
 
 
 def describe_tool(tool: ToolSpec) -> str:

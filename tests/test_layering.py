@@ -18,13 +18,15 @@ ALLOWED: dict[str, set[str]] = {
     "grammar": {"json_limits"},
     "models": set(),
     "prompts": set(),
+    "chat_template": {"prompts"},  # a model's chat template (or the plain format) turned into prompt ids
     "schemas": set(),
     "stats": set(),  # counters, the book and their summaries: recorded by the engine, kept by the store
     "store": {"stats"},
     "client": {"front", "json_limits", "proto_gen"},  # the front's error and statistics values, not its machinery
-    "engine": {"grammar", "models", "prompts", "schemas", "stats"},  # the Speculator protocol is the engine's own
+    # the Speculator protocol is the engine's own
+    "engine": {"chat_template", "grammar", "models", "prompts", "schemas", "stats"},
     "speculation": {"engine", "grammar", "models", "stats", "store"},
-    "assembly": {"engine", "grammar", "models", "speculation", "stats"},
+    "assembly": {"chat_template", "engine", "grammar", "models", "speculation", "stats"},
     # the protocol-neutral front: requests, errors, the call guard and statistics views, knowing neither protocol
     "front": {"engine", "grammar", "json_limits", "prompts", "schemas", "speculation", "stats", "store"},
     "service": {"engine", "front", "grammar", "prompts", "proto_gen", "schemas", "speculation", "stats", "store"},

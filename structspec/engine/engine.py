@@ -21,20 +21,22 @@ import threading
 import uuid
 from typing import Any, AsyncIterator, Protocol
 
+from structspec.chat_template import ChatTemplateError, PlainPrompts, Prompt, PromptFormat
 from structspec.engine.api import ExtractionRequest, ToolCallRequest
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
 from structspec.engine.prefix_cache import common_prefix
 from structspec.engine.sequence import EngineSequence
-from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupported, DraftUpdate, EngineStopped,
-                                     FinishReason, GenerationResult, Outcome, TextDelta, ToolCall, ToolCallResult)
+from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupported, DraftUpdate, EngineError,
+                                     EngineStopped, FinishReason, GenerationResult, Outcome, TextDelta, ToolCall,
+                                     ToolCallResult)
 from structspec.grammar import GrammarCompiler
 from structspec.grammar.base import CompiledGrammar
 from structspec.grammar.cache import schema_digest
 from structspec.grammar.tools import parse_tool_output
 from structspec.models.worker_thread import run_in_worker
-from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, extraction_template, toolcall_prompt
+from structspec.prompts import ToolSpec, encode_prompt, toolcall_prompt
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,9 @@ class Engine:
 
     def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
                  max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True,
-                 draft_loader: DraftLoader | None = None):
+                 draft_loader: DraftLoader | None = None, prompts: PromptFormat | None = None):
         self.core = core
+        self.prompts = prompts or PlainPrompts(tokenizer)  # the model's chat template, or the plain format
         self.draft_loader = draft_loader  # None: no draft can be loaded while running
         self._draft_lock: asyncio.Lock | None = None  # one load at a time (made in the loop that loads)
         self.examples = examples or ExampleBook()  # worked examples for requests that bring none
@@ -160,12 +163,15 @@ class Engine:
         digest = request.schema_digest or self.compiler.digest(request.schema)  # the grammar's and the examples' key
         grammar = self.compiler.compile_schema(request.schema, digest=digest)
         examples = request.examples or self.examples.for_schema(request.schema, digest)
-        prompt = extraction_prompt(request.schema, text, request.instruction, examples)
         key = request.schema_key or digest
         # a caller's instruction or examples come first in the prompt, so nothing of it is public then
-        public = (extraction_template(request.schema, None, examples)
-                  if request.public_template and request.instruction is None and not request.examples else "")
-        return self._sequence(request, prompt, grammar, key, request.schema, public)
+        public = request.public_template and request.instruction is None and not request.examples
+        try:
+            prompt = self.prompts.extraction(request.schema, text, request.instruction, examples,
+                                             schema_id=key.rpartition("@")[0], public=public)  # "id@version"
+        except ChatTemplateError as exc:
+            raise EngineError(str(exc)) from exc
+        return self._sequence(request, prompt, grammar, key, request.schema)
 
     async def _generate_extraction(self, request: ExtractionRequest, stream: bool):
         seq = await asyncio.to_thread(self.prepare_extraction, request)  # compiles can take seconds
@@ -225,13 +231,14 @@ class Engine:
         return ToolCallResult(result=result, calls=calls, text=out.text if out else None)
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: str, grammar: CompiledGrammar,
-                  schema_key: str, schema: dict[str, Any] | None, public: str = "") -> EngineSequence:
-        """``public``: the start of ``prompt`` that is no caller's data ("": none)."""
+    def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: Prompt | str,
+                  grammar: CompiledGrammar, schema_key: str, schema: dict[str, Any] | None) -> EngineSequence:
         if self._stopping:
             raise EngineStopped("the engine is shutting down")
         params = request.sampling
-        ids = encode_prompt(self.tokenizer, prompt)
+        if isinstance(prompt, str):  # TRANSITIONAL until prepare_toolcall renders through self.prompts
+            prompt = Prompt(prompt, encode_prompt(self.tokenizer, prompt))
+        ids = prompt.ids
         if len(ids) + params.max_tokens > self.max_context:
             raise ContextTooLong(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                                  f"model's context of {self.max_context} tokens", field="max_tokens")
@@ -242,7 +249,7 @@ class Engine:
             deadline=request.deadline, fast_forward=self.fast_forward and request.fast_forward,
             speculate=request.speculation.value != "off", schema_key=schema_key, schema=schema, on_event=lambda *_: None,
             history_scope=request.history_scope, schema_speculation=request.schema_speculation,
-            tenant=request.tenant, public_prefix=common_prefix(encode_prompt(self.tokenizer, public), ids) if public else 0,
+            tenant=request.tenant, public_prefix=common_prefix(prompt.public_ids, ids) if prompt.public_ids else 0,
         )
 
     async def _run(self, seq: EngineSequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:

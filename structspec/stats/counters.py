@@ -29,9 +29,13 @@ def batch_bucket(batch_size: int) -> int:
     return 1 << (size - 1).bit_length()
 
 
-def model_key(profile: str, draft_version: str = "") -> str:
-    """The model statistics are kept under: ``gemma-3-270m``, or ``demo+draft:1a2b3c4d`` with a draft model."""
-    return f"{profile}+draft:{draft_version}" if draft_version else profile
+def model_key(profile: str, draft_version: str = "", prompt_format: str = "") -> str:
+    """The model statistics are kept under: ``gemma-3-270m``, ``demo+draft:1a2b3c4d`` with a draft model, and
+    ``smollm2+chat-v1:5e6f7a8b+draft:1a2b3c4d`` where prompts are rendered in another format than the plain one
+    (``prompt_format``: the chat template's ``chat_template.ChatPrompts.stats_format``; "" for the plain format,
+    whose keys carry none): acceptance under one prompt is not mixed with another's."""
+    key = f"{profile}+{prompt_format}" if prompt_format else profile
+    return f"{key}+draft:{draft_version}" if draft_version else key
 
 
 

@@ -1,0 +1,195 @@
+"""A model's prompt format turned into prompt ids: its own chat template (``ChatPrompts``) or the plain one.
+
+A *prompt format* renders an extraction or a tool-call request as the text the model reads and its token ids,
+with the length of the start that is no caller's data (the *public* tokens, which any tenant's request may reuse
+from the prefix cache). Two formats, one interface (``PromptFormat``):
+
+- ``PlainPrompts``: ``prompts.extraction_prompt``/``toolcall_prompt`` with a BOS in front (``encode_prompt``),
+  for models without a chat template (a base model such as Gemma 3 270M; the demo pair, trained on it).
+- ``ChatPrompts``: the model's chat template (jinja2, rendered by transformers' sandboxed
+  ``apply_chat_template``). An extraction is a system message (what to extract: the schema's title or id, its
+  description, the caller's instruction, and the JSON Schema itself, compact), the document as the user's turn
+  and the template's generation prompt; worked examples are earlier user/assistant turns. A tool call is the
+  conversation with the tools passed to the template (its ``tool_use`` variant where it has named ones); the
+  answer stays the JSON call the tool grammar writes, so the system message says that form. The rendered text
+  holds the template's own special tokens, so it is tokenized without adding any (no second BOS).
+
+``format_id`` names the format and its wording version; ``stats_format`` is what the statistics key adds
+(``stats.counters.model_key``): "" for the plain format, so its keys and stored statistics stay as they were.
+
+Contract: a template that raises (one that refuses a system message: Gemma's and Mistral's older ones) is
+retried once with the system text folded into the first user turn; if it still fails, ``ChatTemplateError``
+(a ValueError) says so. Nothing else a template does escapes as another exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ToolSpec, compact_json, describe_tool, encode_prompt,
+                                extraction_prompt, extraction_template, toolcall_prompt)
+
+CHAT_FORMAT = "chat-v1"  # the wording of the messages below; a change of wording is a new version
+CALL_FORM = 'To call a tool, answer with only a JSON object: {"name": <tool name>, "arguments": <its arguments>}.'
+
+
+class ChatTemplateError(ValueError):
+    """The chat template could not render a request (the message says what it raised)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: ``text``, its token ``ids`` (what the model reads), and ``public_ids``: the ids of the
+    same prompt rendered without the caller's data (empty: nothing of it is public); the start both share is
+    public."""
+
+    text: str
+    ids: list[int]
+    public_ids: list[int] = field(default_factory=list)
+
+
+class PromptFormat(Protocol):
+    """How an engine turns requests into prompts (``ChatPrompts`` or ``PlainPrompts``)."""
+
+    format_id: str
+    stats_format: str
+
+    def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
+                   examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
+        """``schema_id``: a registered schema's id ("": inline); ``public``: the schema and the examples are
+        public (no caller's instruction or examples), so the prompt's start before the document is too.
+        Raises: ChatTemplateError."""
+
+    def toolcall(self, tools: list[dict[str, Any]], messages: list[tuple[str, str]],
+                 examples: tuple[FewShotExample, ...] = ()) -> Prompt:
+        """``tools``: OpenAI-style tool dicts; ``messages``: (role, content) pairs. Raises: ChatTemplateError."""
+
+
+class PlainPrompts:
+    """The plain format (``prompts``): BOS + ``extraction_prompt`` / ``toolcall_prompt``, byte for byte."""
+
+    format_id = PROMPT_FORMAT
+    stats_format = ""  # the plain profiles' statistics keys carry no format
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
+                   examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
+        prompt = extraction_prompt(schema, text, instruction, examples, schema_id)
+        ids = encode_prompt(self.tokenizer, prompt)
+        shared = encode_prompt(self.tokenizer, extraction_template(schema, None, examples, schema_id)) if public else []
+        return Prompt(prompt, ids, shared)
+
+    def toolcall(self, tools: list[dict[str, Any]], messages: list[tuple[str, str]],
+                 examples: tuple[FewShotExample, ...] = ()) -> Prompt:
+        prompt = toolcall_prompt([ToolSpec.from_openai(t) for t in tools], messages, examples)
+        return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
+
+
+class ChatPrompts:
+    """Prompts through the model's chat template ``template``: its text, or named variants (``default``, and
+    ``tool_use`` for requests with tools) as a tokenizer's ``chat_template`` dict holds them."""
+
+    def __init__(self, tokenizer: Any, template: str | dict[str, str]):
+        if isinstance(template, dict):
+            if "default" not in template:
+                raise ChatTemplateError(f"a chat template dict needs a 'default' one (it has {sorted(template)})")
+            self.template, self.tool_template = template["default"], template.get("tool_use", template["default"])
+        else:
+            self.template = self.tool_template = template
+        self.tokenizer = tokenizer
+        source = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+        digest = hashlib.sha256(source.encode()).hexdigest()[:8]
+        self.format_id = f"{CHAT_FORMAT}:{digest}"
+        self.stats_format = self.format_id
+        self._renders_tools = "tools" in self.tool_template  # a template that never reads them: tools in words
+
+    def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
+                   examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
+        def conversation(document: str) -> list[dict[str, str]]:
+            turns = [{"role": "system", "content": extraction_system(schema, instruction, schema_id)}]
+            for ex in examples:
+                shown = ex.text.strip() if not ex.title else f"Extract {ex.title} as JSON:\n{ex.text.strip()}"
+                turns += [{"role": "user", "content": shown}, {"role": "assistant", "content": ex.output}]
+            return turns + [{"role": "user", "content": document}]
+
+        prompt = self._render(conversation(text.strip()), None, self.template)
+        # the same conversation without the document: the ids the two share are the template's, the schema's, the
+        # examples' (as the plain format's public template is)
+        shared = self._render(conversation(""), None, self.template).ids if public else []
+        return Prompt(prompt.text, prompt.ids, shared)
+
+    def toolcall(self, tools: list[dict[str, Any]], messages: list[tuple[str, str]],
+                 examples: tuple[FewShotExample, ...] = ()) -> Prompt:
+        listed = "" if self._renders_tools else "Tools:\n" + "\n".join(
+            describe_tool(ToolSpec.from_openai(t)) for t in tools) + "\n"
+        system = listed + CALL_FORM
+        turns = [{"role": role, "content": content} for role, content in messages]
+        if turns and turns[0]["role"] == "system":  # one system message: the caller's first, then the call form
+            system = f"{turns.pop(0)['content'].strip()}\n\n{system}"
+        shots = [turn for ex in examples for turn in ({"role": "user", "content": ex.text.strip()},
+                                                      {"role": "assistant", "content": ex.output})]
+        return self._render([{"role": "system", "content": system}, *shots, *turns], list(tools) or None,
+                            self.tool_template)
+
+    def _render(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, template: str) -> Prompt:
+        """The template's text for ``messages`` (+ the generation prompt) and its ids, no special tokens added.
+        Raises: ChatTemplateError (after one retry with the system message folded into the first user turn)."""
+        try:
+            text = self._apply(messages, tools, template)
+        except Exception as first:  # noqa: BLE001 - a template may raise anything; retried once, then said
+            folded = fold_system(messages)
+            if folded is None:
+                raise ChatTemplateError(f"the model's chat template failed: {_reason(first)}") from first
+            try:
+                text = self._apply(folded, tools, template)
+            except Exception as exc:  # noqa: BLE001
+                raise ChatTemplateError(f"the model's chat template failed: {_reason(first)} (and with the system "
+                                        f"message folded into the first user turn: {_reason(exc)})") from exc
+        return Prompt(text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+    def _apply(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, template: str) -> str:
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=template,
+                                                  add_generation_prompt=True, tokenize=False)
+        if not isinstance(text, str):
+            raise TypeError(f"rendering gave {type(text).__name__}, not text")
+        return text
+
+
+def extraction_system(schema: dict[str, Any], instruction: str | None, schema_id: str = "") -> str:
+    """The system message of an extraction: what to extract (the schema's title, else its id), its description,
+    the caller's instruction, and the JSON Schema the answer follows, compact."""
+    name = _text(schema.get("title")) or schema_id
+    lines = [f"Extract {name} from the user's document as JSON." if name else
+             "Extract the data of the user's document as JSON."]
+    if _text(schema.get("description")):
+        lines.append(_text(schema.get("description")))
+    if instruction and instruction.strip():
+        lines.append(instruction.strip())
+    lines.append(f"Answer with only a JSON object that follows this JSON Schema:\n{compact_json(schema)}")
+    return "\n".join(lines)
+
+
+def fold_system(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """``messages`` with a leading system message put in front of the first user turn's content; None when
+    there is no system message to fold (or no user turn to take it)."""
+    if not messages or messages[0]["role"] != "system":
+        return None
+    rest = list(messages[1:])
+    for i, turn in enumerate(rest):
+        if turn["role"] == "user":
+            rest[i] = {**turn, "content": f"{messages[0]['content']}\n\n{turn['content']}"}
+            return rest
+    return None
+
+
+def _text(value: Any) -> str:
+    return " ".join(str(value).split()) if value else ""
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
