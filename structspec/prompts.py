@@ -8,8 +8,9 @@ a new version. The demo models are trained on exactly these templates.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 PROMPT_FORMAT = "structspec-plain-v2"
 
@@ -24,6 +25,19 @@ class FewShotExample:
     text: str
     output: str
     title: str = ""
+
+
+class ShownTool(Protocol):
+    """What a prompt shows of a tool: a ``ToolSpec``, or a request's tool as the grammar layer parsed it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -84,13 +98,13 @@ def extraction_template(
     return "\n".join([*blocks, f"{own}{said}### Input:\n"])
 
 
-def describe_tool(tool: ToolSpec) -> str:
+def describe_tool(tool: ShownTool) -> str:
     params = ", ".join((tool.parameters.get("properties") or {}).keys())
     return f"- {tool.name}({params}): {tool.description}"
 
 
 def toolcall_prompt(
-    tools: list[ToolSpec],
+    tools: Sequence[ShownTool],
     messages: list[tuple[str, str]],
     examples: tuple[FewShotExample, ...] = (),
 ) -> str:

@@ -59,8 +59,10 @@ class ExampleBook:
         return self._synthesized("s:" + key, lambda: (*synthesize_extraction_examples(schema, 1),
                                                        _cut_to(self.foreign, schema)))
 
-    def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tuple[FewShotExample, ...]:
-        key = schema_digest(list(tools))
+    def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]],
+                  digest: str | None = None) -> tuple[FewShotExample, ...]:
+        """``digest``: the list's ``schema_digest``, where the caller has it already (``ToolSet.digest``)."""
+        key = digest or schema_digest(list(tools))
         if key in self._by_tools or not self.synthesize:
             return self._by_tools.get(key, ())
         return self._synthesized("t:" + key, lambda: synthesize_tool_examples(list(tools), self.synthesize))

@@ -33,10 +33,9 @@ from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupporte
                                      ToolCallResult)
 from structspec.grammar import GrammarCompiler
 from structspec.grammar.base import CompiledGrammar
-from structspec.grammar.cache import schema_digest
-from structspec.grammar.tools import parse_tool_output
+from structspec.grammar.tools import ToolSet
 from structspec.models.worker_thread import run_in_worker
-from structspec.prompts import ToolSpec, encode_prompt, toolcall_prompt
+from structspec.prompts import encode_prompt, toolcall_prompt
 
 log = logging.getLogger(__name__)
 
@@ -184,25 +183,21 @@ class Engine:
                 yield item
 
     def prepare_toolcall(self, request: ToolCallRequest) -> EngineSequence:
+        """Validate, parse the tool list, compile its grammar (cached), build the prompt: a sequence ready to submit."""
+        return self._prepare_toolcall(request)[0]
+
+    def _prepare_toolcall(self, request: ToolCallRequest) -> tuple[EngineSequence, ToolSet]:
         request.validate(self.max_tokens_cap)
-        tools = list(request.tools)
-        grammar = self.compiler.compile_tools(tools, request.tool_choice, request.parallel_calls)
-        specs = [ToolSpec.from_openai(t) for t in tools]
-        examples = request.examples or self.examples.for_tools(tools)
-        prompt = toolcall_prompt(specs, [(m.role, m.content) for m in request.messages], examples)
-        # Statistics and the schema history per tool list and choice: a named or required call writes other
-        # text than an ``auto`` one (its history would draft the wrong call). ``auto`` keeps the bare list's key.
-        shape: dict[str, Any] = {"tools": tools}
-        if request.tool_choice != "auto" or request.parallel_calls:
-            shape.update(tool_choice=request.tool_choice, parallel_calls=request.parallel_calls)
-        return self._sequence(request, prompt, grammar, f"tools:{schema_digest(shape)}", None)
+        # Parsed and keyed once: the grammar, the prompt, the worked examples, the statistics and the output read it
+        tools = ToolSet.parse(request.tools, request.tool_choice, request.parallel_calls)
+        grammar = self.compiler.compile_tools(tools)
+        examples = request.examples or self.examples.for_tools(tools.entries, tools.digest)
+        prompt = toolcall_prompt(tools.tools, [(m.role, m.content) for m in request.messages], examples)
+        return self._sequence(request, prompt, grammar, tools.statistics_key, None), tools
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
-        seq = await asyncio.to_thread(self.prepare_toolcall, request)
-        tools = list(request.tools)
+        seq, tools = await asyncio.to_thread(self._prepare_toolcall, request)
         parsed: dict[str, Any] = {}
-
-        params = {spec.name: spec.parameters for spec in map(ToolSpec.from_openai, tools)}
         post_check = seq.grammar.info.post_check_keywords
 
         def check(text: str) -> CheckResult:
@@ -210,14 +205,14 @@ class Engine:
             if deep is not None:
                 return deep
             try:
-                out = parse_tool_output(text, tools, request.tool_choice, request.parallel_calls)
+                out = tools.read(text)
             except ValueError as exc:
                 return CheckResult(Outcome.INTERNAL_ERROR, None, f"tool output failed its check: {exc}")
             parsed["out"] = out
             if out.text is not None and not out.calls:
                 return CheckResult(Outcome.TEXT, None)
             for call in out.calls:  # arguments against their tool's parameters schema
-                checked = check_instance(call.arguments, params[call.name], post_check)
+                checked = check_instance(call.arguments, dict(tools.parameters(call.name)), post_check)
                 if checked.outcome is not Outcome.VALID:
                     return CheckResult(checked.outcome, None, f"tool {call.name}: {checked.error}")
             return CheckResult(Outcome.VALID, [{"name": c.name, "arguments": c.arguments} for c in out.calls])

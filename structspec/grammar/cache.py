@@ -22,7 +22,8 @@ from concurrent.futures import Future
 from dataclasses import astuple, dataclass
 from typing import Any
 
-from structspec.grammar.base import CompiledGrammar, GrammarOptions, SchemaError
+from structspec.grammar.base import CompiledGrammar, GrammarOptions, SchemaError, SchemaIssue
+from structspec.json_limits import MAX_JSON_DEPTH, TooDeep, value_too_deep
 
 log = logging.getLogger(__name__)
 Observer = Callable[[str, float], None]  # ("compile" | "wait", seconds)
@@ -46,9 +47,28 @@ def _canonical(value: Any, ordered: bool = False) -> Any:
     return value
 
 
+def caller_canonical_json(value: Any, at: str = "") -> str:
+    """``canonical_json`` of a caller's value (a schema; a tool list ``at`` its pointer in the request), its nesting
+    bounded first (canonical JSON recurses): the levels above ``at`` count against ``MAX_JSON_DEPTH``.
+    Raises: SchemaError (too_deep, pointing into the request; invalid_schema: not JSON)."""
+    pointer = value_too_deep(value, MAX_JSON_DEPTH - at.count("/"))
+    if pointer is not None:
+        pointer = at + pointer
+        raise SchemaError([SchemaIssue(pointer, "", f"schema {TooDeep(pointer, MAX_JSON_DEPTH)}")], kind="too_deep")
+    try:
+        return canonical_json(value)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError([SchemaIssue("", "", f"not JSON: {exc}")], kind="invalid_schema") from exc
+
+
+def text_digest(canonical: str) -> str:
+    """SHA-256 of a canonical JSON text (``schema_digest`` of the value it spells)."""
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def schema_digest(value: Any) -> str:
     """SHA-256 of the canonical JSON of a schema (or tool list): the same content, the same digest."""
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+    return text_digest(canonical_json(value))
 
 
 def cache_key(kind: str, digest: str, fingerprint: str, backend: str, options: GrammarOptions) -> str:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any
 
-from structspec.grammar import intake, json_text
+from structspec.grammar import intake
 from structspec.grammar import tools as toolcalls
 from structspec.grammar.base import (
     CompiledGrammar,
@@ -16,7 +15,7 @@ from structspec.grammar.base import (
     SchemaError,
     SchemaIssue,
 )
-from structspec.grammar.cache import GrammarCache, cache_key, schema_digest
+from structspec.grammar.cache import GrammarCache, cache_key, caller_canonical_json, text_digest
 from structspec.grammar.deadline import run_with_deadline
 from structspec.grammar.llguidance_backend import LLGuidanceBackend
 from structspec.grammar.outlines_backend import OutlinesBackend
@@ -48,26 +47,16 @@ class GrammarCompiler:
         key = self._key("schema", digest or self.digest(schema), options)
         return self.cache.get_or_compile(key, lambda: self._compile_schema(schema, options))
 
-    def compile_tools(
-        self, tools: Any, tool_choice: Any = "auto", parallel: bool = False, options: GrammarOptions | None = None
-    ) -> CompiledGrammar:
+    def compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions | None = None) -> CompiledGrammar:
+        """``tools``: a request's tool list as ``ToolSet.parse`` parsed and keyed it."""
         options = options or GrammarOptions()
-        key = self._key("tools", self.digest({"tools": tools, "tool_choice": tool_choice, "parallel": bool(parallel)}),
-                        options)
-        return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, tool_choice, bool(parallel), options))
+        key = self._key("tools", tools.grammar_digest, options)
+        return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, options))
 
     @staticmethod
     def digest(value: Any) -> str:
-        """``schema_digest`` of a caller's schema (or tool list); SchemaError for one too deep to canonicalise
-        or not JSON."""
-        pointer = json_text.value_too_deep(value)  # canonical JSON recurses: bound the nesting first
-        if pointer is not None:
-            message = f"schema {json_text.TooDeep(pointer, json_text.MAX_JSON_DEPTH)}"
-            raise SchemaError([SchemaIssue(pointer, "", message)], kind="too_deep")
-        try:
-            return schema_digest(value)
-        except (TypeError, ValueError) as exc:
-            raise SchemaError([SchemaIssue("", "", f"not JSON: {exc}")], kind="invalid_schema") from exc
+        """``schema_digest`` of a caller's schema; SchemaError for one too deep to canonicalise or not JSON."""
+        return text_digest(caller_canonical_json(value))
 
     def _key(self, kind: str, digest: str, options: GrammarOptions) -> str:
         return cache_key(kind, digest, self.view.fingerprint, self.backend.name, options)
@@ -79,17 +68,14 @@ class GrammarCompiler:
         grammar = run_with_deadline(lambda: self.backend.compile_json_schema(compiled, options), options.compile_timeout_s)
         return _stamped(grammar, start)
 
-    def _compile_tools(self, tools: Any, tool_choice: Any, parallel: bool, options: GrammarOptions) -> CompiledGrammar:
+    def _compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions) -> CompiledGrammar:
         start = time.perf_counter()
-        parsed = toolcalls.parse_tools(tools)
-        choice = toolcalls.parse_tool_choice(tool_choice, parsed)
-        size = len(json.dumps(tools, separators=(",", ":"), ensure_ascii=False).encode())
-        if size > options.max_schema_bytes:
-            raise SchemaError([SchemaIssue("/tools", "", f"{size} bytes, over the budget of {options.max_schema_bytes}")],
-                              kind="too_large")
-        for tool in parsed:
+        if tools.size > options.max_schema_bytes:
+            raise SchemaError([SchemaIssue("/tools", "", f"{tools.size} bytes, over the budget of "
+                                                         f"{options.max_schema_bytes}")], kind="too_large")
+        for tool in tools.tools:
             intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
-        spec = toolcalls.call_grammar(parsed, choice, parallel)
+        spec = toolcalls.call_grammar(tools.tools, tools.choice, tools.parallel)
         compiled = None if spec.schema is None else intake.for_backends(spec.schema)
         try:
             grammar = run_with_deadline(

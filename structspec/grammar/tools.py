@@ -5,6 +5,11 @@ order; ``anyOf`` over the tools, each with a ``const`` name); parallel calls are
 non-empty JSON list of calls. ``tool_choice``: "auto" (plain text not starting
 with ``{``/``[``, or a call), "required" (a call), "none" (plain text only), or one
 named tool (a call to it).
+
+A ``ToolSet`` is a request's tool list parsed once (``ToolSet.parse``): its tools, the choice, whether calls
+are parallel, and its keys, each the digest of one canonical text (``grammar.cache.canonical_json``) built
+from the list's canonical text, made once. The grammar compiles it, the prompt shows its tools, the worked
+examples and the statistics are looked up by its keys, and the output is read against it (``ToolSet.read``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import jsonschema
 
 from structspec.grammar import postcheck, schema_walk
 from structspec.grammar.base import SchemaError, SchemaIssue
+from structspec.grammar.cache import caller_canonical_json, canonical_json, text_digest
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -66,6 +72,53 @@ class ToolCall:
 class ToolOutput:
     text: str | None  # plain-text answer, or None when the output is calls
     calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolSet:
+    """A request's tool list, parsed and keyed once (``parse``)."""
+
+    entries: tuple[Any, ...]  # the request's entries as sent (OpenAI-style; worked examples are made from them)
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    parallel: bool
+    size: int  # bytes of the list's JSON text: what the schema size budget measures
+    digest: str  # of the list: its worked examples' key
+    grammar_digest: str  # of the list, ``tool_choice`` as sent and ``parallel``: the grammar cache's key
+    # Statistics and the schema history per list and choice: a named or required call writes other text than an
+    # ``auto`` one (its history would draft the wrong call). ``auto`` keeps the bare list's key.
+    statistics_key: str
+
+    @classmethod
+    def parse(cls, entries: Any, tool_choice: Any = "auto", parallel: Any = False) -> ToolSet:
+        """Raises: SchemaError pointing into the request: the list too deep or not JSON, not a tool list
+        (``parse_tools``), ``tool_choice`` neither a mode nor one of its tools."""
+        listed = caller_canonical_json(list(entries) if isinstance(entries, (list, tuple)) else entries, at="/tools")
+        chosen = caller_canonical_json(tool_choice, at="/tool_choice")
+        tools = parse_tools(entries)
+        choice = parse_tool_choice(tool_choice, tools)
+        said = (_canonical_object(tools=listed, tool_choice=chosen, parallel_calls=canonical_json(parallel))
+                if tool_choice != "auto" or parallel else _canonical_object(tools=listed))
+        keyed = _canonical_object(tools=listed, tool_choice=chosen, parallel=canonical_json(bool(parallel)))
+        return cls(entries=tuple(entries), tools=tools, choice=choice, parallel=bool(parallel), size=len(listed.encode()),
+                   digest=text_digest(listed), grammar_digest=text_digest(keyed), statistics_key=f"tools:{text_digest(said)}")
+
+    def parameters(self, name: str) -> Mapping[str, Any]:
+        """The parameters schema of the tool named ``name`` (KeyError: none is)."""
+        for tool in self.tools:
+            if tool.name == name:
+                return tool.parameters
+        raise KeyError(name)
+
+    def read(self, text: str) -> ToolOutput:
+        """Generated text -> plain text or calls; ValueError when it is neither (for this list and choice).
+        Arguments are not validated here."""
+        return _read_output(text, self.tools, self.choice, self.parallel)
+
+
+def _canonical_object(**members: str) -> str:
+    """The canonical text of an object from its members' canonical texts (keys sorted, as ``canonical_json``)."""
+    return "{" + ",".join(f"{json.dumps(key)}:{text}" for key, text in sorted(members.items())) + "}"
 
 
 def parse_tools(tools: Any) -> tuple[Tool, ...]:
@@ -163,10 +216,10 @@ def _embed(parameters: Mapping[str, Any], at: str) -> dict[str, Any]:
 
 
 def parse_tool_output(text: str, tools: Any = None, tool_choice: Any = "auto", parallel: bool | None = None) -> ToolOutput:
-    """Generated text -> plain text or calls; ValueError when it is neither (for these ``tools``).
+    """Generated text -> plain text or calls; ValueError when it is neither (for these ``tools``, a raw list).
 
     ``parallel=None`` accepts a single call or a list. Arguments are not validated
-    here: see ``tool_call_errors``.
+    here: see ``tool_call_errors``. A request's parsed list reads with ``ToolSet.read``.
     """
     parsed = parse_tools(tools) if tools is not None else None
     if parsed is not None:
@@ -175,6 +228,10 @@ def parse_tool_output(text: str, tools: Any = None, tool_choice: Any = "auto", p
         choice = ToolChoice(tool_choice)
     else:
         raise ValueError("a named tool_choice needs the tool list")
+    return _read_output(text, parsed, choice, parallel)
+
+
+def _read_output(text: str, parsed: Sequence[Tool] | None, choice: ToolChoice, parallel: bool | None) -> ToolOutput:
     if choice.mode == "none":
         return ToolOutput(text=text)
     if text[:1] not in ("{", "["):

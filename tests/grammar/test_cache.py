@@ -14,6 +14,7 @@ from structspec.grammar import (
     make_backend,
 )
 from structspec.grammar.cache import GrammarCache, canonical_json, schema_digest
+from structspec.grammar.tools import ToolSet
 
 
 class CountingBackend:
@@ -131,8 +132,9 @@ def test_crashes_are_not_cached():
 def test_tool_grammars_are_cached(view, counting):
     compiler = GrammarCompiler(view, backend=counting)
     tools = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}}]
-    assert compiler.compile_tools(tools, "required") is compiler.compile_tools(tools, "required")
-    assert compiler.compile_tools(tools, "auto") is not compiler.compile_tools(tools, "required")
+    required, auto = ToolSet.parse(tools, "required"), ToolSet.parse(tools, "auto")
+    assert compiler.compile_tools(required) is compiler.compile_tools(ToolSet.parse(tools, "required"))
+    assert compiler.compile_tools(auto) is not compiler.compile_tools(required)
     assert counting.compiles == 2
 
 

@@ -16,6 +16,7 @@ from structspec.grammar import (
 )
 from structspec.grammar.deadline import abandoned, run_with_deadline
 from structspec.grammar.postcheck import instance_errors
+from structspec.grammar.tools import ToolSet
 
 from .conftest import accepts
 
@@ -251,7 +252,7 @@ def test_counts_in_tool_parameters_too(compiler, view):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"s": {"type": "string", "maxLength": 2.0}}, "required": ["s"],
         "additionalProperties": False}}}]
-    grammar = compiler.compile_tools(tools, "required")
+    grammar = compiler.compile_tools(ToolSet.parse(tools, "required"))
     assert accepts(grammar, view, '{"name":"f","arguments":{"s":"ab"}}')
     assert not accepts(grammar, view, '{"name":"f","arguments":{"s":"abc"}}')
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from structspec.grammar import allocate_bitmask, apply_token_bitmask, bitmask_to_bool
+from structspec.grammar.tools import ToolSet
 
 from .conftest import accepts, allowed
 
@@ -72,7 +73,7 @@ def test_rollback_leaves_no_mask_of_the_walked_draft_behind(demo_compiler, parti
     llguidance's own rollback, the mask in the order id kept refusing ``"}}`` (closing the call), which only the
     city's followers forbid: decoding went off the target's choice and ended on a token the grammar rejected."""
     view = demo_compiler.view
-    grammar = demo_compiler.compile_tools(TWO_TOOLS, "required")
+    grammar = demo_compiler.compile_tools(ToolSet.parse(TWO_TOOLS, "required"))
     prefix, taken = view.encode('{"name":"'), view.encode('lookup_order","arguments":{"order_id":"ORD-538485')
     walked = grammar.matcher()
     assert walked.consume(prefix)

@@ -12,7 +12,8 @@ from structspec.grammar import (
     parse_tool_output,
     tool_call_errors,
 )
-from structspec.grammar.tools import ToolCall
+from structspec.grammar.cache import schema_digest
+from structspec.grammar.tools import ToolCall, ToolSet
 
 from .conftest import accepts
 
@@ -40,7 +41,7 @@ TEXT = "Hello, how can I help you today?"
 
 
 def test_single_call(compiler, view):
-    grammar = compiler.compile_tools(TOOLS, "required")
+    grammar = compiler.compile_tools(ToolSet.parse(TOOLS, "required"))
     for call in (WEATHER, EMAIL, ITEMS):
         assert accepts(grammar, view, call)
     assert not accepts(grammar, view, '{"name":"get_weather","arguments":{"city":"Paris","unit":"kelvin"}}')
@@ -53,7 +54,7 @@ def test_single_call(compiler, view):
 
 
 def test_parallel_calls(compiler, view):
-    grammar = compiler.compile_tools(TOOLS, "required", parallel=True)
+    grammar = compiler.compile_tools(ToolSet.parse(TOOLS, "required", parallel=True))
     assert accepts(grammar, view, f"[{WEATHER},{EMAIL}]")
     assert accepts(grammar, view, f"[{ITEMS}]")
     assert not accepts(grammar, view, "[]")
@@ -63,7 +64,7 @@ def test_parallel_calls(compiler, view):
 
 
 def test_auto_is_text_or_a_call(compiler, view):
-    grammar = compiler.compile_tools(TOOLS, "auto")
+    grammar = compiler.compile_tools(ToolSet.parse(TOOLS, "auto"))
     assert accepts(grammar, view, TEXT)
     assert accepts(grammar, view, WEATHER)
     assert not accepts(grammar, view, '{"answer": 42}')  # "{" starts a call, and this is not one
@@ -73,7 +74,7 @@ def test_auto_is_text_or_a_call(compiler, view):
 
 
 def test_none_is_plain_text_only(compiler, view):
-    grammar = compiler.compile_tools(TOOLS, "none")
+    grammar = compiler.compile_tools(ToolSet.parse(TOOLS, "none"))
     assert accepts(grammar, view, TEXT)
     assert parse_tool_output(WEATHER, TOOLS, "none").text == WEATHER  # text, even if it looks like a call
     assert grammar.info.post_check_keywords == ()
@@ -81,16 +82,16 @@ def test_none_is_plain_text_only(compiler, view):
 
 def test_named_tool(compiler, view):
     choice = {"type": "function", "function": {"name": "send_email"}}
-    grammar = compiler.compile_tools(TOOLS, choice)
+    grammar = compiler.compile_tools(ToolSet.parse(TOOLS, choice))
     assert accepts(grammar, view, EMAIL)
     assert not accepts(grammar, view, WEATHER)
-    assert compiler.compile_tools(TOOLS, "send_email") is not None  # a bare name works too
+    assert compiler.compile_tools(ToolSet.parse(TOOLS, "send_email")) is not None  # a bare name works too
     with pytest.raises(ValueError):
         parse_tool_output(WEATHER, TOOLS, choice)
 
 
 def test_named_tool_forces_its_header(compilers, view):
-    matcher = compilers["llguidance"].compile_tools(TOOLS, "get_weather").matcher()
+    matcher = compilers["llguidance"].compile_tools(ToolSet.parse(TOOLS, "get_weather")).matcher()
     assert view.decode_bytes(matcher.forced_tokens()).startswith(b'{"name":"get_weather","arguments":{"city')
 
 
@@ -106,7 +107,7 @@ def test_named_tool_forces_its_header(compilers, view):
 ])
 def test_invalid_tool_lists(compiler, tools, pointer, keyword):
     with pytest.raises(SchemaError) as info:
-        compiler.compile_tools(tools, "auto")
+        compiler.compile_tools(ToolSet.parse(tools, "auto"))
     assert info.value.kind == "invalid_schema"
     assert (pointer, keyword) in [(i.pointer, i.keyword) for i in info.value.issues]
 
@@ -115,19 +116,19 @@ def test_tool_parameters_go_through_intake(compiler):
     bad = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "int"}}}}}
     with pytest.raises(SchemaError) as info:
-        compiler.compile_tools(TOOLS + [bad], "auto")
+        compiler.compile_tools(ToolSet.parse(TOOLS + [bad], "auto"))
     assert info.value.kind == "metaschema"
     assert [(i.pointer, i.keyword) for i in info.value.issues] == [("/tools/3/function/parameters/properties/x/type", "type")]
     external = {"type": "function", "function": {"name": "g", "parameters": {
         "type": "object", "properties": {"x": {"$ref": "other.json#/x"}}}}}
     with pytest.raises(SchemaError) as info:
-        compiler.compile_tools([external], "auto")
+        compiler.compile_tools(ToolSet.parse([external], "auto"))
     assert info.value.kind == "external_ref"
 
 
 def test_unknown_tool_choice(compiler):
     with pytest.raises(SchemaError) as info:
-        compiler.compile_tools(TOOLS, "launch_rockets")
+        compiler.compile_tools(ToolSet.parse(TOOLS, "launch_rockets"))
     assert [(i.pointer, i.keyword) for i in info.value.issues] == [("/tool_choice", "tool_choice")]
 
 
@@ -135,7 +136,7 @@ def test_post_check_warnings_point_into_the_tool_list(compiler, view):
     tagged = {"type": "function", "function": {"name": "tag", "parameters": {
         "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
         "required": ["tags"], "additionalProperties": False}}}
-    grammar = compiler.compile_tools(TOOLS + [tagged], "auto", parallel=True)
+    grammar = compiler.compile_tools(ToolSet.parse(TOOLS + [tagged], "auto", parallel=True))
     assert "uniqueItems" in grammar.info.post_check_keywords
     assert ("/tools/3/function/parameters/properties/tags/uniqueItems", "uniqueItems") in [
         (w.pointer, w.keyword) for w in grammar.info.warnings]
@@ -156,3 +157,50 @@ def test_parse_rejects_malformed_calls():
     with pytest.raises(ValueError):
         parse_tool_output(WEATHER, TOOLS, parallel=True)
     assert json.loads(WEATHER)["arguments"] == parse_tool_output(WEATHER).calls[0].arguments  # no tool list: shape only
+
+
+# The keys as they were before the tool list was parsed once (statistics already stored are kept under them).
+PINNED = {  # (tool_choice, parallel): (grammar digest, statistics key)
+    ("auto", False): ("351badf4585dc91b577af25ff42a3a6e702c266ef3ea9435f1bac03dfc4299c6",
+                      "tools:d222f9d8abf5383ac743524ea20fe26141b98f2a002027ad4543d68163b6a5a2"),
+    ("required", True): ("bd73a54c57445090221918f4b5fff858701f63cb28fa3cc49b070c78f5009547",
+                         "tools:a594afd8ec15b1a932fff459e68e8f7b8480c4507fa9ceb097087dc6167f7c2a"),
+    ("send_email", False): ("a43679c26db70197a00e1f01ea5771ad943ae30edd572de5bbf8b91e8dd2a6eb",
+                            "tools:719492bbe104d9b9e2c3165fed4ae18a1bfd7a9ff9dbac4112a8fa09b5c6dcd7"),
+}
+
+
+@pytest.mark.parametrize("choice, parallel", list(PINNED))
+def test_a_tool_sets_keys_are_the_ones_stored(choice, parallel):
+    tools = ToolSet.parse(tuple(TOOLS), choice, parallel)
+    assert (tools.grammar_digest, tools.statistics_key) == PINNED[choice, parallel]
+    assert tools.digest == "2a4f068e372446895ab5607802c68d91353d50bd7214a4f66375c4e80df07a9f"  # the worked examples'
+    shape = {"tools": TOOLS, **({"tool_choice": choice, "parallel_calls": parallel} if choice != "auto" or parallel
+                                else {})}
+    assert tools.statistics_key == f"tools:{schema_digest(shape)}"
+    assert tools.grammar_digest == schema_digest({"tools": TOOLS, "tool_choice": choice, "parallel": parallel})
+    assert tools.size == len(json.dumps(TOOLS, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def test_a_tool_set_reads_outputs_as_the_raw_list_does():
+    for choice, parallel, text in (("required", False, WEATHER), ("auto", False, TEXT), ("none", False, WEATHER),
+                                   ("send_email", False, EMAIL), ("required", True, f"[{WEATHER},{EMAIL}]")):
+        assert ToolSet.parse(TOOLS, choice, parallel).read(text) == parse_tool_output(text, TOOLS, choice, parallel)
+    with pytest.raises(ValueError):
+        ToolSet.parse(TOOLS, "send_email").read(WEATHER)
+    assert ToolSet.parse(TOOLS).parameters("send_email") is TOOLS[1]["function"]["parameters"]
+
+
+def test_a_tool_list_too_deep_or_not_json_is_refused_before_it_is_parsed():
+    deep: dict = {"type": "object"}
+    for _ in range(130):
+        deep = {"type": "object", "properties": {"x": deep}}
+    entry = {"type": "retrieval", "function": {"name": "f", "parameters": deep}}  # not a function tool either
+    with pytest.raises(SchemaError) as info:
+        ToolSet.parse([entry])
+    (issue,) = info.value.issues
+    assert info.value.kind == "too_deep" and issue.pointer.startswith("/tools/0/function/parameters/properties/x/")
+    assert issue.pointer.count("/") == 128  # the request's levels: /tools is one of them
+    with pytest.raises(SchemaError) as info:
+        ToolSet.parse([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": {1, 2}}}}])
+    assert info.value.kind == "invalid_schema" and "not JSON" in str(info.value)
