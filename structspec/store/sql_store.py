@@ -233,7 +233,8 @@ class SQLStore:
     def backlog(self) -> Backlog:
         buffers, quarantined = self._buffers(), self.quarantine.counts()
         # a kind's waiting rows and those taken, still unwritten (counters: the book counts both)
-        unwritten = {kind: len(b.pending()) + len(self._unwritten(kind)) for kind, b in buffers.items() if kind != "counters"}
+        unwritten = {kind: len(b.pending()) + len(self._unwritten(kind)) for kind, b in buffers.items()
+                     if kind != "counters"}
         return Backlog({"counters": self.stats.unwritten_keys(), **unwritten},
                        {kind: b.dropped for kind, b in buffers.items()},
                        {kind: quarantined.get(kind, 0) for kind in BACKLOG_KINDS})
@@ -272,8 +273,8 @@ class SQLStore:
         return await self._session(put)
 
     async def delete_schema(self, schema_id: str, version: int | None = None) -> list[int]:
-        cond, args = ("schema_id = ?", (schema_id,)) if version is None else \
-            ("schema_id = ? AND version = ?", (schema_id, version))
+        cond, args = (("schema_id = ?", (schema_id,)) if version is None
+                      else ("schema_id = ? AND version = ?", (schema_id, version)))
 
         async def delete(tx: Tx) -> list[int]:
             # locked: of two deletes at once, one finds the versions the other deleted gone
