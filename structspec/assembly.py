@@ -33,8 +33,8 @@ from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
 from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.models.llamacpp_executor import LlamaCppExecutor
-from structspec.models.loading import ModelLoadError, check_draft_folder, load_draft, load_profile, weights_version
-from structspec.models.profiles import get_profile
+from structspec.models.loading import ModelLoadError, check_draft, check_draft_folder, load_draft, load_models, \
+    model_profile, weights_version
 from structspec.models.threads import size_torch_threads
 from structspec.models.worker_thread import run_in_worker
 from structspec.speculation.configs import ProposerSet, speculation_config
@@ -219,8 +219,19 @@ def persisted_history(store: Any, model: str, legacy_model: str = "") -> SchemaH
     return history
 
 
+def draft_problem(config: EngineConfig) -> str | None:
+    """Why ``config``'s model and draft cannot serve together, read from their tokenizers alone (no weights: a
+    start-up check before the server starts), or None."""
+    try:
+        check_draft(model_profile(config.profile, draft=config.draft, tokenizer=config.tokenizer))
+    except ModelLoadError as exc:
+        return str(exc)
+    return None
+
+
 def build_engine(settings: Any, store: Any = None) -> Engine:
-    """Load the configured profile and start the engine (the server's engine factory).
+    """Load the configured model (a profile, a GGUF file or a model folder, under its served name) and start the
+    engine (the server's engine factory). Raises: ModelLoadError.
 
     ``settings``: a ``ServiceSettings`` (anything with ``engine_config()``) or an ``EngineConfig``.
     ``store``: its statistics book records this engine's traffic (keyed by the model) and the drafting
@@ -233,9 +244,12 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
         log.info("torch intra-op threads: %d", size_torch_threads())
     spec = speculation_config(config.speculation)
     # Model work off the main thread, so the engine thread computes at full speed (see worker_thread).
-    models = run_in_worker(load_profile, config.profile, device=device, dtype=config.resolved_dtype(device),
-                           with_draft=bool(spec.proposers and spec.proposers.draft), executor=config.executor)
-    examples = build_example_book(get_profile(models.profile).few_shot)
+    profile = model_profile(config.profile, draft=config.draft, tokenizer=config.tokenizer,
+                            served_name=config.served_name, chat_template=config.chat_template)
+    models = run_in_worker(load_models, profile, device=device, dtype=config.resolved_dtype(device),
+                           with_draft=bool(spec.proposers and spec.proposers.draft), executor=config.executor,
+                           load_format=config.load_format)
+    examples = build_example_book(profile.few_shot)
     model = engine_model_key(models)
     recorder = store.stats.recorder(model) if store is not None else None
     history = persisted_history(store, models.profile, model) if store is not None and spec.proposers else None
@@ -244,6 +258,6 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
         fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None, stats=recorder,
         examples=examples, history=history))
     engine.start()
-    log.info("engine ready in %.1fs (profile %s on %s, statistics under model %s)", time.monotonic() - t0,
+    log.info("engine ready in %.1fs (model %s on %s, statistics under model %s)", time.monotonic() - t0,
              models.profile, models.executor, model)
     return engine

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from structspec import cli_client, cli_draft, cli_serve, cli_stats
 from structspec.bench.compare import compare_outputs
-from structspec.models.profiles import get_profile, profiles
+from structspec.models.profiles import ModelProfile, profiles, resolve_model
 
 # The benchmarks, the trainer and model loading import torch (~6 s, transformers ~3 s more): the commands that run
 # them import them, so `structspec --help`, serve and the client commands start without them.
@@ -36,11 +36,23 @@ def _human(n: int) -> str:
     return str(n)
 
 
+MODEL_HELP = "a profile name (demo | gemma-3-270m), a GGUF file or a model folder"
+
+
+def _model(spec: str) -> ModelProfile:
+    try:
+        return resolve_model(spec)
+    except KeyError as exc:
+        console.print(f"[red]error:[/red] {exc.args[0]}")
+        raise typer.Exit(2) from None
+
+
 @models_app.command("list")
-def models_list() -> None:
-    """Show the named profiles, where their files are, their size and whether they are ready."""
-    table = Table("profile", "ready", "size", "target", "draft", "notes")
-    for p in profiles().values():
+def models_list(model: Optional[list[str]] = typer.Option(None, "--model", help=f"also show this model ({MODEL_HELP}; "
+                                                          "repeatable)")) -> None:
+    """Show the named profiles (and --model paths), where their files are, their size and whether they are ready."""
+    table = Table("model", "ready", "size", "target", "draft", "notes")
+    for p in [*profiles().values(), *(_model(m) for m in model or ())]:
         ready = p.is_ready()
         table.add_row(p.name, "yes" if ready else "no", _human(p.size_bytes()) if ready else "-", p.target,
                       p.draft or "-", p.description + ("" if ready or not p.prepare_note else f"; {p.prepare_note}"))
@@ -48,20 +60,29 @@ def models_list() -> None:
 
 
 @models_app.command("prepare")
-def models_prepare(profile: str = typer.Argument(..., help="profile name, e.g. gemma-3-270m"),
+def models_prepare(profile: Optional[str] = typer.Argument(None, help=MODEL_HELP),
+                   model: Optional[str] = typer.Option(None, "--model", help=f"{MODEL_HELP} (instead of the "
+                                                       "argument)"),
+                   tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder for a GGUF "
+                                                           "(default: read from the GGUF once and cached)"),
                    executor: str = typer.Option("auto", help="auto | llamacpp | transformers (as structspec serve)")
                    ) -> None:
-    """Make a profile ready for an executor, then load it once (Gemma: assemble the GGUF; transformers also converts
-    and caches it as safetensors)."""
+    """Make a model ready for an executor, then load it once (Gemma: assemble the GGUF; transformers also converts
+    and caches it as safetensors; a GGUF of one's own: read its tokenizer into the cache)."""
     from structspec.models.loading import ModelLoadError, load_profile  # torch: see the note at the imports
 
+    spec = model or profile
+    if spec is None:
+        console.print("[red]error:[/red] name the model: a profile name, --model PATH")
+        raise typer.Exit(2)
     try:
-        models = load_profile(profile, with_draft=True, executor=executor)
+        models = load_profile(spec, tokenizer=tokenizer, with_draft=True, executor=executor)
     except ModelLoadError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1)
     n = models.parameter_count()
-    console.print(f"{profile}: ready for {models.executor} ({n / 1e6:.1f} M parameters, vocab {len(models.tokenizer)})")
+    console.print(f"{models.profile}: ready for {models.executor} ({n / 1e6:.1f} M parameters, "
+                  f"vocab {len(models.tokenizer)})")
 
 
 @models_app.command("train-demo")
@@ -78,7 +99,7 @@ def models_train_demo(out: Path = typer.Option(None, help="output folder (defaul
 def bench_grammar(
     directory: Path = typer.Argument(..., help="folder of MaskBench-style {schema, tests} JSON files"),
     backend: str = typer.Option("llguidance", help="llguidance | outlines"),
-    tokenizer: str = typer.Option("demo", help="tokenizer of a model profile: demo | gemma-3-270m"),
+    tokenizer: str = typer.Option("demo", help=f"the tokenizer of a model: {MODEL_HELP}"),
     split: Optional[str] = typer.Option(None, help="only files whose name starts with this prefix"),
     limit: Optional[int] = typer.Option(None, help="at most this many schemas"),
     out: Path = typer.Option(Path("reports/grammar.json"), help="where to write the JSON report"),
@@ -88,12 +109,13 @@ def bench_grammar(
     """Compile every schema, walk every test instance through the matcher, report coverage and speed."""
     # torch: see the note at the imports
     from structspec.bench.grammar_bench import format_table, run_grammar_bench
-    from structspec.models.loading import load_tokenizer
+    from structspec.models.loading import load_tokenizer, tokenizer_source
 
-    prof = get_profile(tokenizer)
+    prof = _model(tokenizer)
     if prof.prepare is not None and not prof.is_ready():
         prof.prepare()
-    report = run_grammar_bench(directory, backend, load_tokenizer(prof.target), split_prefix=split, limit=limit,
+    report = run_grammar_bench(directory, backend, load_tokenizer(tokenizer_source(prof)), split_prefix=split,
+                               limit=limit,
                                allow_post_check=not strict)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
@@ -103,7 +125,7 @@ def bench_grammar(
 
 @bench_app.command("decode")
 def bench_decode(
-    profile: str = typer.Option("demo", help="demo | gemma-3-270m"),
+    profile: str = typer.Option("demo", "--profile", "--model", help=MODEL_HELP),
     workload: str = typer.Option("extraction", help="extraction | toolcall | freetext | mixed (with a short-output "
                                                     "schema) | shift (one schema's traffic changes, then back)"),
     concurrency: str = typer.Option("1", help="requests in flight; a comma list runs each (e.g. 1,16; HF baselines "
@@ -201,7 +223,7 @@ def bench_compare(first: Path = typer.Argument(..., help="a decode report writte
 
 @bench_app.command("step")
 def bench_step(
-    profile: str = typer.Option("gemma-3-270m", help="demo | gemma-3-270m"),
+    profile: str = typer.Option("gemma-3-270m", "--profile", "--model", help=MODEL_HELP),
     steps: int = typer.Option(20, help="timed decode steps and verifications per phase (medians)"),
     neighbour_cores: int = typer.Option(1, help="cores the neighbour process keeps busy in the second phase"),
     dtype: str = typer.Option("float32", help="float32 | bfloat16"),
@@ -210,7 +232,7 @@ def bench_step(
     """Time a target step alone and beside a CPU-bound neighbour (does it degrade in proportion?)."""
     from structspec.bench.step_bench import format_table, run_step_bench  # torch: see the note at the imports
 
-    prof = get_profile(profile)
+    prof = _model(profile)
     if prof.prepare is not None and not prof.is_ready():
         prof.prepare()
     report = run_step_bench(profile, steps, neighbour_cores, dtype)

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from structspec.models.profiles import get_profile
+from structspec.models.profiles import resolve_model
 from structspec.service.settings import load_settings
 from structspec.stats.counters import model_key
 from structspec.store import DEFAULT_DB_NAME, StoreError, open_store, redact_url
@@ -116,7 +116,9 @@ def align(
     since: Annotated[Optional[str], typer.Option("--since", help="align to the traffic recorded since then (unix "
                                                  "seconds, ISO 8601, or an age: 90m, 6h, 2d); the earlier traffic is "
                                                  "kept: replayed, and guarded against forgetting")] = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="model profile (default: the settings')")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="the target: a profile name, a GGUF file or a "
+                                                   "model folder (default: the settings' model or profile; --model "
+                                                   "here names the statistics key)")] = None,
     draft: Annotated[Optional[Path], typer.Option("--draft", help="draft folder to start from (default: the "
                                                   "profile's)")] = None,
     holdout: Annotated[float, typer.Option("--holdout", min=0.01, max=0.9, help="share of requests held out (by a "
@@ -142,11 +144,11 @@ def align(
 
     from structspec.draft.align import REPORT_FILE, AlignConfig, AlignError, AlignInputs, AlignReport, align_draft, \
         since_text, write_draft
-    from structspec.models.loading import DTYPES, ModelLoadError, load_draft, load_profile, weights_version
+    from structspec.models.loading import DTYPES, ModelLoadError, load_draft, load_models, weights_version
 
     settings = load_settings(None, overrides={"data_dir": data_dir, "store_url": store_url}, validate=False)
     try:
-        prof = get_profile(profile or settings.profile)
+        prof = resolve_model(profile or settings.model_spec, served_name=settings.served_model_name or None)
     except KeyError as exc:
         _fail(str(exc.args[0]))
     try:
@@ -176,7 +178,7 @@ def align(
 
     torch.manual_seed(seed)
     try:
-        models = load_profile(prof.name, device=device, dtype="float32", with_draft=False, executor="transformers")
+        models = load_models(prof, device=device, dtype="float32", with_draft=False, executor="transformers")
         loaded = load_draft(str(source), models.tokenizer, prof.target, "transformers", models.device, torch.float32)
     except ModelLoadError as exc:
         _fail(str(exc))

@@ -50,27 +50,32 @@ def _serve_parameters() -> list[inspect.Parameter]:
     return params
 
 
-def assembly_engine(settings: Any, store: Any = None) -> Any:
-    """The server's engine: ``structspec.assembly.build_engine``, imported here, on the server's engine-loading
-    thread: the import (torch and the models, ~14 s measured on a loaded 2-core machine) then runs while health
-    says NOT_SERVING, and neither the client commands mounted beside ``serve`` nor a factory plugged in with
+def _assembly() -> Any:
+    """``structspec.assembly``, imported on first use (torch and the models, ~14 s measured on a loaded 2-core
+    machine): neither the client commands mounted beside ``serve`` nor a factory plugged in with
     ``--engine-factory`` pay for it. Raises: ``EngineUnavailable`` where this build lacks the engine (torch,
     transformers), logged as one line that says so rather than an import traceback."""
     try:
-        from structspec.assembly import build_engine
+        from structspec import assembly
     except ModuleNotFoundError as exc:
         from structspec.service.server import EngineUnavailable  # loaded already: serve runs the server
 
         raise EngineUnavailable(f"cannot import the engine ({exc}); the decoding engine is not available in this "
                                 "build. Use --engine-factory module:callable to plug one in.") from exc
-    return build_engine(settings, store=store)
+    return assembly
+
+
+def assembly_engine(settings: Any, store: Any = None) -> Any:
+    """The server's engine: ``structspec.assembly.build_engine``, imported (``_assembly``) on the server's
+    engine-loading thread, so the import runs while health says NOT_SERVING."""
+    return _assembly().build_engine(settings, store=store)
 
 
 def serve(**options: Any) -> None:
     """Run the gRPC server: loads the model (health NOT_SERVING meanwhile), serves until SIGTERM,
     then drains. Precedence: flags > STRUCTSPEC_* environment > --config file > defaults.
     Token values come from STRUCTSPEC_AUTH_TOKEN / STRUCTSPEC_ADMIN_TOKEN or the *-token-file options."""
-    from structspec.service.server import run_server  # grpc and protobuf (~0.4 s): for serve alone
+    from structspec.service.server import EngineUnavailable, run_server  # grpc and protobuf (~0.4 s): serve alone
 
     config = options.pop("config", None)
     try:
@@ -78,6 +83,15 @@ def serve(**options: Any) -> None:
     except SettingsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
+    if settings.draft and not settings.engine_factory:
+        # a draft of another tokenizer is refused before the server starts (reading tokenizers, not weights)
+        try:
+            problem = _assembly().draft_problem(settings.engine_config())
+        except EngineUnavailable as exc:
+            problem = str(exc)
+        if problem:
+            typer.echo(f"error: {problem}", err=True)
+            raise typer.Exit(2)
     raise typer.Exit(run_server(settings, assembly_engine))
 
 

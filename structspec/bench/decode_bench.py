@@ -61,7 +61,7 @@ from structspec.engine.config import PolicyConfig, SchedulerLimits
 from structspec.engine.postcheck import check_json_text
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
 from structspec.models.loading import load_profile
-from structspec.models.profiles import get_profile
+from structspec.models.profiles import resolve_model
 from structspec.models.worker_thread import run_in_worker
 from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
 from structspec.speculation.configs import SPECULATION_CONFIGS, ProposerSet, speculation_config
@@ -418,7 +418,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
     models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True, executor=executor)
     configs = tuple(configs) if configs is not None else default_configs(models.executor)
-    shots = few_shot if few_shot is not None else get_profile(profile).few_shot
+    shots = few_shot if few_shot is not None else resolve_model(profile).few_shot
     pool = build_workload(workload, requests + 24 + warmup_requests, few_shot=shots, examples=examples)
     items, spare = pool[:requests], pool[requests:]
     if workload == "shift":

@@ -68,7 +68,12 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    profile: str = "gemma-3-270m"  # model profile (structspec.models.profiles)
+    profile: str = "gemma-3-270m"  # a model profile's name, a GGUF file or a model folder (profiles.resolve_model)
+    draft: str = ""  # a draft folder instead of the profile's ("" : the profile's)
+    tokenizer: str = ""  # a tokenizer folder for the target ("" : its own; a GGUF's vocabulary)
+    served_name: str = ""  # what statistics, results and /v1/models call the model ("" : profiles.served_name_of)
+    chat_template: str = ""  # a chat template file prompts are rendered with ("" : the model's own, if any)
+    load_format: str = "auto"  # auto (the stored weights) | dummy (seeded random weights of a folder's config)
     executor: str = "auto"  # auto | llamacpp | transformers (auto: the profile's CPU choice when llama.cpp is installed)
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16

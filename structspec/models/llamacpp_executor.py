@@ -88,7 +88,7 @@ import torch
 
 from structspec.models.executor import InputError, StepInput, check_inputs
 from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel, lib
-from structspec.models.restricted_head import RestrictedHead
+from structspec.models.restricted_head import ARCHITECTURES, RestrictedHead
 from structspec.models.threads import cpu_budget
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,13 @@ class LlamaCppExecutor:
             self._ggml = _ggml_base() if self._head is not None else None
             if self._ggml is not None:
                 self._callback = self._lib.ggml_backend_sched_eval_callback(self._on_tensor)
+            elif self._head is None:
+                log.info("restricted output layer off for %s (architecture %s): it scores %s models with an F32, F16 "
+                         "or Q8_0 output matrix; every row goes through llama.cpp's full output layer",
+                         model.info.path, model.info.architecture, " and ".join(ARCHITECTURES))
+            else:
+                log.info("restricted output layer off for %s: libggml-base was not found beside llama-cpp-python; "
+                         "every row goes through llama.cpp's full output layer", model.info.path)
         self._ctx, self._mem = self._new_context(*self._initial)
         self._cells, self._n_seq = self._initial
         self._free_ids = list(range(self._n_seq))

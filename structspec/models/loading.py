@@ -1,5 +1,12 @@
 """Load a profile's target and draft for one executor: transformers ``from_pretrained``, or llama.cpp GGUFs.
 
+A model named by its path (``profiles.resolve_model``): a GGUF file runs on llama.cpp, its
+tokenizer the ``--tokenizer`` folder or the GGUF's own vocabulary, read by transformers once
+(tens of seconds) into a cached folder named by the file's identity (``gguf_tokenizer``); a
+model folder runs on transformers, or on llama.cpp through ``gguf_for``. ``load_format``
+``dummy`` builds a folder's model from its config with seeded random weights (timing without
+weights; transformers only).
+
 ``resolve_executor`` turns ``auto`` into a choice (the profile's ``cpu_executor`` on a CPU
 when llama-cpp-python is installed, else transformers). For llama.cpp the target is the
 profile's own GGUF where it ships one (gemma-3-270m: loaded as it is, no conversion);
@@ -16,20 +23,28 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from structspec.models.draft_vocab import VOCAB_FILE, DraftVocab, vocabulary_hash
 from structspec.models.gguf_export import export_gguf
 from structspec.models import llamacpp_model
 from structspec.models.llamacpp_model import INSTALL_HINT, LlamaCppError, LlamaCppModel
-from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, get_profile
+from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, is_gguf, resolve_model
 
 log = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "dummy")  # auto: the weights as stored; dummy: seeded random weights of the config
+DUMMY_SEED = 0
+GGUF_MAGIC = b"GGUF"
+DIFFERING_SHOWN = 3  # (token, id) pairs a tokenizer mismatch names
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -69,7 +84,11 @@ def resolve_executor(requested: str, profile: ModelProfile, device: str) -> str:
         raise ModelLoadError(f"unknown executor {requested!r}; use auto, {', '.join(EXECUTORS)}")
     cpu = device in ("cpu", "auto") and not (device == "auto" and torch.cuda.is_available())
     if requested == "auto":
-        return profile.cpu_executor if cpu and llamacpp_model.llamacpp_available() else "transformers"
+        requested = profile.cpu_executor if cpu and llamacpp_model.llamacpp_available() else "transformers"
+    if requested == "transformers" and is_gguf(profile.target):
+        raise ModelLoadError(f"cannot load {profile.target} on transformers: a GGUF runs on the llama.cpp executor "
+                             f"(--executor llamacpp, on the CPU; {INSTALL_HINT}); for transformers give the model's "
+                             "folder (config, weights, tokenizer)")
     if requested == "llamacpp":
         if not cpu:
             raise ModelLoadError(f"the llama.cpp executor runs on the CPU, not on device {device!r}")
@@ -133,6 +152,27 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype) -> PreTr
     return model
 
 
+def dummy_causal_lm(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    """The model of folder ``path``'s config with random weights (``DUMMY_SEED``: the same ones each time), for
+    timing without the weights (``--load-format dummy``). Raises: ModelLoadError."""
+    if not (Path(path) / "config.json").is_file():
+        raise ModelLoadError(f"cannot build a dummy model from {path}: no config.json (not a model folder)")
+    try:
+        config = AutoConfig.from_pretrained(path)
+        with torch.random.fork_rng(devices=[]):  # seeded here without moving the caller's generator
+            torch.manual_seed(DUMMY_SEED)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model.to(device)
+    except Exception as exc:  # noqa: BLE001 - every cause becomes one readable line
+        raise ModelLoadError(f"cannot build a dummy model from {path}: {_cause(exc)}") from exc
+    model.eval()
+    return model
+
+
+def _causal_lm(path: str, device: torch.device, dtype: torch.dtype, load_format: str) -> PreTrainedModel:
+    return dummy_causal_lm(path, device, dtype) if load_format == "dummy" else load_causal_lm(path, device, dtype)
+
+
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(path)
@@ -140,17 +180,32 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
         raise ModelLoadError(f"cannot load tokenizer from {path}: {_cause(exc)}") from exc
 
 
+def tokenizer_differences(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> list[str]:
+    """What differs between two tokenizers for ids compared across models: the vocabulary (its sizes and a few
+    (token, id) pairs only one maps) and the EOS id; beside either, the BOS ids. Empty: the draft may speak for
+    the target."""
+    a, b = target.get_vocab(), draft.get_vocab()
+    out = []
+    if a != b:
+        differing = set(a.items()) ^ set(b.items())
+        shown = sorted({t for t, _ in differing}, key=lambda t: (a.get(t, b.get(t)), t))[:DIFFERING_SHOWN]
+        pairs = ", ".join(f"{t!r}: {a.get(t, '-')} vs {b.get(t, '-')}" for t in shown)
+        out.append(f"vocab {len(a)} vs {len(b)} tokens, {len(differing)} (token, id) pairs differ (e.g. {pairs})")
+    if target.eos_token_id != draft.eos_token_id:
+        out.append(f"EOS id {target.eos_token_id} vs {draft.eos_token_id}")
+    if out and target.bos_token_id != draft.bos_token_id:  # prompts take the target's BOS: named, never a cause
+        out.append(f"BOS id {target.bos_token_id} vs {draft.bos_token_id}")
+    return out
+
+
 def check_shared_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase,
                            target_path: str, draft_path: str) -> None:
-    """Speculation compares token ids across models: both must map every token to the same id."""
-    a, b = target.get_vocab(), draft.get_vocab()
-    if a != b:
-        only = len(set(a.items()) ^ set(b.items()))
-        raise ModelLoadError(f"draft {draft_path} does not share the tokenizer of target {target_path}: "
-                             f"{only} (token, id) pairs differ (vocab {len(a)} vs {len(b)})")
-    if target.eos_token_id != draft.eos_token_id:
-        raise ModelLoadError(f"draft {draft_path} and target {target_path} disagree on the EOS token id "
-                             f"({draft.eos_token_id} vs {target.eos_token_id})")
+    """Speculation compares token ids across models: both must map every token to the same id and agree on EOS.
+    Raises: ModelLoadError naming what differs (``tokenizer_differences``: target's value vs the draft's)."""
+    differences = tokenizer_differences(target, draft)
+    if differences:
+        raise ModelLoadError(f"draft {draft_path} does not share the tokenizer of target {target_path} (target vs "
+                             f"draft): {'; '.join(differences)}")
 
 
 @dataclass(frozen=True)
@@ -193,11 +248,20 @@ def check_draft_folder(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_
 
 
 def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: str, executor: str,
-               device: torch.device, dtype: torch.dtype) -> LoadedDraft:
-    """The draft model in folder ``path`` for ``executor``, checked against the target's ``tokenizer``
-    (``check_draft_folder``). Raises: ModelLoadError."""
+               device: torch.device, dtype: torch.dtype, load_format: str = "auto") -> LoadedDraft:
+    """The draft model in folder ``path`` (or a GGUF file, on llama.cpp) for ``executor``, checked against the
+    target's ``tokenizer`` (``check_draft_folder``). Raises: ModelLoadError."""
+    if is_gguf(path):
+        if executor != "llamacpp" or load_format == "dummy":
+            raise ModelLoadError(f"cannot load draft {path}: a GGUF draft runs on the llama.cpp executor, with its "
+                                 "weights (give a draft folder for transformers)")
+        check_shared_tokenizer(tokenizer, load_tokenizer(str(gguf_tokenizer(path))), tokenizer_source, path)
+        return LoadedDraft(_load_gguf(Path(path)), gguf_identity(Path(path)), None)
     vocab = check_draft_folder(path, tokenizer, tokenizer_source)
-    model = _load_gguf(gguf_for(path)) if executor == "llamacpp" else load_causal_lm(path, device, dtype)
+    if executor == "llamacpp":
+        model = _load_gguf(gguf_for(path))
+    else:
+        model = _causal_lm(path, device, dtype, load_format)
     return LoadedDraft(model, weights_version(path), vocab, draft_context_tokens(path))
 
 
@@ -233,6 +297,77 @@ def chat_template_of(profile: ModelProfile, tokenizer: PreTrainedTokenizerBase) 
     return own or None
 
 
+def gguf_identity(path: Path) -> str:
+    """A short name for a GGUF file's content: its size and a hash of its first and last MiB (a model's header,
+    vocabulary and metadata sit at the start; another quantization or model changes its size or its tensors'
+    layout). Raises: OSError."""
+    digest = hashlib.sha256()
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        digest.update(fh.read(1 << 20))
+        fh.seek(max(0, size - (1 << 20)))
+        digest.update(fh.read(1 << 20))
+    return f"{size}-{digest.hexdigest()[:12]}"
+
+
+def _check_gguf_file(path: Path) -> None:
+    """Raises ModelLoadError (one line: the path and the cause) unless ``path`` is a readable GGUF file."""
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except FileNotFoundError:
+        raise ModelLoadError(f"cannot load GGUF {path}: the file does not exist") from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot load GGUF {path}: {_cause(exc)}") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"cannot load GGUF {path}: not a GGUF file (it does not start with {GGUF_MAGIC!r})")
+
+
+def gguf_tokenizer(path: str | Path) -> Path:
+    """A folder with the tokenizer of the GGUF file ``path``, read from its vocabulary by transformers once (tens of
+    seconds for a 49k-token vocabulary) and saved into the cache under the file's stem and ``gguf_identity``, with
+    its chat template; later calls return that folder (loaded in under a second). Written to a temporary folder and
+    renamed into place. Raises: ModelLoadError (no such file, not a GGUF, no vocabulary: give --tokenizer)."""
+    file = Path(path)
+    _check_gguf_file(file)
+    out = cache_dir() / "tokenizers" / f"{file.stem}-{gguf_identity(file)}"
+    if (out / "tokenizer_config.json").is_file():
+        return out
+    model = gguf.GGUFReader(file).fields.get("tokenizer.ggml.model")
+    if model is None or model.contents() == "no_vocab":
+        raise ModelLoadError(f"cannot read a tokenizer from GGUF {file}: it holds no vocabulary (give --tokenizer "
+                             "FOLDER, the Hugging Face tokenizer it was made with)")
+    log.info("reading the tokenizer of %s (once: it is cached in %s)", file, out)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    except Exception as exc:  # noqa: BLE001 - every cause becomes one readable line
+        raise ModelLoadError(f"cannot read a tokenizer from GGUF {file}: {_cause(exc)} (give --tokenizer FOLDER)") \
+            from exc
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".gguf-tokenizer-", dir=out.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def tokenizer_source(profile: ModelProfile, executor: str = "transformers") -> str:
+    """The folder the tokenizer of ``profile``'s target is loaded from: ``--tokenizer``, else (llama.cpp) the
+    profile's tokenizer-only folder, else a GGUF's own (``gguf_tokenizer``), else the target folder.
+    Raises: ModelLoadError."""
+    if profile.tokenizer_path:
+        return profile.tokenizer_path
+    if executor == "llamacpp" and profile.tokenizer is not None:
+        return str(profile.tokenizer())
+    if is_gguf(profile.target):
+        return str(gguf_tokenizer(profile.target))
+    return profile.target
+
+
 def _load_gguf(path: Path):
     try:
         return LlamaCppModel(path)
@@ -241,7 +376,7 @@ def _load_gguf(path: Path):
 
 
 def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
-    tokenizer_dir = str(profile.tokenizer()) if profile.tokenizer is not None else profile.target
+    tokenizer_dir = tokenizer_source(profile, "llamacpp")
     tokenizer = load_tokenizer(tokenizer_dir)
     target = _load_gguf(profile.gguf() if profile.gguf is not None else gguf_for(profile.target))
     if target.info.n_vocab < len(tokenizer):
@@ -250,34 +385,71 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
     draft = LoadedDraft(None, "", None)
     if with_draft and profile.draft:
         draft = load_draft(profile.draft, tokenizer, tokenizer_dir, "llamacpp", torch.device("cpu"), torch.float32)
-    log.info("loaded profile %s for llama.cpp (%s)", profile.name, target.info.path)
+    log.info("loaded %s for llama.cpp (%s)", profile.name, target.info.path)
     return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
                         draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens,
                         chat_template=chat_template_of(profile, tokenizer))
 
 
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
-                with_draft: bool = True, executor: str = "transformers") -> LoadedModels:
-    """``executor``: transformers | llamacpp | auto (``resolve_executor``)."""
+                with_draft: bool = True, executor: str = "transformers", load_format: str = "auto") -> LoadedModels:
+    """``executor``: transformers | llamacpp | auto (``resolve_executor``; with ``load_format`` dummy, auto is
+    transformers). ``load_format``: auto (the stored weights) | dummy (``dummy_causal_lm``: folders, transformers).
+    Raises: ModelLoadError."""
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"unknown load format {load_format!r}; use {', '.join(LOAD_FORMATS)}")
+    if load_format == "dummy":
+        if is_gguf(profile.target):
+            raise ModelLoadError(f"cannot load {profile.target} with dummy weights: --load-format dummy builds a "
+                                 "model folder's config (a GGUF is loaded with its weights)")
+        executor = "transformers" if executor == "auto" else executor
+        if executor == "llamacpp":
+            raise ModelLoadError("--load-format dummy runs on the transformers executor, not llamacpp")
     executor = resolve_executor(executor, profile, device if isinstance(device, str) else str(device))
     if executor == "llamacpp":
         return _load_llamacpp(profile, with_draft)
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     if profile.prepare is not None:  # makes the files exist; on a ready profile a quick check (and migration)
         profile.prepare()
-    tokenizer = load_tokenizer(profile.target)
-    target = load_causal_lm(profile.target, dev, dt)
+    source = tokenizer_source(profile)
+    tokenizer = load_tokenizer(source)
+    target = _causal_lm(profile.target, dev, dt, load_format)
     draft = LoadedDraft(None, "", None)
     if with_draft and profile.draft:
-        draft = load_draft(profile.draft, tokenizer, profile.target, "transformers", dev, dt)
-    log.info("loaded profile %s on %s (%s)", profile.name, dev, dt)
+        draft = load_draft(profile.draft, tokenizer, source, "transformers", dev, dt, load_format)
+    log.info("loaded %s on %s (%s%s)", profile.name, dev, dt, ", dummy weights" if load_format == "dummy" else "")
     return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab,
                         draft_context=draft.context_tokens, chat_template=chat_template_of(profile, tokenizer))
 
 
-def load_profile(name: str, **kwargs: Any) -> LoadedModels:
+def check_draft(profile: ModelProfile) -> None:
+    """Whether ``profile``'s draft speaks its target's tokenizer, reading tokenizers only (a start-up check before
+    any weights load; the tokenizer-only folder where the profile has one). Raises: ModelLoadError naming what
+    differs."""
+    if not profile.draft:
+        return
+    source = tokenizer_source(profile, "llamacpp")
+    tokenizer = load_tokenizer(source)
+    if is_gguf(profile.draft):
+        check_shared_tokenizer(tokenizer, load_tokenizer(str(gguf_tokenizer(profile.draft))), source, profile.draft)
+    else:
+        check_draft_folder(profile.draft, tokenizer, source)
+
+
+def model_profile(spec: str, *, draft: str | None = None, tokenizer: str | None = None,
+                  served_name: str | None = None, chat_template: str | None = None) -> ModelProfile:
+    """``profiles.resolve_model`` (empty overrides: none) with its refusal as a ModelLoadError."""
     try:
-        profile = get_profile(name)
+        return resolve_model(spec, draft=draft or None, tokenizer=tokenizer or None, served_name=served_name or None,
+                             chat_template=chat_template or None)
     except KeyError as exc:
         raise ModelLoadError(str(exc.args[0])) from exc
+
+
+def load_profile(spec: str, *, draft: str | None = None, tokenizer: str | None = None, served_name: str | None = None,
+                 chat_template: str | None = None, **kwargs: Any) -> LoadedModels:
+    """The models ``spec`` names (a profile name, a GGUF file, a model folder: ``model_profile``, with its
+    overrides), loaded by ``load_models`` with ``kwargs``. Raises: ModelLoadError."""
+    profile = model_profile(spec, draft=draft, tokenizer=tokenizer, served_name=served_name,
+                            chat_template=chat_template)
     return load_models(profile, **kwargs)

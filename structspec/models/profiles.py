@@ -10,6 +10,12 @@
 
 Each profile runs on either executor (``EXECUTORS``). ``auto`` picks the profile's
 ``cpu_executor`` on a CPU when llama-cpp-python is installed, transformers otherwise.
+
+A model of one's own is named by its path (``resolve_model``): a ``.gguf`` file (llama.cpp
+on a CPU; its tokenizer is ``--tokenizer`` or the GGUF's own vocabulary, read once into the
+cache by ``loading.gguf_tokenizer``) or a model folder (config, weights, tokenizer: the
+transformers executor, CPU or CUDA). Its served name (what statistics, results and
+``/v1/models`` show) defaults to the file's stem or the folder's name.
 """
 
 from __future__ import annotations
@@ -47,19 +53,31 @@ class ModelProfile:
     cpu_executor: str = "transformers"  # what ``auto`` means on a CPU with llama-cpp-python installed
     align_lr: float = 5e-4  # ``structspec draft align``'s default peak learning rate for this profile's draft
     chat_template: str | None = None  # a template file (``--chat-template``); None: the model's own, if any
+    tokenizer_path: str | None = None  # a tokenizer folder given for this model (``--tokenizer``): wins over the rest
 
     def is_ready(self) -> bool:
-        return _is_model_dir(Path(self.target)) and (self.draft is None or _is_model_dir(Path(self.draft)))
+        return _is_model(Path(self.target)) and (self.draft is None or _is_model(Path(self.draft)))
 
     def size_bytes(self) -> int:
-        return sum(_dir_size(Path(p)) for p in (self.target, self.draft) if p)
+        return sum(_size(Path(p)) for p in (self.target, self.draft) if p)
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` names a GGUF file (by its suffix: a missing one is reported when it is loaded)."""
+    return Path(path).suffix.lower() == ".gguf"
 
 
 def _is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def _dir_size(path: Path) -> int:
+def _is_model(path: Path) -> bool:
+    return path.is_file() if is_gguf(path) else _is_model_dir(path)
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
@@ -97,16 +115,40 @@ def profiles() -> dict[str, ModelProfile]:
     return {demo.name: demo, gemma.name: gemma}
 
 
+def served_name_of(spec: str) -> str:
+    """The name a model is served under by default: a profile's name, a GGUF's file stem, a folder's name."""
+    if spec in profiles():
+        return spec
+    path = Path(spec).expanduser().resolve()
+    return path.stem if is_gguf(path) else path.name
+
+
+def _looks_like_path(spec: str) -> bool:
+    return is_gguf(spec) or "/" in spec or spec.startswith((".", "~")) or Path(spec).exists()
+
+
 def resolve_model(spec: str, *, draft: str | None = None, tokenizer: str | None = None,
                   served_name: str | None = None, chat_template: str | None = None) -> ModelProfile:
-    """The profile that ``spec`` names: a profile name (a shortcut), a ``.gguf`` file or a model folder.
-
-    The returned profile's ``name`` is the served name (what statistics, results and ``/v1/models`` show).
-    Raises: KeyError (an unknown name that is no path either)."""
-    profile = get_profile(spec)
-    overrides = {k: v for k, v in (("draft", draft), ("chat_template", chat_template), ("name", served_name))
-                 if v is not None}
-    return replace(profile, **overrides) if overrides else profile
+    """The profile that ``spec`` names: a profile name (a shortcut), a ``.gguf`` file or a model folder; ``draft``
+    (a draft folder), ``tokenizer`` (a tokenizer folder), ``chat_template`` (a template file) override the
+    profile's. The returned profile's ``name`` is the served name (what statistics, results and ``/v1/models``
+    show; default ``served_name_of(spec)``). Reads nothing: a path that does not exist fails when it is loaded.
+    Raises: KeyError (neither a profile name nor something that looks like a path)."""
+    known = profiles()
+    if spec in known:
+        profile = known[spec]
+    elif not _looks_like_path(spec):
+        raise KeyError(f"unknown model {spec!r}: neither a profile name ({', '.join(known)}) nor the path of a "
+                       "GGUF file or a model folder")
+    elif is_gguf(spec):
+        path = Path(spec).expanduser()
+        profile = ModelProfile(name=path.stem, description=f"GGUF file {path}", target=str(path),
+                               gguf=lambda: path, cpu_executor="llamacpp")
+    else:
+        path = Path(spec).expanduser()
+        profile = ModelProfile(name=path.resolve().name, description=f"model folder {path}", target=str(path))
+    overrides = {"draft": draft, "tokenizer_path": tokenizer, "chat_template": chat_template, "name": served_name}
+    return replace(profile, **{k: v for k, v in overrides.items() if v})
 
 
 def get_profile(name: str) -> ModelProfile:

@@ -236,7 +236,7 @@ class StructSpecServer:
         self._server = server
         try:
             if s.http_port >= 0:
-                app = OpenAIApp(self._slot, self.registry, self.store, self.metrics, limits, auth, s.profile,
+                app = OpenAIApp(self._slot, self.registry, self.store, self.metrics, limits, auth, s.served_name,
                                 max_in_flight=s.max_concurrent_rpcs).build()
                 self._http = HttpServer(app, s.host, s.http_port, cert_file=s.tls_cert_file, key_file=s.tls_key_file,
                                         client_ca_file=s.tls_client_ca_file)

@@ -69,6 +69,18 @@ _POLICY_FIELDS = ("acceptance_threshold", "acceptance_guard", "min_evidence_toke
 class ServiceSettings:
     # -- model ---------------------------------------------------------------------------------
     profile: str = _opt(_ENGINE.profile, "model profile (structspec.models.profiles): gemma-3-270m | demo")
+    model: str = _opt("", "the model to serve: a GGUF file (runs on llama.cpp), a model folder (config, weights, "
+                      "tokenizer; runs on transformers) or a profile name; wins over --profile when set")
+    draft: str = _opt("", "draft model folder (or GGUF, on llama.cpp) instead of the profile's; its tokenizer must "
+                      "equal the target's (checked at start: exit 2 naming what differs)")
+    tokenizer: str = _opt("", "Hugging Face tokenizer folder for the model (default: its own; for a GGUF its "
+                          "vocabulary, read once and cached)")
+    served_model_name: str = _opt("", "the name GET /v1/models, results and statistics show (default: the GGUF's "
+                                  "file stem, the folder's name, or the profile)")
+    chat_template: Path | None = _opt(None, "chat template file (jinja) prompts are rendered with instead of the "
+                                      "model's own")
+    load_format: str = _opt(_ENGINE.load_format, "auto: the weights as stored; dummy: seeded random weights of a model "
+                            "folder's config (transformers), for timing without the weights", ("auto", "dummy"))
     executor: str = _opt(_ENGINE.executor, "what runs the model: llamacpp (the GGUF as it is, llama-cpp-python's "
                          "low-level API; CPU) or transformers (PyTorch); auto: llamacpp for gemma-3-270m on a CPU "
                          "when llama-cpp-python is installed (pip install 'structspec[llamacpp]'), else transformers",
@@ -194,6 +206,24 @@ class ServiceSettings:
     # -- derived -------------------------------------------------------------------------------
 
     @property
+    def model_spec(self) -> str:
+        """What is served: ``model`` where set, else the profile."""
+        return self.model or self.profile
+
+    @property
+    def served_name(self) -> str:
+        """The name ``/v1/models``, results and statistics show (``profiles.served_name_of``'s rule: settings
+        name no model package)."""
+        if self.served_model_name:
+            return self.served_model_name
+        if not self.model:
+            return self.profile
+        path = Path(self.model).expanduser()
+        if path.suffix.lower() == ".gguf":
+            return path.stem
+        return path.resolve().name if ("/" in self.model or path.exists()) else self.model
+
+    @property
     def tls_enabled(self) -> bool:
         return self.tls_cert_file is not None
 
@@ -229,11 +259,15 @@ class ServiceSettings:
             if getattr(self, name) <= 0:
                 problems.append(f"{name}: must be > 0")
         problems += self._policy_problems()
+        if self.load_format == "dummy" and self.model_spec.lower().endswith(".gguf"):
+            problems.append("load_format: dummy builds a model folder's config with random weights; a GGUF is loaded "
+                            "with its weights")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             problems.append("tls_cert_file and tls_key_file: give both or neither")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             problems.append("tls_client_ca_file: mutual TLS needs tls_cert_file and tls_key_file")
-        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file", "admin_token_file"):
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file", "admin_token_file",
+                     "chat_template"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 problems.append(f"{name}: {path} is not a readable file")
@@ -259,7 +293,9 @@ class ServiceSettings:
                                  max_spec_batch=self.max_batch_for_speculation,
                                  prefix_cache_tokens=self.prefix_cache_tokens)
         return EngineConfig(
-            profile=self.profile, executor=self.executor, device=self.device, dtype=self.dtype,
+            profile=self.model_spec, draft=self.draft, tokenizer=self.tokenizer, served_name=self.served_model_name,
+            chat_template=str(self.chat_template or ""), load_format=self.load_format,
+            executor=self.executor, device=self.device, dtype=self.dtype,
             grammar_backend=self.grammar_backend,
             speculation=self.speculation, max_tokens_cap=self.max_tokens_cap, limits=limits,
             policy=self._policy(limits.max_draft),

@@ -4,8 +4,9 @@ store, metrics, limits and tokens: parse -> engine/registry -> render, errors ma
 - ``POST /v1/chat/completions``: ``translate.plan`` decides (extraction or tool calls) and refuses
   what structspec cannot do; the engine runs it (``stream: true``: server-sent events, extraction
   deltas token by token, a tool-call message as one delta; ending with ``data: [DONE]``).
-- ``GET /v1/models``: the served profile. ``GET /health``: 200 ``{"status": "SERVING"}`` once the
-  engine is loaded, 503 ``NOT_SERVING`` while it loads or drains (no token needed).
+- ``GET /v1/models``: the served model's name (``--served-model-name``, else the profile's or the path's).
+  ``GET /health``: 200 ``{"status": "SERVING"}`` once the engine is loaded, 503 ``NOT_SERVING`` while it loads
+  or drains (no token needed).
 
 Each request to the first two is one exchange (``_run``): bearer token (``Authorization: Bearer``,
 the gRPC tokens), request id (``x-request-id``, echoed), metrics under ``rpc`` = the route
