@@ -243,6 +243,37 @@ def bench_step(
     console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
 
 
+@bench_app.command("device")
+def bench_device(
+    model: Path = typer.Option(..., "--model", help="a model folder: its config.json is built with dummy weights"),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="the tokenizer folder the perfect draft's prompts use"),
+    device: str = typer.Option("cuda", help="cuda | cpu"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float32"),
+    steps: int = typer.Option(20, help="timed steps per batch size and per draft length (medians)"),
+    prompt_len: int = typer.Option(128, help="tokens each timed sequence holds before its steps"),
+    perfect_draft: bool = typer.Option(True, help="also run off vs perfect_draft on the freetext workload"),
+    requests: int = typer.Option(8, help="the perfect draft's measured requests"),
+    max_tokens: int = typer.Option(128, help="the perfect draft's output cap per request"),
+    out: Path = typer.Option(Path("reports/device.json"), help="where to write the JSON report"),
+) -> None:
+    """Time a decode step at batch 1, 4, 16, 32 and verification by draft length on dummy weights, and the perfect
+    draft's ceiling on free text (bench/device_check.sh runs it on a GPU machine)."""
+    from structspec.bench.device_bench import format_table, run_device_bench  # torch: see the note at the imports
+    from structspec.models.loading import ModelLoadError
+
+    try:
+        report = run_device_bench(str(model), str(tokenizer), device, dtype, steps, prompt_len, perfect_draft,
+                                  requests, max_tokens)
+    except ModelLoadError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".txt").write_text(format_table(report))
+    console.print(format_table(report))
+    console.print(f"report written to {out} (+ {out.with_suffix('.txt').name})")
+
+
 @bench_app.command("policy")
 def bench_policy(
     hours: float = typer.Option(72.0, help="simulated hours per scenario"),

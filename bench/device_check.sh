@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The device check of issue #33: step cost by batch (1, 4, 16, 32), verification cost by draft length (1, 2, 4, 8)
+# and the perfect draft's ceiling on free text, on dummy weights of Gemma 3 270M's and Gemma 3 1B's configs
+# (bench/device_configs), on CUDA, in under 8 minutes; the JSON reports (+ tables) go to $OUT.
+#
+#   bench/device_check.sh --fetch-wheels     here (network to the package index): fill bench/device_carry/ with
+#                                            what the device machine lacks, print its size and the `carry` list
+#                                            that fits the 64 MiB a device run may send (the tree counted in)
+#   bench/device_check.sh                    on the device machine (repo root; torch + transformers there, no
+#                                            network): install only what is carried and missing, then measure
+#   bench/device_check.sh --device cpu --tiny   the same steps on a tiny config (4 layers, hidden 64) with the
+#                                            demo tokenizer, on the CPU, in about a minute ($OUT or reports/device-check)
+#
+# bench/device_carry/ (git-ignored) holds two sets, carried apart because both together may not fit:
+#   steps/   the wheels the step timings import and the device lacks (gguf: models.loading imports it)
+#   engine/  the wheels the engine imports (grammar packages) + Gemma 3's tokenizer (compact JSON, xz): the
+#            perfect draft's ceiling runs only when these are carried
+# Without engine/ the step timings still run (the report says the perfect draft was not run, and why).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+CARRY=bench/device_carry
+CONFIGS=bench/device_configs
+PY="${PYTHON:-python3}"
+LIMIT_BYTES=$((64 * 1024 * 1024))  # what a device run sends at most: the working tree and the carried paths
+PER_MODEL_S=220  # two models within the 8 minutes, with room for the install
+# dist:import — a package (as pip names it) and the module whose import says whether the machine has it
+STEP_PACKAGES="gguf:gguf"
+ENGINE_PACKAGES="llguidance:llguidance jsonschema_rs:jsonschema_rs outlines_core:outlines_core google-re2:re2
+jsonschema:jsonschema jsonschema-specifications:jsonschema_specifications referencing:referencing rpds-py:rpds"
+
+device=cuda
+tiny=0
+fetch=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --fetch-wheels) fetch=1 ;;
+    --device) device="$2"; shift ;;
+    --tiny) tiny=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+say() { echo "[device-check] $*"; }
+
+bytes_of() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+
+tree_bytes() {  # what a device run sends besides the carried paths: tracked and untracked-not-ignored files
+  git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'
+}
+
+fetch_set() {  # fetch_set FOLDER "dist:import ..." — the wheels of the exact versions installed here, for the
+  local folder="$1" packages="$2" spec dist version   # device's Python 3.12 on x86-64
+  rm -rf "$folder" && mkdir -p "$folder" || return 1
+  for spec in $packages; do
+    version=$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "${spec%%:*}") || return 1
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+      -d "$folder" "${spec%%:*}==$version" 2>&1 | grep -v '^WARNING: Location' || true
+    dist="${spec%%:*}"
+    ls "$folder/${dist//-/_}"-[0-9]*.whl >/dev/null 2>&1 || { say "no wheel of $dist==$version"; return 1; }
+  done
+}
+
+fetch_wheels() {
+  fetch_set "$CARRY/steps" "$STEP_PACKAGES" || exit 1
+  fetch_set "$CARRY/engine" "$ENGINE_PACKAGES" || exit 1
+  local tok out="$CARRY/engine/gemma-3-tokenizer"
+  tok=$("$PY" -c "from structspec.models.gemma import ensure_tokenizer; print(ensure_tokenizer())") || exit 1
+  mkdir -p "$out" && cp "$tok/tokenizer_config.json" "$out/" || exit 1
+  say "compressing Gemma 3's tokenizer (33 MB of JSON; a minute or two)"
+  "$PY" -c "import json, sys; json.dump(json.load(open(sys.argv[1])), sys.stdout, separators=(',', ':'), ensure_ascii=False)" \
+    "$tok/tokenizer.json" | xz -9 -T1 > "$out/tokenizer.json.xz" || exit 1
+  local tree steps engine
+  tree=$(tree_bytes); steps=$(bytes_of "$CARRY/steps"); engine=$(bytes_of "$CARRY/engine")
+  say "sizes (bytes): working tree $tree, steps/ $steps, engine/ $engine, limit $LIMIT_BYTES"
+  du -b "$CARRY"/*/* | sort -n
+  if [ $((tree + steps + engine)) -le $LIMIT_BYTES ]; then
+    say "both sets fit: carry [\"$CARRY\"]"
+  elif [ $((tree + steps)) -le $LIMIT_BYTES ]; then
+    say "engine/ does not fit ($((tree + steps + engine - LIMIT_BYTES)) bytes over): carry [\"$CARRY/steps\"]" \
+        "(step timings; the perfect draft is not run)"
+  else
+    say "not even steps/ fits: the working tree alone is $tree bytes"
+  fi
+}
+
+install_carried() {  # installs each carried wheel whose import fails here into /tmp/structspec-site
+  local site=/tmp/structspec-site wheels=() spec dist file
+  for spec in $STEP_PACKAGES $ENGINE_PACKAGES; do
+    dist="${spec%%:*}"
+    "$PY" -c "import ${spec##*:}" 2>/dev/null && continue
+    file=$(ls "$CARRY"/*/"${dist//-/_}"-[0-9]*.whl 2>/dev/null | head -1)
+    if [ -n "$file" ]; then wheels+=("$file"); else say "missing here and not carried: $dist"; fi
+  done
+  if [ ${#wheels[@]} -gt 0 ]; then
+    say "installing ${wheels[*]}"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${wheels[@]}" \
+      || return 1
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+}
+
+engine_available() {
+  "$PY" -c "import structspec.bench.decode_bench" 2>/dev/null
+}
+
+bench_one() {  # bench_one NAME MODEL TOKENIZER [bench device options...]
+  local name="$1" model="$2" tokenizer="$3"
+  shift 3
+  say "$name: $model on $device"
+  timeout "$PER_MODEL_S" "$PY" -m structspec.cli bench device --model "$model" --tokenizer "$tokenizer" \
+    --device "$device" --out "$OUT/device-$name.json" "$@"
+  local rc=$?
+  [ $rc -eq 0 ] || say "$name: exit $rc$([ $rc -eq 124 ] && echo " (over ${PER_MODEL_S} s)")"
+  return $rc
+}
+
+run_check() {
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+  install_carried || { say "installing the carried wheels failed"; return 1; }
+  local perfect=(--perfect-draft) tokenizer=structspec/models/demo/target status=0
+  if ! engine_available; then
+    say "the engine's packages are not all here (engine/ not carried?): step timings only, no perfect draft"
+    "$PY" -c "import structspec.bench.decode_bench" 2>&1 | tail -1
+    perfect=(--no-perfect-draft)
+  fi
+  if [ $tiny -eq 1 ]; then
+    bench_one tiny "$CONFIGS/tiny" "$tokenizer" --dtype float32 --steps 5 --requests 3 --max-tokens 48 "${perfect[@]}"
+    return $?
+  fi
+  local packed="$CARRY/engine/gemma-3-tokenizer"
+  if [ "${perfect[0]}" = --perfect-draft ] && [ ! -f "$packed/tokenizer.json.xz" ]; then
+    say "Gemma 3's tokenizer is not carried ($packed): step timings only, no perfect draft"
+    perfect=(--no-perfect-draft)
+  elif [ "${perfect[0]}" = --perfect-draft ]; then  # Gemma 3 270M and 1B share it
+    tokenizer=/tmp/structspec-gemma-3-tokenizer
+    mkdir -p "$tokenizer" && cp "$packed/tokenizer_config.json" "$tokenizer/" \
+      && xz -dc "$packed/tokenizer.json.xz" > "$tokenizer/tokenizer.json" || return 1
+  fi
+  local dtype=bfloat16
+  [ "$device" = cpu ] && dtype=float32
+  for name in gemma-3-270m gemma-3-1b; do
+    bench_one "$name" "$CONFIGS/$name" "$tokenizer" --dtype "$dtype" "${perfect[@]}" || status=1
+  done
+  return $status
+}
+
+if [ $fetch -eq 1 ]; then
+  fetch_wheels
+  exit $?
+fi
+OUT="${OUT:-$ROOT/reports/device-check}"
+mkdir -p "$OUT" || exit 2
+started=$(date +%s)
+run_check 2>&1 | tee "$OUT/device-check.log"
+status=${PIPESTATUS[0]}
+say "done in $(($(date +%s) - started)) s, exit $status; reports in $OUT" | tee -a "$OUT/device-check.log"
+exit "$status"
