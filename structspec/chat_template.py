@@ -27,12 +27,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ToolSpec, compact_json, describe_tool, encode_prompt,
+from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, compact_json, describe_tool, encode_prompt,
                                 extraction_prompt, extraction_template, toolcall_prompt)
 
 CHAT_FORMAT = "chat-v1"  # the wording of the messages below; a change of wording is a new version
+SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
 CALL_FORM = 'To call a tool, answer with only a JSON object: {"name": <tool name>, "arguments": <its arguments>}.'
 
 
@@ -63,9 +65,9 @@ class PromptFormat(Protocol):
         public (no caller's instruction or examples), so the prompt's start before the document is too.
         Raises: ChatTemplateError."""
 
-    def toolcall(self, tools: list[dict[str, Any]], messages: list[tuple[str, str]],
+    def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
                  examples: tuple[FewShotExample, ...] = ()) -> Prompt:
-        """``tools``: OpenAI-style tool dicts; ``messages``: (role, content) pairs. Raises: ChatTemplateError."""
+        """``tools``: the request's tools, parsed; ``messages``: (role, content) pairs. Raises: ChatTemplateError."""
 
 
 class PlainPrompts:
@@ -84,9 +86,9 @@ class PlainPrompts:
         shared = encode_prompt(self.tokenizer, extraction_template(schema, None, examples, schema_id)) if public else []
         return Prompt(prompt, ids, shared)
 
-    def toolcall(self, tools: list[dict[str, Any]], messages: list[tuple[str, str]],
+    def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
                  examples: tuple[FewShotExample, ...] = ()) -> Prompt:
-        prompt = toolcall_prompt([ToolSpec.from_openai(t) for t in tools], messages, examples)
+        prompt = toolcall_prompt(tools, messages, examples)
         return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
 
 
@@ -123,17 +125,18 @@ class ChatPrompts:
         shared = self._render(conversation(""), None, self.template).ids if public else []
         return Prompt(prompt.text, prompt.ids, shared)
 
-    def toolcall(self, tools: list[dict[str, Any]], messages: list[tuple[str, str]],
+    def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
                  examples: tuple[FewShotExample, ...] = ()) -> Prompt:
-        listed = "" if self._renders_tools else "Tools:\n" + "\n".join(
-            describe_tool(ToolSpec.from_openai(t)) for t in tools) + "\n"
+        listed = "" if self._renders_tools else "Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
         system = listed + CALL_FORM
         turns = [{"role": role, "content": content} for role, content in messages]
         if turns and turns[0]["role"] == "system":  # one system message: the caller's first, then the call form
             system = f"{turns.pop(0)['content'].strip()}\n\n{system}"
         shots = [turn for ex in examples for turn in ({"role": "user", "content": ex.text.strip()},
                                                       {"role": "assistant", "content": ex.output})]
-        return self._render([{"role": "system", "content": system}, *shots, *turns], list(tools) or None,
+        functions = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                        "parameters": dict(t.parameters)}} for t in tools]
+        return self._render([{"role": "system", "content": system}, *shots, *turns], functions or None,
                             self.tool_template)
 
     def _render(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, template: str) -> Prompt:
@@ -162,7 +165,9 @@ class ChatPrompts:
 
 def extraction_system(schema: dict[str, Any], instruction: str | None, schema_id: str = "") -> str:
     """The system message of an extraction: what to extract (the schema's title, else its id), its description,
-    the caller's instruction, and the JSON Schema the answer follows, compact."""
+    the caller's instruction, and the JSON Schema the answer follows, compact (without what the words said
+    already, its title and description, nor its ``$schema`` and ``$id`` URLs)."""
+    schema = schema if isinstance(schema, dict) else {}
     name = _text(schema.get("title")) or schema_id
     lines = [f"Extract {name} from the user's document as JSON." if name else
              "Extract the data of the user's document as JSON."]
@@ -170,7 +175,8 @@ def extraction_system(schema: dict[str, Any], instruction: str | None, schema_id
         lines.append(_text(schema.get("description")))
     if instruction and instruction.strip():
         lines.append(instruction.strip())
-    lines.append(f"Answer with only a JSON object that follows this JSON Schema:\n{compact_json(schema)}")
+    shown = {key: value for key, value in schema.items() if key not in SAID_IN_WORDS}
+    lines.append(f"Answer with only a JSON object that follows this JSON Schema:\n{compact_json(shown)}")
     return "\n".join(lines)
 
 

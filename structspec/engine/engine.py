@@ -29,13 +29,12 @@ from structspec.engine.postcheck import CheckResult, check_instance, check_json_
 from structspec.engine.prefix_cache import common_prefix
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupported, DraftUpdate, EngineError,
-                                     EngineStopped, FinishReason, GenerationResult, Outcome, TextDelta, ToolCall,
-                                     ToolCallResult)
+                                     EngineStopped, FinishReason, GenerationResult, InvalidRequest, Outcome, TextDelta,
+                                     ToolCall, ToolCallResult)
 from structspec.grammar import GrammarCompiler
 from structspec.grammar.base import CompiledGrammar
 from structspec.grammar.tools import ToolSet
 from structspec.models.worker_thread import run_in_worker
-from structspec.prompts import encode_prompt, toolcall_prompt
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +191,10 @@ class Engine:
         tools = ToolSet.parse(request.tools, request.tool_choice, request.parallel_calls)
         grammar = self.compiler.compile_tools(tools)
         examples = request.examples or self.examples.for_tools(tools.entries, tools.digest)
-        prompt = toolcall_prompt(tools.tools, [(m.role, m.content) for m in request.messages], examples)
+        try:
+            prompt = self.prompts.toolcall(tools.tools, [(m.role, m.content) for m in request.messages], examples)
+        except ChatTemplateError as exc:  # the caller's conversation (its roles' order) or the template itself
+            raise InvalidRequest(str(exc), field="messages") from exc
         return self._sequence(request, prompt, grammar, tools.statistics_key, None), tools
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
@@ -226,13 +228,11 @@ class Engine:
         return ToolCallResult(result=result, calls=calls, text=out.text if out else None)
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: Prompt | str,
-                  grammar: CompiledGrammar, schema_key: str, schema: dict[str, Any] | None) -> EngineSequence:
+    def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: Prompt, grammar: CompiledGrammar,
+                  schema_key: str, schema: dict[str, Any] | None) -> EngineSequence:
         if self._stopping:
             raise EngineStopped("the engine is shutting down")
         params = request.sampling
-        if isinstance(prompt, str):  # TRANSITIONAL until prepare_toolcall renders through self.prompts
-            prompt = Prompt(prompt, encode_prompt(self.tokenizer, prompt))
         ids = prompt.ids
         if len(ids) + params.max_tokens > self.max_context:
             raise ContextTooLong(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
