@@ -1,4 +1,5 @@
-"""Prompt formats: how an extraction or tool-call request becomes model input.
+"""The plain prompt format: how an extraction or tool-call request becomes model input for a model without a chat
+template (a model with one renders through it: ``chat_template``).
 
 The format is named and versioned (``PROMPT_FORMAT``) so acceptance statistics
 stay comparable: a change of wording changes what the model writes, so it gets

@@ -274,15 +274,13 @@ def test_the_tool_use_variant_serves_requests_with_tools(family_models):
     assert "# Tools" not in prompts.extraction(SCHEMA, DOCUMENT).text
 
 
-def test_a_schema_without_a_title_is_named_by_what_it_has():
+def test_a_schema_without_a_title_is_named_by_its_id_or_described():
     untitled = {"type": "object", "properties": {"name": {"type": "string"}}}
-    assert extraction_prompt(untitled, "Ada").startswith("### Extract JSON.\n### Input:\nAda")
-    assert extraction_prompt(untitled, "Ada", schema_id="person").startswith("### Extract person as JSON.\n")
-    described = {**untitled, "description": "A person,\n  named."}
-    assert extraction_prompt(described, "Ada", "Names only.") == (
-        "### Extract JSON.\nA person, named.\nNames only.\n### Input:\nAda\n### JSON:\n")
-    assert "the requested object" not in extraction_system(untitled, None)
+    assert extraction_system(untitled, None).startswith("Extract the data of the user's document as JSON.\n")
     assert extraction_system(untitled, None, "person").startswith("Extract person from the user's document as JSON.")
+    described = extraction_system({**untitled, "description": "A person."}, "Names only.")
+    assert described.split("\n")[1:3] == ["A person.", "Names only."]
+    assert '"description"' not in described  # said in words, not again in the schema shown
 
 
 # -- SmolLM2's real tokenizer and template, read from its GGUF ------------------------------------------------------

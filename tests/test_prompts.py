@@ -39,3 +39,13 @@ def test_an_example_of_another_schema_is_shown_under_its_own_title():
     prompt = extraction_prompt({"title": "Order", "type": "object"}, "Order 7", None, (other,))
     assert prompt == ("### Extract Contact as JSON.\n### Input:\nBo, bo@example.com\n### JSON:\n{\"name\":\"Bo\"}\n\n"
                       "### Extract Order as JSON.\n### Input:\nOrder 7\n### JSON:\n")
+
+
+def test_a_schema_without_a_title_is_named_by_its_id_or_its_description():
+    untitled = {"type": "object", "properties": {"name": {"type": "string"}}}
+    assert extraction_prompt(untitled, "Ada") == "### Extract JSON.\n### Input:\nAda\n### JSON:\n"
+    assert extraction_prompt(untitled, "Ada", schema_id="person").startswith("### Extract person as JSON.\n### Input:")
+    described = {**untitled, "description": "A person,\n  named."}
+    assert extraction_prompt(described, "Ada", "Names only.") == (
+        "### Extract JSON.\nA person, named.\nNames only.\n### Input:\nAda\n### JSON:\n")
+    assert extraction_prompt(SCHEMA, "Ada", schema_id="person").startswith("### Extract Contact as JSON.\n")
