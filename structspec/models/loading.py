@@ -23,8 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,7 @@ from structspec.models.draft_vocab import VOCAB_FILE, DraftVocab, vocabulary_has
 from structspec.models.gguf_export import export_gguf
 from structspec.models import llamacpp_model
 from structspec.models.llamacpp_model import INSTALL_HINT, LlamaCppError, LlamaCppModel
-from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, is_gguf, resolve_model
+from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, is_gguf, resolve_model, write_folder
 
 log = logging.getLogger(__name__)
 
@@ -137,40 +135,34 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else 'no message'}"
 
 
-def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+def check_model_folder(path: str) -> None:
+    """Raises ModelLoadError where ``path`` is a missing folder or one without config.json (a name that is no local
+    path passes: transformers may find it on a hub)."""
     local = Path(path)
     if not local.exists() and (local.is_absolute() or path.startswith(".")):
         raise ModelLoadError(f"cannot load model from {path}: the directory does not exist")
     if local.is_dir() and not (local / "config.json").is_file():
         raise ModelLoadError(f"cannot load model from {path}: no config.json (not a transformers model folder)")
+
+
+def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, load_format: str = "auto") -> PreTrainedModel:
+    """The model in folder ``path``; ``load_format`` dummy: its config's model with random weights (``DUMMY_SEED``:
+    the same ones each time), for timing without the weights. Raises: ModelLoadError."""
+    check_model_folder(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        if load_format == "dummy":
+            config = AutoConfig.from_pretrained(path)
+            with torch.random.fork_rng(devices=[]):  # seeded here without moving the caller's generator
+                torch.manual_seed(DUMMY_SEED)
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model.to(device)
     except Exception as exc:  # noqa: BLE001 - every cause becomes one readable line
-        raise ModelLoadError(f"cannot load model from {path}: {_cause(exc)}") from exc
+        dummy = " (dummy weights)" if load_format == "dummy" else ""
+        raise ModelLoadError(f"cannot load model from {path}{dummy}: {_cause(exc)}") from exc
     model.eval()
     return model
-
-
-def dummy_causal_lm(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
-    """The model of folder ``path``'s config with random weights (``DUMMY_SEED``: the same ones each time), for
-    timing without the weights (``--load-format dummy``). Raises: ModelLoadError."""
-    if not (Path(path) / "config.json").is_file():
-        raise ModelLoadError(f"cannot build a dummy model from {path}: no config.json (not a model folder)")
-    try:
-        config = AutoConfig.from_pretrained(path)
-        with torch.random.fork_rng(devices=[]):  # seeded here without moving the caller's generator
-            torch.manual_seed(DUMMY_SEED)
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-        model.to(device)
-    except Exception as exc:  # noqa: BLE001 - every cause becomes one readable line
-        raise ModelLoadError(f"cannot build a dummy model from {path}: {_cause(exc)}") from exc
-    model.eval()
-    return model
-
-
-def _causal_lm(path: str, device: torch.device, dtype: torch.dtype, load_format: str) -> PreTrainedModel:
-    return dummy_causal_lm(path, device, dtype) if load_format == "dummy" else load_causal_lm(path, device, dtype)
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
@@ -261,7 +253,7 @@ def load_draft(path: str, tokenizer: PreTrainedTokenizerBase, tokenizer_source: 
     if executor == "llamacpp":
         model = _load_gguf(gguf_for(path))
     else:
-        model = _causal_lm(path, device, dtype, load_format)
+        model = load_causal_lm(path, device, dtype, load_format)
     return LoadedDraft(model, weights_version(path), vocab, draft_context_tokens(path))
 
 
@@ -326,8 +318,7 @@ def _check_gguf_file(path: Path) -> None:
 def gguf_tokenizer(path: str | Path) -> Path:
     """A folder with the tokenizer of the GGUF file ``path``, read from its vocabulary by transformers once (tens of
     seconds for a 49k-token vocabulary) and saved into the cache under the file's stem and ``gguf_identity``, with
-    its chat template; later calls return that folder (loaded in under a second). Written to a temporary folder and
-    renamed into place. Raises: ModelLoadError (no such file, not a GGUF, no vocabulary: give --tokenizer)."""
+    its chat template (``write_folder``); later calls return that folder (loaded in under a second). Raises: ModelLoadError (no such file, not a GGUF, no vocabulary: give --tokenizer)."""
     file = Path(path)
     _check_gguf_file(file)
     out = cache_dir() / "tokenizers" / f"{file.stem}-{gguf_identity(file)}"
@@ -343,16 +334,7 @@ def gguf_tokenizer(path: str | Path) -> Path:
     except Exception as exc:  # noqa: BLE001 - every cause becomes one readable line
         raise ModelLoadError(f"cannot read a tokenizer from GGUF {file}: {_cause(exc)} (give --tokenizer FOLDER)") \
             from exc
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".gguf-tokenizer-", dir=out.parent))
-    try:
-        tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return write_folder(out, tokenizer.save_pretrained, ".gguf-tokenizer-")
 
 
 def tokenizer_source(profile: ModelProfile, executor: str = "transformers") -> str:
@@ -394,7 +376,7 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
                 with_draft: bool = True, executor: str = "transformers", load_format: str = "auto") -> LoadedModels:
     """``executor``: transformers | llamacpp | auto (``resolve_executor``; with ``load_format`` dummy, auto is
-    transformers). ``load_format``: auto (the stored weights) | dummy (``dummy_causal_lm``: folders, transformers).
+    transformers). ``load_format``: auto (the stored weights) | dummy (seeded random weights of a folder's config; transformers).
     Raises: ModelLoadError."""
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load format {load_format!r}; use {', '.join(LOAD_FORMATS)}")
@@ -411,9 +393,10 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     if profile.prepare is not None:  # makes the files exist; on a ready profile a quick check (and migration)
         profile.prepare()
+    check_model_folder(profile.target)  # before its tokenizer: the error then names what is missing
     source = tokenizer_source(profile)
     tokenizer = load_tokenizer(source)
-    target = _causal_lm(profile.target, dev, dt, load_format)
+    target = load_causal_lm(profile.target, dev, dt, load_format)
     draft = LoadedDraft(None, "", None)
     if with_draft and profile.draft:
         draft = load_draft(profile.draft, tokenizer, source, "transformers", dev, dt, load_format)

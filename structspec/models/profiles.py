@@ -21,6 +21,8 @@ transformers executor, CPU or CUDA). Its served name (what statistics, results a
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -35,6 +37,21 @@ def cache_dir() -> Path:
     """Where converted models and other caches go (``STRUCTSPEC_CACHE_DIR`` overrides)."""
     env = os.environ.get("STRUCTSPEC_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "structspec"
+
+
+def write_folder(out: Path, fill: Callable[[Path], None], prefix: str) -> Path:
+    """Write the folder ``out`` with ``fill(tmp)`` into a temporary sibling, then rename it into place (replacing
+    an older one): a crash never leaves a half-written folder that looks ready. Returns ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+    try:
+        fill(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 @dataclass(frozen=True)
