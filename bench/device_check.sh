@@ -25,6 +25,8 @@ CONFIGS=bench/device_configs
 PY="${PYTHON:-python3}"
 LIMIT_BYTES=$((64 * 1024 * 1024))  # what a device run sends at most: the working tree and the carried paths
 PER_MODEL_S=220  # two models within the 8 minutes, with room for the install
+MODELS="${DEVICE_CHECK_MODELS:-gemma-3-270m gemma-3-1b}"  # folders of bench/device_configs
+EXTRA="${DEVICE_CHECK_ARGS:-}"  # more `structspec bench device` options (later ones win), e.g. "--steps 5"
 # dist:import — a package (as pip names it) and the module whose import says whether the machine has it
 STEP_PACKAGES="gguf:gguf"
 ENGINE_PACKAGES="llguidance:llguidance jsonschema_rs:jsonschema_rs outlines_core:outlines_core google-re2:re2
@@ -140,12 +142,14 @@ run_check() {
   elif [ "${perfect[0]}" = --perfect-draft ]; then  # Gemma 3 270M and 1B share it
     tokenizer=/tmp/structspec-gemma-3-tokenizer
     mkdir -p "$tokenizer" && cp "$packed/tokenizer_config.json" "$tokenizer/" \
-      && xz -dc "$packed/tokenizer.json.xz" > "$tokenizer/tokenizer.json" || return 1
+      && "$PY" -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+        "$packed/tokenizer.json.xz" "$tokenizer/tokenizer.json" || return 1
   fi
   local dtype=bfloat16
   [ "$device" = cpu ] && dtype=float32
-  for name in gemma-3-270m gemma-3-1b; do
-    bench_one "$name" "$CONFIGS/$name" "$tokenizer" --dtype "$dtype" "${perfect[@]}" || status=1
+  for name in $MODELS; do
+    # shellcheck disable=SC2086 - the extra options are words
+    bench_one "$name" "$CONFIGS/$name" "$tokenizer" --dtype "$dtype" "${perfect[@]}" $EXTRA || status=1
   done
   return $status
 }

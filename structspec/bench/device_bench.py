@@ -12,6 +12,9 @@ as ``structspec bench step`` runs it. Terms of the report:
                   is free; b: no gain over b steps of one)
   verify(k)       a verification of k drafted tokens at batch 1 (k + 1 new tokens: the pending one
                   and the draft, logits at each): median ms, and its ratio to step(1)
+  model_ceiling   (k + 1) / (verify(k) / step(1)): the speedup over plain decoding if every k-token
+                  draft were accepted, counting the model's time alone (no grammar, no drafting): the
+                  bound the perfect draft's measured speedup approaches
   perfect_draft   ``bench.decode_bench``'s ceiling configuration on the ``freetext`` workload:
                   ``all`` with a draft model that drafts the ``off`` row's own greedy output, run
                   interleaved beside ``off``. Its acceptance is 1 whatever the weights (the target's
@@ -150,6 +153,7 @@ def run_device_bench(model: str, tokenizer: str, device: str = "cuda", dtype: st
         "batch_ratio": {f"c{b}/c1": ms / one for b, ms in batches.items() if b != 1},
         "verify_ms": {str(k): ms for k, ms in verify.items()},
         "verify_ratio": {str(k): ms / one for k, ms in verify.items()},
+        "model_ceiling": {str(k): (k + 1) * one / ms for k, ms in verify.items()},
     }
     report["perfect_draft"] = perfect_draft_ceiling(models, requests, max_tokens) if perfect_draft else None
     report["wall_s"] = round(time.perf_counter() - started, 2)
@@ -162,11 +166,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"{report['model']} (dummy weights, {report['parameters'] / 1e6:.1f}M parameters, vocab "
         f"{report['vocab_size']}), {report['device']} {report['device_name']}, {report['dtype']}, prompt "
         f"{report['prompt_len']} tokens, medians of {report['steps']} steps",
-        "| step | ms | x step(1) |",
-        "|---|---|---|",
-        *(f"| decode, batch {b} | {ms:.2f} | {ms / one:.2f} |" for b, ms in report["step_ms"].items()),
-        *(f"| verify k={k}, batch 1 | {ms:.2f} | {report['verify_ratio'][k]:.2f} |"
-          for k, ms in report["verify_ms"].items()),
+        "| step | ms | x step(1) | model ceiling |",
+        "|---|---|---|---|",
+        *(f"| decode, batch {b} | {ms:.2f} | {ms / one:.2f} | - |" for b, ms in report["step_ms"].items()),
+        *(f"| verify k={k}, batch 1 | {ms:.2f} | {report['verify_ratio'][k]:.2f} | "
+          f"{report['model_ceiling'][k]:.2f} |" for k, ms in report["verify_ms"].items()),
     ]
     ceiling = report.get("perfect_draft")
     if ceiling:

@@ -25,9 +25,11 @@ def test_tiny_cpu_check_reports_every_batch_draft_length_and_a_perfect_draft(tmp
     assert report["load_format"] == "dummy" and report["device"] == "cpu"
     assert set(report["step_ms"]) == {str(b) for b in BATCHES}
     assert set(report["batch_ratio"]) == {f"c{b}/c1" for b in BATCHES if b != 1}
-    assert set(report["verify_ms"]) == set(report["verify_ratio"]) == {str(k) for k in DRAFT_LENGTHS}
+    assert set(report["verify_ms"]) == set(report["verify_ratio"]) == set(report["model_ceiling"]) \
+        == {str(k) for k in DRAFT_LENGTHS}
     assert all(ms > 0 for ms in [*report["step_ms"].values(), *report["verify_ms"].values()])
     assert report["batch_ratio"]["c16/c1"] == report["step_ms"]["16"] / report["step_ms"]["1"]
+    assert report["model_ceiling"]["4"] == 5 * report["step_ms"]["1"] / report["verify_ms"]["4"]
     ceiling = report["perfect_draft"]
     assert ceiling["workload"] == "freetext"
     assert ceiling["draft_acceptance"] == 1.0  # the target's own greedy output, whatever the weights
