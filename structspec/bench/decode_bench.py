@@ -51,7 +51,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
+from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key, make_prompts
 from structspec.bench.llamacpp_baselines import (LLAMACPP_BASELINES, LlamaCppBaseline, context_for,
                                                  run_llamacpp_baseline)
 from structspec.bench.perfect_draft import install_perfect_draft
@@ -63,7 +63,8 @@ from structspec.engine.types import FinishReason, Outcome, SamplingParams, Specu
 from structspec.models.loading import load_profile
 from structspec.models.profiles import resolve_model
 from structspec.models.worker_thread import run_in_worker
-from structspec.prompts import ToolSpec, encode_prompt, extraction_prompt, toolcall_prompt
+from structspec.chat_template import Prompt, PromptFormat
+from structspec.prompts import ToolSpec
 from structspec.speculation.configs import SPECULATION_CONFIGS, ProposerSet, speculation_config
 from structspec.stats.book import StatsBook
 from structspec.store import open_store
@@ -313,10 +314,18 @@ class _CountCalls:
         self._h.remove()
 
 
-def _prompt_for(item: WorkItem) -> str:
+def _prompt(prompts: PromptFormat, item: WorkItem) -> Prompt:
+    """The prompt the engine gives ``item`` in its format ``prompts`` (``assembly.make_prompts``: the model's chat
+    template, or the plain format)."""
     if item.kind == "toolcall":
-        return toolcall_prompt([ToolSpec.from_openai(t) for t in item.tools], [("user", item.source)], item.examples)
-    return extraction_prompt(item.schema, item.source, None, item.examples)
+        return prompts.toolcall([ToolSpec.from_openai(t) for t in item.tools], [("user", item.source)], item.examples)
+    return prompts.extraction(item.schema, item.source, None, item.examples)
+
+
+def _prompt_ids(models) -> Callable[[WorkItem], list[int]]:
+    """An item's prompt ids, as the engine on ``models`` gets them (what the baselines generate from)."""
+    prompts = make_prompts(models)
+    return lambda item: _prompt(prompts, item).ids
 
 
 def _tool_schema(item: WorkItem) -> dict[str, Any]:
@@ -329,7 +338,7 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress:
             ) -> tuple[list[Record], float]:
     if getattr(models, "executor", "transformers") != "transformers":
         raise ValueError(f"{mode} runs transformers generate: use --executor transformers")
-    tok, model = models.tokenizer, models.target
+    tok, model, prompts = models.tokenizer, models.target, make_prompts(models)
     counter = _CountCalls(model)
     if mode == "hf_outlines":
         # outlines costs 0.6-1.0 s to import (measured after torch); only this baseline uses it
@@ -343,17 +352,17 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress:
     try:
         for item in items:
             schema = item.schema if item.kind == "extract" else _tool_schema(item)
-            prompt = _prompt_for(item)
+            prompt = _prompt(prompts, item)
             before = counter.calls
             t0 = time.perf_counter()
-            ids = torch.tensor([encode_prompt(tok, prompt)])
+            ids = torch.tensor([prompt.ids])
             common = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.eos_token_id)
             if mode == "hf_outlines":
                 key = json.dumps(schema, sort_keys=True)
                 if key not in generators:
                     generators[key] = outlines.Generator(ol_model, JsonSchema(json.dumps(schema)))
-                text = generators[key](prompt, **common)
+                text = generators[key](prompt.text, **common)
                 token_ids = tok(text, add_special_tokens=False)["input_ids"]
                 n_out = len(token_ids)
             else:
@@ -494,7 +503,7 @@ def _run_baseline(models, items: list[WorkItem], max_tokens: int, mode: str, pro
             raise ValueError(f"{mode} runs llama.cpp on the profile's GGUF: use --executor llamacpp")
         return run_llamacpp_baseline(models, items, max_tokens, mode, progress,
                                      schema_of=lambda i: i.schema if i.kind == "extract" else _tool_schema(i),
-                                     prompt_of=_prompt_for, record=Record)
+                                     prompt_of=_prompt_ids(models), record=Record)
     return _run_hf(models, items, max_tokens, mode, progress)
 
 
@@ -576,13 +585,14 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
     engines, baselines = {}, {}
     schema_of = lambda i: i.schema if i.kind == "extract" else _tool_schema(i)  # noqa: E731
     references: dict[tuple[int, ...], list[int]] = {}  # the perfect draft's: filled by the off row, block by block
-    prompt_key = lambda i: tuple(encode_prompt(models.tokenizer, _prompt_for(i)))  # noqa: E731 - as the engine's
+    prompt_ids = _prompt_ids(models)
+    prompt_key = lambda i: tuple(prompt_ids(i))  # noqa: E731 - as the engine's
     try:
         for name in names:
             if name in LLAMACPP_BASELINES:
-                n_ctx = context_for(models, [*items, *warm], max_tokens, _prompt_for)
+                n_ctx = context_for([*items, *warm], max_tokens, prompt_ids)
                 baselines[name] = baseline = run_in_worker(LlamaCppBaseline, models, name, n_ctx)
-                run_in_worker(baseline.run, warm, max_tokens, schema_of, _prompt_for, Record)
+                run_in_worker(baseline.run, warm, max_tokens, schema_of, prompt_ids, Record)
                 continue
             engines[name] = prepared = _start_engine(name, models, items, 1, compiler, policy, data_dir, references)
             compiler = prepared[0].compiler
@@ -594,7 +604,7 @@ def run_interleaved(names, models, items, warm, extra_warm, max_tokens, save_out
             chunk = items[start: start + block]
             for name in _block_order(names, b):
                 if name in baselines:
-                    done, _ = run_in_worker(baselines[name].run, chunk, max_tokens, schema_of, _prompt_for, Record)
+                    done, _ = run_in_worker(baselines[name].run, chunk, max_tokens, schema_of, prompt_ids, Record)
                     records[name] += done
                     if progress is not None:
                         progress(name, 1, len(records[name]), len(items),

@@ -27,7 +27,6 @@ from structspec.engine.postcheck import check_json_text
 from structspec.engine.types import Outcome
 from structspec.models.llamacpp_model import lib
 from structspec.models.threads import cpu_budget
-from structspec.prompts import encode_prompt
 
 LLAMACPP_BASELINES = ("llamacpp_grammar", "llamacpp_grammar_lookup", "llamacpp_generate")
 LOOKUP_TOKENS = 10  # llama-cpp-python's default draft length for prompt lookup
@@ -50,7 +49,7 @@ class LlamaCppBaseline:
         if llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_NONE:
             raise ValueError(f"{models.target.info.path} has no vocabulary (written by structspec for its own "
                              "executor); llama.cpp's own generation needs one")
-        self.models, self.mode = models, mode
+        self.mode = mode
         threads = cpu_budget()
         draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if mode == "llamacpp_grammar_lookup" else None
         # llama-cpp-python keeps logits for every context position with a draft model (n_ctx x 262k floats for
@@ -69,7 +68,7 @@ class LlamaCppBaseline:
         self.llm._ctx.decode = counted
         self._grammars: dict[str, Any] = {}
 
-    def run(self, items: list, max_tokens: int, schema_of: Callable[[Any], dict], prompt_of: Callable[[Any], str],
+    def run(self, items: list, max_tokens: int, schema_of: Callable[[Any], dict], prompt_of: Callable[[Any], list[int]],
             record: Callable[..., Any], progress: Callable[[int, int, int], None] | None = None) -> tuple[list, float]:
         """(records, wall seconds) for ``items``, one at a time."""
         from llama_cpp import LlamaGrammar  # optional, as in __init__
@@ -78,7 +77,7 @@ class LlamaCppBaseline:
         t_all = time.perf_counter()
         for item in items:
             schema = schema_of(item)
-            ids = encode_prompt(self.models.tokenizer, prompt_of(item))
+            ids = prompt_of(item)  # the engine's prompt ids for the item
             before = self.calls
             t0 = time.perf_counter()
             kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "repeat_penalty": 1.0}
@@ -108,19 +107,20 @@ class LlamaCppBaseline:
         self.llm.close()
 
 
-def context_for(models, items: list, max_tokens: int, prompt_of: Callable[[Any], str]) -> int:
+def context_for(items: list, max_tokens: int, prompt_of: Callable[[Any], list[int]]) -> int:
     """A context that holds the longest prompt of ``items`` and ``max_tokens`` more (in cells of 256)."""
-    longest = max((len(encode_prompt(models.tokenizer, prompt_of(i))) for i in items), default=0)
+    longest = max((len(prompt_of(i)) for i in items), default=0)
     return 256 * -(-(longest + max_tokens + 16) // 256)
 
 
 def run_llamacpp_baseline(models, items: list, max_tokens: int, mode: str,
                           progress: Callable[[int, int, int], None] | None = None,
-                          schema_of: Callable[[Any], dict] | None = None, prompt_of: Callable[[Any], str] | None = None,
+                          schema_of: Callable[[Any], dict] | None = None,
+                          prompt_of: Callable[[Any], list[int]] | None = None,
                           record: Callable[..., Any] | None = None) -> tuple[list, float]:
     """(records, wall seconds) for ``items`` on a fresh ``LlamaCppBaseline``; the callables come from
     ``decode_bench``."""
-    baseline = LlamaCppBaseline(models, mode, context_for(models, items, max_tokens, prompt_of))
+    baseline = LlamaCppBaseline(models, mode, context_for(items, max_tokens, prompt_of))
     try:
         return baseline.run(items, max_tokens, schema_of, prompt_of, record, progress)
     finally:

@@ -107,7 +107,7 @@ def test_llamacpp_baselines_on_gemma_and_their_ratios():
     item = build_workload("extraction", 1, few_shot=3)[0]
     for mode in ("llamacpp_grammar", "llamacpp_grammar_lookup", "llamacpp_generate"):
         (rec,), wall = run_llamacpp_baseline(models, [item], 32, mode, schema_of=lambda i: i.schema,
-                                             prompt_of=decode_bench._prompt_for, record=decode_bench.Record)
+                                             prompt_of=decode_bench._prompt_ids(models), record=decode_bench.Record)
         assert rec.output_tokens == 32 and not rec.stop and wall >= rec.latency_s > 0  # cut by the cap
         assert rec.prompt_tokens > 400 and rec.text
         if mode == "llamacpp_grammar_lookup":
