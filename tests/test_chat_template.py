@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key
+from structspec.assembly import assemble_engine, engine_model_key
 from structspec.chat_template import (CALL_FORM, ChatPrompts, ChatTemplateError, PlainPrompts, extraction_system,
                                       fold_system)
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
