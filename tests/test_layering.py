@@ -31,8 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "front": {"engine", "grammar", "json_limits", "prompts", "schemas", "speculation", "stats", "store"},
     "service": {"engine", "front", "grammar", "prompts", "proto_gen", "schemas", "speculation", "stats", "store"},
     "demo": {"prompts", "schemas"},
-    "bench": {"assembly", "client", "demo", "engine", "grammar", "models", "prompts", "schemas", "speculation", "stats",
-              "store"},  # bench decode --data-dir records its traffic in a store
+    "bench": {"assembly", "chat_template", "client", "demo", "engine", "grammar", "models", "prompts", "schemas",
+              "speculation", "stats", "store"},  # bench decode --data-dir records its traffic in a store
     # drafts made from their target: the workloads' items and step timing reused, the engine answers for the target
     "draft": {"assembly", "bench", "engine", "models", "speculation", "stats"},
     "cli": {"bench", "demo", "models", "cli_client", "cli_draft", "cli_serve", "cli_stats"},
