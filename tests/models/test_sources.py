@@ -115,6 +115,22 @@ def test_a_folder_runs_on_transformers_under_its_served_name(demo_models) -> Non
         assert torch.equal(mine, shipped)
 
 
+def test_the_chat_template_is_the_given_file_else_the_folders_own(tmp_path: Path) -> None:
+    folder = tmp_path / "chat-demo"
+    folder.mkdir()
+    for f in Path(DEMO_TARGET).iterdir():
+        (folder / f.name).symlink_to(f)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    own = load_profile(str(folder), with_draft=False)
+    assert own.profile == "chat-demo" and own.chat_template.startswith("{% for m in messages %}<{{ m.role }}>")
+    given = tmp_path / "given.jinja"
+    given.write_text("{{ messages[0].content }}")
+    assert load_profile(str(folder), chat_template=str(given), with_draft=False).chat_template == given.read_text()
+    with pytest.raises(ModelLoadError) as exc:
+        load_profile(str(folder), chat_template=str(tmp_path / "none.jinja"), with_draft=False)
+    one_line(exc, str(tmp_path / "none.jinja"))
+
+
 def test_dummy_weights_are_the_configs_model_with_seeded_random_weights(demo_models) -> None:
     profile = resolve_model(DEMO_TARGET)
     first = load_models(profile, load_format="dummy", with_draft=False, executor="auto")
