@@ -201,7 +201,8 @@ def test_importing_the_client_loads_no_server_no_engine_and_no_torch():
 FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     # the CLI: `structspec --help`, serve and the client commands start without torch (~6 s), transformers (~3 s
     # more), grpc and protobuf (~0.4 s) or rich.progress (7-25 ms); the commands that need them import them
-    "cli.py": (8, "torch: model loading, the benchmarks and the demo trainer; rich.progress for bench decode"),
+    "cli.py": (10, "torch: model loading, the benchmarks (decode, step, device) and the demo trainer; rich.progress for "
+                   "bench decode"),
     "cli_client.py": (6, "grpc and protobuf: the client, the health check and the load test"),
     "cli_draft.py": (6, "torch: aligning and distilling drafts (the models, the assembly)"),
     "cli_serve.py": (3, "torch: the assembly, on the engine-loading thread; grpc: the server, for serve alone and "
@@ -209,6 +210,8 @@ FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     "cli_stats.py": (3, "the statistics reader (front.stats, ~60 ms CPU on every command), plotly for the HTML report"),
     # optional or heavy dependencies that few paths use
     "bench/decode_bench.py": (2, "outlines (0.6-1.0 s): only the hf_outlines baseline"),
+    "bench/device_bench.py": (2, "the engine's grammar packages (llguidance, jsonschema-rs, outlines-core, re2): only the "
+                                 "perfect-draft ceiling needs them, so the step timings run on a GPU machine without them"),
     "bench/llamacpp_baselines.py": (3, "llama-cpp-python, optional (the llamacpp extra): where a baseline opens"),
     "models/gemma.py": (3, "torch and transformers: profiles imports this module for `models list`"),
     "models/llamacpp_model.py": (1, "llama-cpp-python, optional: lib() imports and initialises it once"),
