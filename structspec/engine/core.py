@@ -402,7 +402,7 @@ class EngineCore:
     def _finish(self, seq: EngineSequence, reason: FinishReason, error: str | None = None) -> None:
         if seq.status is SequenceStatus.FINISHED:
             return
-        self.scheduler.remove(seq, retain_prompt=reason in (FinishReason.STOP, FinishReason.LENGTH))
+        self.scheduler.remove(seq, retain=reason in (FinishReason.STOP, FinishReason.LENGTH))
         if reason is not FinishReason.CANCELLED:
             try:
                 self._emit(seq, final=True)

@@ -6,10 +6,15 @@ differs. A new sequence looks for the longest common token prefix among
 
   - the prompts of running sequences (their prompt tokens stay cached while they
     decode: decoding only writes past the prompt), and
-  - retained prompts: when a request finishes, its executor sequence is cut back
-    to its prompt and kept here, least recently used first out, within a token cap.
+  - retained sequences: when a request finishes, its executor sequence is cut back
+    to what it committed and cached (its prompt and its output but the last sampled
+    token, never fed) and kept here, least recently used first out, within a token cap.
+    A conversation's next turn repeats the last turn's prompt and answer before its new
+    message, so it reuses both (multi-turn reuse; ``tests/engine/test_multi_turn.py``).
+    A retained sequence that a newer one of its tenant extends is dropped: the newer one
+    serves every match it would.
 
-Retained prompts hold KV memory, so the scheduler evicts them before it ever
+Retained sequences hold KV memory, so the scheduler evicts them before it ever
 makes a request wait for memory: they are a cache, never a reservation.
 
 Tenants. A cached prompt belongs to a *tenant* (``PromptOwner.tenant``: a digest of the caller's
@@ -18,7 +23,7 @@ cached-token count in its usage, and its latency), so a match that ran on into a
 document would let a caller test guesses of it token by token. A request therefore reuses another
 tenant's prompt only as far as that prompt's *public* part (``PromptOwner.public``: its leading
 tokens that are no caller's data, a registered schema's template and the server's worked examples),
-and its own tenant's prompts in full.
+and its own tenant's prompts in full. A retained output is the caller's data: never public.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class PrefixHit:
 
 
 class PrefixCache:
-    """Retained prompt caches (executor sequence id -> its prompt tokens and owner), LRU within ``max_tokens``."""
+    """Retained caches (executor sequence id -> its cached tokens and owner), LRU within ``max_tokens``."""
 
     def __init__(self, max_tokens: int, max_entries: int = 16, min_tokens: int = 16):
         self.max_tokens = max_tokens
@@ -73,7 +78,7 @@ class PrefixCache:
         return len(self._entries)
 
     def longest(self) -> int:
-        """Tokens of the longest retained prompt (0 when none)."""
+        """Tokens of the longest retained sequence (0 when none)."""
         return max((len(tokens) for tokens, _ in self._entries.values()), default=0)
 
     def lookup(self, prompt: Sequence[int], running: Iterable[tuple[int, Sequence[int], int, PromptOwner]],
@@ -100,18 +105,21 @@ class PrefixCache:
             self._entries.move_to_end(best.source_id)
         return best
 
-    def retain(self, seq_id: int, prompt: Sequence[int], owner: PromptOwner = PromptOwner()) -> list[int]:
-        """Keep ``seq_id`` (already cut back to ``prompt``) for ``owner``; returns the sequences evicted to make room."""
-        if len(prompt) < self.min_tokens or len(prompt) > self.max_tokens:
+    def retain(self, seq_id: int, tokens: Sequence[int], owner: PromptOwner = PromptOwner()) -> list[int]:
+        """Keep ``seq_id`` (already cut back to its cached ``tokens``) for ``owner``; returns the sequences evicted
+        to make room (``seq_id`` itself when it is too short to be worth a slot or longer than the cap)."""
+        if len(tokens) < self.min_tokens or len(tokens) > self.max_tokens:
             return [seq_id]
-        # The same prompt twice is kept once: the newer copy replaces the older. Only a tenant's own: another
-        # tenant's copy replacing it would tell the first that its exact prompt was sent again.
-        kept = tuple(prompt)
-        evicted = [sid for sid, (toks, o) in self._entries.items() if toks == kept and o.tenant == owner.tenant]
+        # An entry of the same tenant that the new one starts with (the same prompt again, a conversation's last
+        # turn) is redundant: dropped, unless it shares more with other tenants. Only a tenant's own: another
+        # tenant's copy replacing it would tell the first that its tokens were sent again.
+        kept = tuple(tokens)
+        evicted = [sid for sid, (toks, o) in self._entries.items()
+                   if o.tenant == owner.tenant and o.public <= owner.public and kept[:len(toks)] == toks]
         for sid in evicted:
             self.tokens -= len(self._entries.pop(sid)[0])
         self._entries[seq_id] = (kept, owner)
-        self.tokens += len(prompt)
+        self.tokens += len(kept)
         while self.tokens > self.max_tokens or len(self._entries) > self.max_entries:
             evicted.append(self.evict())
         return evicted

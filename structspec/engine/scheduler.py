@@ -4,10 +4,10 @@ Admission is FIFO under two limits: ``max_batch`` running sequences and a KV bud
 (``kv_budget_tokens``) from which each admitted request reserves prompt + max_tokens +
 draft headroom up front, so a running request is never starved of cache memory. The same
 budget bounds the cache's real footprint (``ForwardStep.footprint``: a dense cache holds
-every live sequence, retained prompts included, at the longest one's length), so memory
+every live sequence, retained ones included, at the longest one's length), so memory
 is bounded by configuration: about ``kv_budget_tokens`` x bytes per token, or one request
-alone if it needs more. Retained prompts (the prefix cache) are evicted before anyone
-waits for memory.
+alone if it needs more. Retained sequences (the prefix cache: a finished request's prompt and
+output, as far as they are cached) are evicted before anyone waits for memory.
 
 The plan: decoding sequences first (their pending token and the forced tokens after it,
 always in full), then prompt chunks (``prefill_chunk`` each) in admission order within what
@@ -160,20 +160,23 @@ class Scheduler:
             return False
 
     # -- leaving -----------------------------------------------------------------------------------
-    def remove(self, seq: EngineSequence, retain_prompt: bool) -> None:
-        """Take ``seq`` out of the queue or the batch; free its cache, or keep its prompt for prefix reuse."""
+    def remove(self, seq: EngineSequence, retain: bool) -> None:
+        """Take ``seq`` out of the queue or the batch; free its cache, or keep what it committed for prefix reuse."""
         if seq.running:
             self.running.remove(seq)
             self._prefix_unchecked.discard(seq.key)
             self.reserved -= seq.reserved
-            self._release(seq, retain_prompt)
+            self._release(seq, retain)
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
     def _release(self, seq: EngineSequence, retain: bool) -> None:
+        """Retain the committed tokens whose KV is cached (``EngineSequence.cached_committed``: the prompt and the
+        output but its pending tail), so a conversation's next turn, which repeats them, reuses all of them."""
         if self.prefix is None or not retain or seq.status is SequenceStatus.PREFILLING:
             self.executor.free(seq.seq_id)
             return
-        self.executor.rollback(seq.seq_id, self.executor.seq_len(seq.seq_id) - len(seq.prompt))
-        for sid in self.prefix.retain(seq.seq_id, seq.prompt, seq.prompt_owner):
+        kept = seq.cached_committed()
+        self.executor.rollback(seq.seq_id, self.executor.seq_len(seq.seq_id) - len(kept))
+        for sid in self.prefix.retain(seq.seq_id, kept, seq.prompt_owner):
             self.executor.free(sid)

@@ -38,7 +38,7 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued, holds no KV cache
     PREFILLING = "prefilling"  # admitted: KV reserved, the prompt is entering the cache
     DECODING = "decoding"  # the prompt is cached; each step scores the next position(s)
-    FINISHED = "finished"  # ``finish`` says why; its cache is freed or retained as a prefix
+    FINISHED = "finished"  # ``finish`` says why; its cache is freed or retained as a prefix (``cached_committed``)
 
 
 @dataclass(eq=False)  # identity: two sequences are never "equal"
@@ -108,6 +108,12 @@ class EngineSequence:
         """``output`` as text (decoded once per commit; "" before admission, when nothing is committed).
         Raises: what the tokenizer's decode raises."""
         return self.text(self.output) if self.text is not None else ""
+
+    def cached_committed(self) -> list[int]:
+        """The committed tokens whose KV is in the cache: ``prompt + output`` but the ``uncached`` tail (the last
+        token sampled and the forced ones after it were never fed; rejected draft tokens were rolled back)."""
+        committed = self.prompt + self.output
+        return committed[: len(committed) - len(self.uncached)]
 
     @property
     def prompt_owner(self) -> PromptOwner:

@@ -24,7 +24,7 @@ def test_common_prefix_blocks_and_tail():
 def test_lookup_prefers_longest_and_keeps_one_token_to_score():
     cache = PrefixCache(max_tokens=1000, min_tokens=4)
     base = list(range(100))
-    assert cache.retain(1, base[:40]) == []
+    assert cache.retain(1, base[:40] + [900] * 5) == []
     assert cache.retain(2, base[:80]) == []
     hit = cache.lookup(base[:90] + [7], running=[])
     assert (hit.source_id, hit.tokens, hit.ready) == (2, 80, 80)
@@ -47,6 +47,24 @@ def test_retain_is_lru_within_the_token_cap_and_dedupes():
     assert cache.retain(5, list(range(3))) == [5]  # too short to be worth keeping: freed at once
     assert cache.retain(6, list(range(101))) == [6]  # larger than the whole cache
     assert cache.evict() == 3 and cache.tokens == 40
+
+
+def test_a_retained_sequence_replaces_the_ones_of_its_tenant_it_extends():
+    """A conversation's turns: each retained turn starts with the last one, which then serves nothing more: it is
+    dropped (its slot freed), unless it is another tenant's or shares more with other tenants (a longer public
+    part)."""
+    turn1, turn2 = list(range(40)), list(range(40)) + list(range(500, 530))
+    cache = PrefixCache(max_tokens=1000, min_tokens=4)
+    assert cache.retain(1, turn1, PromptOwner("t:alice")) == []
+    assert cache.retain(2, turn1, PromptOwner("t:bob")) == []
+    assert cache.retain(3, turn2, PromptOwner("t:alice")) == [1]  # bob's copy stays his
+    assert cache.tokens == 110 and len(cache) == 2
+    assert cache.lookup(turn2 + [7], running=[], tenant="t:alice").tokens == 70
+    public = PrefixCache(max_tokens=1000, min_tokens=4)
+    assert public.retain(1, turn1, PromptOwner("t:alice", public=30)) == []
+    assert public.retain(2, turn2, PromptOwner("t:alice", public=0)) == []  # 1 still gives other tenants 30
+    assert public.lookup(turn1 + [7], running=[], tenant="t:bob").source_id == 1
+    assert public.retain(3, turn2 + [1, 2], PromptOwner("t:alice", public=0)) == [2]
 
 
 def test_another_tenants_prompt_is_reused_only_as_far_as_its_public_part():
@@ -72,8 +90,10 @@ def test_another_tenants_prompt_is_reused_only_as_far_as_its_public_part():
     # bob's own longer prompt beats the public part of alice's
     assert cache.retain(2, template + doc[:20], PromptOwner("t:bob", public=30)) == []
     assert cache.lookup(guess, running=[], tenant="t:bob").source_id == 2
-    # the same prompt of another tenant does not replace alice's copy (that would tell her it was sent again)
-    assert cache.retain(3, template + doc, PromptOwner("t:bob", public=30)) == [] and len(cache) == 3
+    # the same prompt of another tenant does not replace alice's copy (that would tell her it was sent again);
+    # it replaces bob's own shorter one, which it extends
+    assert cache.retain(3, template + doc, PromptOwner("t:bob", public=30)) == [2] and len(cache) == 2
+    assert cache.lookup(guess, running=[], tenant="t:alice").source_id == 1
 
 
 def _requests(items):
