@@ -21,6 +21,7 @@ from structspec.engine.prefix_cache import common_prefix
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import FinishReason, SamplingParams
 from structspec.models.loading import LoadedModels
+from structspec.speculation.configs import ProposerSet
 from tests.conftest import need_llamacpp
 from tests.test_chat_template import CHATML, TOOLS, family_tokenizer, loaded, tiny_model
 
@@ -67,13 +68,20 @@ def models(request, chatml_models, tmp_path_factory) -> LoadedModels:
                         executor="llamacpp", chat_template=CHATML)
 
 
-def converse(engine, tenant: str = "") -> list[EngineSequence]:
+# the city as free text: a random model writes any characters, in ids of its own choosing
+FREE_TEXT_TOOLS = ({"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
+                                                     "parameters": {"type": "object", "properties": {"city": {
+                                                         "type": "string", "maxLength": 16}},
+                                                         "required": ["city"], "additionalProperties": False}}},)
+
+
+def converse(engine, tenant: str = "", tools: tuple = TOOLS) -> list[EngineSequence]:
     """Six turns: the user asks, the assistant's call comes back as its message, the tool answers, every other
     turn the user asks again; each turn's request carries the whole conversation so far."""
     messages = [ChatMessage("system", SYSTEM), ChatMessage("user", ASKED[0])]
     turns = []
     for turn in range(TURNS):
-        seq = engine.prepare_toolcall(ToolCallRequest(messages=tuple(messages), tools=TOOLS, tool_choice="required",
+        seq = engine.prepare_toolcall(ToolCallRequest(messages=tuple(messages), tools=tools, tool_choice="required",
                                                       sampling=SAMPLING, tenant=tenant, request_id=f"{tenant}{turn}"))
         run_until_idle(engine.core, [seq])
         assert seq.finish is FinishReason.STOP, seq.error
@@ -90,16 +98,23 @@ def cached_share(seq: EngineSequence) -> float:
     return seq.usage.cached_prompt_tokens / seq.usage.prompt_tokens
 
 
-def engine_of(models: LoadedModels, prefix_cache_tokens: int):
-    return assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(prefix_cache_tokens=prefix_cache_tokens)))
+def engine_of(models: LoadedModels, prefix_cache_tokens: int, proposers: ProposerSet | None = None):
+    return assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(prefix_cache_tokens=prefix_cache_tokens),
+                                                  proposers=proposers))
 
 
-def test_each_turn_after_the_first_is_served_from_cache_and_outputs_are_unchanged(models):
-    cached = engine_of(models, 8192)
+@pytest.mark.parametrize("drafting", [False, True], ids=["plain", "drafting"])
+def test_each_turn_after_the_first_is_served_from_cache_and_outputs_are_unchanged(models, drafting):
+    """Drafting (n-gram and history proposers): rejected draft tokens are rolled back before the sequence is
+    retained, so the cache holds exactly the committed tokens and the next turn's outputs are unchanged."""
+    cached = engine_of(models, 8192, ProposerSet(draft=False) if drafting else None)
     turns = converse(cached)
     shares = [round(cached_share(s), 3) for s in turns]
-    print(f"\n{models.executor}: prompt tokens {[s.usage.prompt_tokens for s in turns]}, "
+    print(f"\n{models.executor}, drafting {drafting}: prompt tokens {[s.usage.prompt_tokens for s in turns]}, "
           f"cached {[s.usage.cached_prompt_tokens for s in turns]}, shares {shares}")
+    if drafting:
+        drafted, accepted = (sum(sum(getattr(s.usage, k).values()) for s in turns) for k in ("drafted", "accepted"))
+        assert drafted > accepted > 0  # some drafts were rolled back, some kept
     assert shares[0] == 0 and all(share >= 0.9 for share in shares[1:]), shares
     for last, turn in zip(turns, turns[1:]):
         # all the last turn cached is reused: its prompt and its answer but the tail never fed (the last token
@@ -129,13 +144,25 @@ def test_another_tenants_same_conversation_reuses_only_its_own_turns(models):
 
 
 def test_the_retained_answer_is_the_tokens_the_next_turn_renders(models):
-    """The cost of a non-canonical tokenization: the ids the model wrote against those the tokenizer gives the
-    same text when the next turn re-renders it (grammar-forced tokens are the grammar's choice of ids)."""
-    engine = engine_of(models, 8192)
-    turns = converse(engine)
-    tok = models.tokenizer
+    """The grammar's forced ids (the call's keys and punctuation, an enum's value) are those the tokenizer gives
+    the same text when the next turn re-renders it: nothing of the retained answer is lost."""
+    turns = converse(engine_of(models, 8192))
     for last, turn in zip(turns, turns[1:]):
-        rendered = turn.prompt[len(last.prompt):]
-        assert tok.decode(last.output) == last.output_text()
-        assert rendered[:len(last.output)] == last.output, (tok.convert_ids_to_tokens(last.output),
-                                                             tok.convert_ids_to_tokens(rendered[:len(last.output)]))
+        assert turn.prompt[len(last.prompt):len(last.prompt) + len(last.output)] == last.output
+
+
+def test_an_answer_in_ids_of_its_own_is_reused_up_to_where_the_rendering_differs(models):
+    """A model writing free text may choose ids the tokenizer would not give that text (here turn 1's city,
+    '298' '518' '457' where the tokenizer gives '29' '85' '18' '457'): the next turn's rendering differs from the
+    retained tokens there, and reuse stops at the first id that differs (5 of its 540 tokens recomputed), never
+    reusing a token the prompt does not hold; outputs stay those of an engine without the cache."""
+    turns = converse(engine_of(models, 8192), tools=FREE_TEXT_TOOLS)
+    lost = []
+    for last, turn in zip(turns, turns[1:]):
+        kept = last.cached_committed()
+        assert turn.usage.cached_prompt_tokens == common_prefix(turn.prompt, kept)
+        lost.append(len(kept) - turn.usage.cached_prompt_tokens)
+    print(f"\n{models.executor}: retained tokens the next turn's rendering does not repeat: {lost}, shares "
+          f"{[round(cached_share(s), 3) for s in turns]}")
+    assert lost[0] > 0 and sum(lost) <= 10
+    assert [s.output for s in converse(engine_of(models, 0), tools=FREE_TEXT_TOOLS)] == [s.output for s in turns]
