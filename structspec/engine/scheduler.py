@@ -176,7 +176,12 @@ class Scheduler:
         if self.prefix is None or not retain or seq.status is SequenceStatus.PREFILLING:
             self.executor.free(seq.seq_id)
             return
-        kept = seq.cached_committed()
-        self.executor.rollback(seq.seq_id, self.executor.seq_len(seq.seq_id) - len(kept))
+        kept, cached = seq.cached_committed(), self.executor.seq_len(seq.seq_id)
+        if cached < len(kept):  # the cache lacks committed tokens: retaining would claim KV it does not hold
+            log.warning("request %s holds %d cached tokens, not its %d committed ones: its cache is freed",
+                        seq.request_id, cached, len(kept))
+            self.executor.free(seq.seq_id)
+            return
+        self.executor.rollback(seq.seq_id, cached - len(kept))
         for sid in self.prefix.retain(seq.seq_id, kept, seq.prompt_owner):
             self.executor.free(sid)
