@@ -19,7 +19,7 @@ class SchedulerLimits:
     step_tokens: int = 512  # tokens one forward may carry in all (decodes first, prefill fills the rest)
     max_draft: int = 8  # drafted tokens per sequence per step (KV headroom reserved for them)
     max_spec_batch: int = 64  # no drafting at all while more sequences than this run (the policy decides below it)
-    prefix_cache_tokens: int = 8192  # prompt KV kept after requests finish, for reuse (0: no prefix caching)
+    prefix_cache_tokens: int = 8192  # KV of finished requests (prompt and output) kept for reuse (0: no prefix caching)
 
 
 @dataclass(frozen=True)
