@@ -109,6 +109,7 @@ class ChatPrompts:
         self.format_id = f"{CHAT_FORMAT}:{digest}"
         self.stats_format = self.format_id
         self._renders_tools = "tools" in self.tool_template  # a template that never reads them: tools in words
+        self._folds_system: set[str] = set()  # templates that refused a system message once: later renders fold it
 
     def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
                    examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
@@ -142,17 +143,20 @@ class ChatPrompts:
     def _render(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, template: str) -> Prompt:
         """The template's text for ``messages`` (+ the generation prompt) and its ids, no special tokens added.
         Raises: ChatTemplateError (after one retry with the system message folded into the first user turn)."""
+        folded = fold_system(messages)
         try:
-            text = self._apply(messages, tools, template)
+            # a template known to refuse system messages is not made to raise again on every request
+            folds = template in self._folds_system and folded is not None
+            text = self._apply(folded if folds else messages, tools, template)
         except Exception as first:  # noqa: BLE001 - a template may raise anything; retried once, then said
-            folded = fold_system(messages)
-            if folded is None:
+            if folded is None or template in self._folds_system:
                 raise ChatTemplateError(f"the model's chat template failed: {_reason(first)}") from first
             try:
                 text = self._apply(folded, tools, template)
             except Exception as exc:  # noqa: BLE001
                 raise ChatTemplateError(f"the model's chat template failed: {_reason(first)} (and with the system "
                                         f"message folded into the first user turn: {_reason(exc)})") from exc
+            self._folds_system.add(template)
         return Prompt(text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def _apply(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, template: str) -> str:
