@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Protocol
 
 from structspec.engine.types import (
     GenerationResult,
+    ToolCall,
     InvalidRequest,
     SamplingParams,
     SchemaSpeculation,
@@ -23,10 +24,22 @@ from structspec.prompts import FewShotExample
 MAX_INPUT_CHARS = 1_000_000
 
 
+MAX_STOP_STRINGS = 4  # OpenAI's limit on ``stop``
+MAX_STOP_CHARS = 64
+
+
 @dataclass(frozen=True)
 class ChatMessage:
+    """One turn of a conversation. An assistant turn may carry the calls it made (``tool_calls``, with the ids
+    the caller knows them by, ``tool_call_ids``); a tool turn says which call it answers (``tool_call_id``) and the
+    tool's ``name`` where the caller gave them."""
+
     role: str  # system | user | assistant | tool
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_ids: tuple[str, ...] = ()  # one per call, "" where the caller gave none
+    tool_call_id: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,8 @@ class ToolCallRequest:
     history_scope: str = ""  # whose earlier outputs the schema history drafts from ("": everyone's)
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the tool list's override (none registered yet)
     tenant: str = ""  # whose request ("": the one tenant): its prompt (the caller's tool list first) is its own
+    # A final answer, where the model answers instead of calling, is JSON valid against this schema (None: text)
+    answer_schema: dict[str, Any] | None = None
 
     def validate(self, max_tokens_cap: int) -> None:
         """Raises: InvalidRequest naming the field (``messages``, ``tools[i].name``, ``tools`` or a sampling field)."""
@@ -102,6 +117,36 @@ class ToolCallRequest:
             raise InvalidRequest("at least one tool is needed unless tool_choice is none", field="tools")
         if self.tool_choice not in ("auto", "required", "none") and self.tool_choice not in seen:
             raise InvalidRequest(f"{self.tool_choice!r} is not one of the request's tools", field="tool_choice")
+        _validate_sampling(self.sampling, max_tokens_cap)
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """Answer ``messages`` with free text: a chat turn without a schema or tools (no grammar beyond the model's
+    own end of turn). The text ends at the model's end of turn, at the first of the ``stop`` strings (not
+    included in the text), or at ``max_tokens`` (finish reason length)."""
+
+    messages: tuple[ChatMessage, ...]
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = SamplingParams()
+    speculation: SpeculationMode = SpeculationMode.AUTO
+    fast_forward: bool = True
+    deadline: float | None = None
+    request_id: str = ""
+    history_scope: str = ""  # whose earlier outputs the history drafts from ("": everyone's)
+    tenant: str = ""
+
+    def validate(self, max_tokens_cap: int) -> None:
+        """Raises: InvalidRequest naming the field (``messages``, ``stop`` or a sampling field)."""
+        if not self.messages:
+            raise InvalidRequest("at least one message is needed", field="messages")
+        if sum(len(m.content) for m in self.messages) > MAX_INPUT_CHARS:
+            raise InvalidRequest(f"messages are longer than {MAX_INPUT_CHARS} characters", field="messages")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}", field="stop")
+        for i, s in enumerate(self.stop):
+            if not s or len(s) > MAX_STOP_CHARS:
+                raise InvalidRequest(f"a stop string is 1 to {MAX_STOP_CHARS} characters", field=f"stop[{i}]")
         _validate_sampling(self.sampling, max_tokens_cap)
 
 
@@ -123,6 +168,12 @@ class EngineAPI(Protocol):
         """Text deltas as tokens are committed, then the final result (last item)."""
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult: ...
+
+    async def chat(self, request: TextRequest) -> GenerationResult:
+        """Free text (outcome TEXT when it ended by itself or at a stop string; TRUNCATED at max_tokens)."""
+
+    def chat_stream(self, request: TextRequest) -> AsyncIterator[TextDelta | GenerationResult]:
+        """Text deltas as tokens are committed (never a part of a stop string), then the final result."""
 
     def queue_depth(self) -> int: ...
 
