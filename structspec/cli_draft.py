@@ -164,8 +164,16 @@ def align(
         _fail(f"profile {prof.name} has no draft model; give --draft FOLDER")
     if not source.is_dir() or not (source / "config.json").is_file():
         _fail(f"draft folder {source} is missing (or holds no config.json)")
-    if model is None:
-        model = model_key(prof.name, weights_version(prof.draft) if prof.draft else "")
+    torch.manual_seed(seed)
+    try:
+        models = load_models(prof, device=device, dtype="float32", with_draft=False, executor="transformers")
+        loaded = load_draft(str(source), models.tokenizer, prof.target, "transformers", models.device, torch.float32)
+    except ModelLoadError as exc:
+        _fail(str(exc))
+    from structspec.assembly import make_executor, make_prompts  # torch: see the note at the imports
+
+    if model is None:  # the key the server keeps this model's statistics under: its prompt format included
+        model = model_key(prof.name, weights_version(prof.draft) if prof.draft else "", make_prompts(models).stats_format)
     try:
         traffic, others, rejected, schemas = _open_and_read(settings, model, schema, config.max_requests, since_s)
     except AlignError as exc:
@@ -175,14 +183,6 @@ def align(
                f"{since_text(since_s)}, "
                f"{len(rejected)} rejected drafts"
                f"{f', {len(others)} samples kept (other schemas, earlier)' if others else ''}")
-
-    torch.manual_seed(seed)
-    try:
-        models = load_models(prof, device=device, dtype="float32", with_draft=False, executor="transformers")
-        loaded = load_draft(str(source), models.tokenizer, prof.target, "transformers", models.device, torch.float32)
-    except ModelLoadError as exc:
-        _fail(str(exc))
-    from structspec.assembly import make_executor  # torch: see the note at the imports
 
     disk_dtype = DTYPES.get(str(json.loads((source / "config.json").read_text()).get("dtype", "float32")),
                             torch.float32)
