@@ -7,6 +7,7 @@
         for item in c.extract_stream(text=email, schema_id="invoice"):
             ...                                                        # TextDelta..., ExtractionResult
         calls = c.call_tool(messages=[{"role": "user", "content": "weather in Oslo?"}], tools=tools).calls
+        answer = c.chat([{"role": "user", "content": "Say hello"}], stop=["\n"], max_tokens=64).text
 
 ``AsyncClient`` has the same methods as coroutines. The statistics methods return the statistics views
 (``structspec.front.views``, re-exported here: ``SchemaStats``, ``RejectedDraft``, ...).
@@ -33,6 +34,7 @@ from structspec.client.errors import (
     UnavailableError,
 )
 from structspec.client.results import (
+    ChatResult,
     DraftLoad,
     ExtractionResult,
     SchemaInfo,
@@ -58,7 +60,7 @@ from structspec.front.views import (
 )
 
 __all__ = [
-    "AsyncClient", "Client", "DeadlineExceededError", "DecisionCount", "DraftLoad", "ExtractionResult",
+    "AsyncClient", "ChatResult", "Client", "DeadlineExceededError", "DecisionCount", "DraftLoad", "ExtractionResult",
     "FailedPreconditionError", "FieldViolation",
     "HistogramBucket", "HourStats", "InternalError", "InvalidArgumentError", "ModelValidationError", "NO_RETRY", "NotFoundError",
     "OutputError", "PermissionDeniedError", "PolicyChange", "ProposerHour", "ProposerPolicyState", "ProposerStats",

@@ -13,7 +13,7 @@ from structspec.client import convert, stats_decode
 from structspec.client.channel import (RetryPolicy, TLSConfig, auth_metadata, channel_options, channel_target,
                                        resolve_tls)
 from structspec.client.errors import DeadlineExceededError, InternalError, UnavailableError, error_from_rpc
-from structspec.client.results import DraftLoad, ExtractionResult, SchemaInfo, TextDelta, ToolCallResult
+from structspec.client.results import ChatResult, DraftLoad, ExtractionResult, SchemaInfo, TextDelta, ToolCallResult
 from structspec.client.sync import deadline_after, remaining, retry_delay, warn_if_restarted
 from structspec.front.views import RejectedDraft, SchemaStats
 from structspec.proto_gen.v1 import structspec_pb2 as pb
@@ -86,11 +86,13 @@ class AsyncClient:
         req = convert.extract_request(text=text, **kwargs)
         return self._stream(req, timeout)
 
-    async def _stream(self, req: pb.ExtractRequest, timeout: float | None) -> AsyncIterator[TextDelta | ExtractionResult]:
+    async def _stream(self, req: Any, timeout: float | None, rpc: str = "ExtractStream",
+                      result_of: Callable[[Any], Any] = ExtractionResult.from_pb,
+                      check: bool = True) -> AsyncIterator[Any]:
         deadline = deadline_after(timeout if timeout is not None else self.timeout)
         delays = self.retry.delays()
         while True:
-            call = self._stub.ExtractStream(req, timeout=remaining(deadline), metadata=self._metadata)
+            call = getattr(self._stub, rpc)(req, timeout=remaining(deadline), metadata=self._metadata)
             received = False
             try:
                 async for resp in call:
@@ -98,10 +100,11 @@ class AsyncClient:
                     if resp.HasField("delta"):
                         yield TextDelta(resp.delta.text)
                     else:
-                        result = ExtractionResult.from_pb(resp.result)
+                        result = result_of(resp.result)
                         async for _ in call:  # read to the end: the server then ends the stream OK, not cancelled
                             pass
-                        convert.check_output(result)
+                        if check:
+                            convert.check_output(result)
                         yield result
                         return
                 raise InternalError(grpc.StatusCode.INTERNAL, "stream ended without a result")
@@ -123,6 +126,20 @@ class AsyncClient:
         if check:
             convert.check_output(result)
         return result
+
+    # -- free text --------------------------------------------------------------------------------
+
+    async def chat(self, messages: Iterable[Any], *, stop: str | Sequence[str] | None = None,
+                   timeout: float | None = None, **kwargs: Any) -> ChatResult:
+        """Like ``Client.chat``, as a coroutine."""
+        req = convert.chat_request(messages=messages, stop=stop, **kwargs)
+        return ChatResult.from_pb((await self._call(self._stub.Chat, req, timeout)).result)
+
+    def chat_stream(self, messages: Iterable[Any], *, stop: str | Sequence[str] | None = None,
+                    timeout: float | None = None, **kwargs: Any) -> AsyncIterator[TextDelta | ChatResult]:
+        """``async for item in client.chat_stream(...)``: ``TextDelta``s, then the ``ChatResult``."""
+        req = convert.chat_request(messages=messages, stop=stop, **kwargs)
+        return self._stream(req, timeout, "ChatStream", ChatResult.from_pb, check=False)
 
     # -- registry ---------------------------------------------------------------------------------
 

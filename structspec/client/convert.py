@@ -22,19 +22,34 @@ Message = Mapping[str, str] | tuple[str, str] | Any
 
 
 def chat_messages(messages: Iterable[Message] | None) -> list[pb.ChatMessage]:
-    """Dicts ``{"role", "content"}``, ``(role, content)`` pairs or objects with those attributes."""
+    """Dicts ``{"role", "content"}``, ``(role, content)`` pairs or objects with those attributes. A dict may carry
+    an assistant turn's ``tool_calls`` (``{"id", "name", "arguments"}`` or OpenAI's ``{"id", "type", "function":
+    {"name", "arguments"}}``, arguments a dict or JSON text) and a tool turn's ``tool_call_id`` and ``name``."""
     out = []
     for m in messages or ():
+        extra: Mapping[str, Any] = {}
         if isinstance(m, Mapping):
-            role, content = m["role"], m["content"]
+            role, content, extra = m["role"], m.get("content") or "", m
         elif isinstance(m, tuple):
             role, content = m
         else:
             role, content = m.role, m.content
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
-        out.append(pb.ChatMessage(role=ROLES[role], content=content))
+        out.append(pb.ChatMessage(role=ROLES[role], content=content,
+                                  tool_calls=[history_call(c) for c in extra.get("tool_calls") or ()],
+                                  tool_call_id=extra.get("tool_call_id") or "", name=extra.get("name") or ""))
     return out
+
+
+def history_call(call: Mapping[str, Any] | Any) -> pb.ToolCall:
+    """A call an earlier assistant turn made (a dict as ``chat_messages`` takes, or a result's ``ToolCall``)."""
+    if not isinstance(call, Mapping):
+        return pb.ToolCall(id=call.id, name=call.name, arguments_json=call.arguments_json)
+    fn = call.get("function", call)
+    args = fn.get("arguments", {})
+    return pb.ToolCall(id=call.get("id") or "", name=fn["name"],
+                       arguments_json=args if isinstance(args, str) else encode_json(args, "arguments", schema=False))
 
 
 def sampling(
@@ -167,6 +182,7 @@ def tool_request(
     disable_fast_forward: bool = False,
     request_id: str | None = None,
     examples: Iterable[tuple[str, Any]] = (),
+    answer_schema: Mapping[str, Any] | str | Any = None,
 ) -> pb.CallToolRequest:
     choice = pb.ToolChoice()
     if tool_choice in TOOL_CHOICE_MODES:
@@ -175,7 +191,7 @@ def tool_request(
         choice.tool_name = tool_choice
     if speculation not in SPECULATION:
         raise ValueError("speculation must be 'auto' or 'off'")
-    return pb.CallToolRequest(
+    req = pb.CallToolRequest(
         messages=chat_messages(messages),
         tools=[tool_pb(t, i) for i, t in enumerate(tools)],
         tool_choice=choice,
@@ -185,6 +201,36 @@ def tool_request(
         disable_fast_forward=disable_fast_forward,
         request_id=request_id or "",
         examples=example_pbs(examples),
+    )
+    if answer_schema is not None:  # a dict, JSON text or a pydantic model class
+        value = answer_schema if isinstance(answer_schema, (str, Mapping)) else model_schema(answer_schema, "answer_schema_json")
+        req.answer_schema_json = encode_json(value, "answer_schema_json")
+    return req
+
+
+def chat_request(
+    *,
+    messages: Iterable[Message],
+    stop: str | Sequence[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+    speculation: str | None = None,
+    disable_fast_forward: bool = False,
+    request_id: str | None = None,
+) -> pb.ChatRequest:
+    """``stop``: one string or several (the server checks them: at most 4, each 1 to 64 characters)."""
+    if speculation not in SPECULATION:
+        raise ValueError("speculation must be 'auto' or 'off'")
+    return pb.ChatRequest(
+        messages=chat_messages(messages),
+        stop=[stop] if isinstance(stop, str) else list(stop or ()),
+        sampling=sampling(temperature, top_p, top_k, seed, max_tokens),
+        speculation=SPECULATION[speculation],
+        disable_fast_forward=disable_fast_forward,
+        request_id=request_id or "",
     )
 
 

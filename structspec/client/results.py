@@ -69,7 +69,7 @@ class SpeculationReport:
         return cls(r.drafted, r.reason, r.probe, dict(r.max_draft), dict(r.proposer_reasons), r.arm)
 
     @classmethod
-    def of(cls, parent: pb.ExtractResult | pb.CallToolResponse) -> "SpeculationReport | None":
+    def of(cls, parent: pb.ExtractResult | pb.CallToolResponse | pb.ChatResult) -> "SpeculationReport | None":
         """The report of a result message; None when the server sent none."""
         return cls.from_pb(parent.speculation) if parent.HasField("speculation") else None
 
@@ -118,14 +118,43 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ChatResult:
+    """A free-text answer (``Client.chat``): ``finish_reason`` "stop" (the model ended its turn, or wrote a stop
+    string, left out of ``text``) or "length" (``max_tokens`` reached: ``truncated``)."""
+
+    request_id: str
+    text: str
+    finish_reason: str  # "stop" | "length"
+    truncated: bool
+    usage: Usage
+    timings: Timings
+    outcome: str = "text"  # "text" | "truncated"
+    speculation: SpeculationReport | None = None
+    model: str = ""
+    draft_version: str = ""
+
+    @classmethod
+    def from_pb(cls, r: pb.ChatResult) -> "ChatResult":
+        return cls(r.request_id, r.text, _FINISH.get(r.finish_reason, ""), r.truncated, Usage.from_pb(r.usage),
+                   Timings.from_pb(r.timings), _OUTCOME.get(r.outcome, ""), SpeculationReport.of(r), r.model,
+                   r.draft_version)
+
+
+@dataclass(frozen=True)
 class ToolCall:
+    """A call the model made; ``id`` names it when its result goes back (a tool turn's ``tool_call_id``)."""
+
     name: str
     arguments: dict[str, Any]
     arguments_json: str
+    id: str = ""
 
 
 @dataclass(frozen=True)
 class ToolCallResult:
+    """Tool calls, or a text answer (``text``, where ``tool_choice`` allowed one; JSON valid against the
+    ``answer_schema`` where one was sent: ``answer``), or both where the model wrote text before its calls."""
+
     request_id: str
     calls: list[ToolCall]
     text: str | None
@@ -142,12 +171,23 @@ class ToolCallResult:
 
     @classmethod
     def from_pb(cls, r: pb.CallToolResponse) -> "ToolCallResult":
-        calls = [ToolCall(c.name, json.loads(c.arguments_json) if c.arguments_json else {}, c.arguments_json) for c in r.tool_calls]
+        calls = [ToolCall(c.name, json.loads(c.arguments_json) if c.arguments_json else {}, c.arguments_json, c.id)
+                 for c in r.tool_calls]
         return cls(
             r.request_id, calls, r.text if r.HasField("text") else None, _FINISH.get(r.finish_reason, ""),
             _OUTCOME.get(r.outcome, ""), r.truncated, Usage.from_pb(r.usage), Timings.from_pb(r.timings), r.raw_output, r.error,
             SpeculationReport.of(r), r.model, r.draft_version,
         )
+
+    @property
+    def answer(self) -> Any:
+        """The text answer parsed as JSON (an ``answer_schema`` answer); None without a text answer."""
+        return None if self.text is None else json.loads(self.text)
+
+    def assistant_message(self) -> dict[str, Any]:
+        """This answer as the assistant turn to send back with the tools' results (``call_tool``'s messages)."""
+        return {"role": "assistant", "content": self.text or "",
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments_json} for c in self.calls]}
 
 
 @dataclass(frozen=True)

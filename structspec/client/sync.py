@@ -14,7 +14,7 @@ from structspec.client.channel import (RetryPolicy, TLSConfig, auth_metadata, ch
                                        resolve_tls)
 from structspec.client.errors import (DeadlineExceededError, InternalError, UnavailableError, error_from_rpc,
                                      may_have_started)
-from structspec.client.results import DraftLoad, ExtractionResult, SchemaInfo, TextDelta, ToolCallResult
+from structspec.client.results import ChatResult, DraftLoad, ExtractionResult, SchemaInfo, TextDelta, ToolCallResult
 from structspec.front.views import RejectedDraft, SchemaStats
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
@@ -134,11 +134,14 @@ class Client:
         req = convert.extract_request(text=text, **kwargs)
         return self._stream(req, timeout)
 
-    def _stream(self, req: pb.ExtractRequest, timeout: float | None) -> Iterator[TextDelta | ExtractionResult]:
+    def _stream(self, req: Any, timeout: float | None, rpc: str = "ExtractStream",
+                result_of: Callable[[Any], Any] = ExtractionResult.from_pb, check: bool = True) -> Iterator[Any]:
+        """A streaming RPC's deltas, then its result (``result_of`` the result message; ``check``: raise for a
+        truncated or schema-violating one)."""
         deadline = deadline_after(timeout if timeout is not None else self.timeout)
         delays = self.retry.delays()
         while True:
-            call = self._stub.ExtractStream(req, timeout=remaining(deadline), metadata=self._metadata)
+            call = getattr(self._stub, rpc)(req, timeout=remaining(deadline), metadata=self._metadata)
             received = False
             try:
                 for resp in call:
@@ -146,10 +149,11 @@ class Client:
                     if resp.HasField("delta"):
                         yield TextDelta(resp.delta.text)
                     else:
-                        result = ExtractionResult.from_pb(resp.result)
+                        result = result_of(resp.result)
                         for _ in call:  # read to the end of the stream: the server then ends it OK, not cancelled
                             pass
-                        convert.check_output(result)
+                        if check:
+                            convert.check_output(result)
                         yield result
                         return
                 raise InternalError(grpc.StatusCode.INTERNAL, "stream ended without a result")
@@ -166,14 +170,33 @@ class Client:
         self, messages: Iterable[Any], tools: Sequence[Any], *, tool_choice: str = "auto", parallel: bool = False,
         timeout: float | None = None, check: bool = True, **kwargs: Any,
     ) -> ToolCallResult:
-        """Tool calls (``.calls``: name + arguments dict) and/or ``.text``. ``tool_choice``:
-        "auto", "required", "none" or a tool name. ``check=False`` returns truncated results
-        instead of raising."""
+        """Tool calls (``.calls``: id, name, arguments dict) and/or a text answer (``.text``). ``tool_choice``:
+        "auto", "required", "none" or a tool name. ``answer_schema=`` (a dict, JSON text or pydantic model class):
+        a text answer is JSON valid against it (``.answer``). Send the tools' results back as
+        ``[..., result.assistant_message(), {"role": "tool", "tool_call_id": call.id, "content": ...}]``.
+        ``check=False`` returns truncated results (no calls, no text) instead of raising."""
         req = convert.tool_request(messages=messages, tools=tools, tool_choice=tool_choice, parallel=parallel, **kwargs)
         result = ToolCallResult.from_pb(self._call(self._stub.CallTool, req, timeout))
         if check:
             convert.check_output(result)
         return result
+
+    # -- free text --------------------------------------------------------------------------------
+
+    def chat(self, messages: Iterable[Any], *, stop: str | Sequence[str] | None = None,
+             timeout: float | None = None, **kwargs: Any) -> ChatResult:
+        """A free-text answer to ``messages`` (no schema, no tools): ``.text``, ``.finish_reason`` ("stop": the model
+        ended its turn or wrote one of the ``stop`` strings, left out of the text; "length": ``max_tokens``
+        reached, ``.truncated``), ``.usage``. Takes the sampling arguments of ``extract`` and ``speculation``."""
+        req = convert.chat_request(messages=messages, stop=stop, **kwargs)
+        return ChatResult.from_pb(self._call(self._stub.Chat, req, timeout).result)
+
+    def chat_stream(self, messages: Iterable[Any], *, stop: str | Sequence[str] | None = None,
+                    timeout: float | None = None, **kwargs: Any) -> Iterator[TextDelta | ChatResult]:
+        """``TextDelta`` items as tokens are committed, then the ``ChatResult`` (a truncated one too). Stopping
+        early cancels the request on the server."""
+        req = convert.chat_request(messages=messages, stop=stop, **kwargs)
+        return self._stream(req, timeout, "ChatStream", ChatResult.from_pb, check=False)
 
     # -- registry ---------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Request building, shared by both fronts: what a caller asked, protocol-neutral -> the engine's request.
 
-An *input* (``ExtractionInput``, ``ToolCallInput``) is a request converted from its protocol and
+An *input* (``ExtractionInput``, ``ToolCallInput``, ``TextInput``) is a request converted from its protocol and
 nothing more: unset sampling fields are None, worked examples are JSON text. An extraction's schema,
 a ``SchemaSource`` (a registered ``SchemaRef``, inline JSON text from gRPC, or an inline value from
 HTTP, parsed with its body), is resolved first. A ``Caller`` is who asks and until when (the call
@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import jsonschema
 
-from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
+from structspec.engine.api import ChatMessage, ExtractionRequest, TextRequest, ToolCallRequest
 from structspec.engine.types import SamplingParams, SpeculationMode
 from structspec.front.errors import invalid
 from structspec.front.limits import Limits
@@ -102,6 +102,18 @@ class ToolCallInput:
     sampling: Sampling = Sampling()
     speculation: SpeculationMode = SpeculationMode.AUTO
     fast_forward: bool = True
+    answer_schema: dict[str, Any] | None = None  # a final answer, where the model answers, is JSON valid against it
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """A free-text chat turn: no schema, no tools; ``stop`` strings end the text (checked by ``TextRequest``)."""
+
+    messages: tuple[ChatMessage, ...]
+    stop: tuple[str, ...] = ()
+    sampling: Sampling = Sampling()
+    speculation: SpeculationMode = SpeculationMode.AUTO
+    fast_forward: bool = True
 
 
 SchemaSource = SchemaRef | str | dict[str, Any]  # registered, inline JSON text (gRPC), or an inline value (HTTP)
@@ -150,12 +162,18 @@ def tool_request(inp: ToolCallInput, caller: Caller, limits: Limits) -> ToolCall
         tool_choice=inp.tool_choice,
         parallel_calls=inp.parallel,
         examples=examples(inp.examples, _call_error(inp.tools)),
+        answer_schema=inp.answer_schema,
         **_alike(inp, caller, limits),
     )
 
 
-def _alike(inp: ExtractionInput | ToolCallInput, caller: Caller, limits: Limits) -> dict[str, Any]:
-    """The fields both engine requests take alike: sampling, speculation, the caller's."""
+def text_request(inp: TextInput, caller: Caller, limits: Limits) -> TextRequest:
+    """The engine's free-text request (its ``validate`` checks the stop strings and messages)."""
+    return TextRequest(messages=inp.messages, stop=inp.stop, **_alike(inp, caller, limits))
+
+
+def _alike(inp: ExtractionInput | ToolCallInput | TextInput, caller: Caller, limits: Limits) -> dict[str, Any]:
+    """The fields every engine request takes alike: sampling, speculation, the caller's."""
     return dict(sampling=sampling(inp.sampling, limits), speculation=inp.speculation, fast_forward=inp.fast_forward,
                 deadline=caller.deadline, request_id=caller.request_id, history_scope=caller.history_scope,
                 tenant=caller.tenant)

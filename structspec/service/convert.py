@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import uuid
 from typing import Any, Sequence
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -23,11 +24,14 @@ from structspec.engine.types import (
     SpeculationMode,
     SpeculationReport,
     Timings,
+    ToolCall,
     ToolCallResult,
     Usage,
 )
 from structspec.front.errors import invalid, schema_too_deep
-from structspec.front.requests import Example, ExtractionInput, Sampling, SchemaRef, SchemaSource, ToolCallInput
+from structspec.front.registry import parse_schema_json
+from structspec.front.requests import (Example, ExtractionInput, Sampling, SchemaRef, SchemaSource, TextInput,
+                                     ToolCallInput)
 from structspec.grammar import json_text
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.store.base import SchemaRecord
@@ -75,13 +79,40 @@ def sampling(msg: pb.SamplingParams) -> Sampling:
 
 
 def messages(msgs: Sequence[pb.ChatMessage], field: str = "messages") -> tuple[ChatMessage, ...]:
+    """Proto messages -> the engine's, an assistant turn's tool calls (and their ids) and a tool turn's call id
+    and name carried along. Calls belong to assistant turns and call ids to tool turns: elsewhere they are refused."""
     out = []
     for i, m in enumerate(msgs):
+        at = f"{field}[{i}]"
         role = _ROLES.get(m.role)
         if role is None:
-            raise invalid(f"{field}[{i}].role", "role must be SYSTEM, USER, ASSISTANT or TOOL")
-        out.append(ChatMessage(role=role, content=m.content))
+            raise invalid(f"{at}.role", "role must be SYSTEM, USER, ASSISTANT or TOOL")
+        if m.tool_calls and role != "assistant":
+            raise invalid(f"{at}.tool_calls", "only an assistant turn carries tool calls")
+        if (m.tool_call_id or m.name) and role != "tool":
+            raise invalid(f"{at}.tool_call_id" if m.tool_call_id else f"{at}.name", "only on a tool turn")
+        calls = tuple(_history_call(c, f"{at}.tool_calls[{j}]") for j, c in enumerate(m.tool_calls))
+        out.append(ChatMessage(role=role, content=m.content, tool_calls=calls,
+                               tool_call_ids=tuple(c.id for c in m.tool_calls) if calls else (),
+                               tool_call_id=m.tool_call_id, name=m.name))
     return tuple(out)
+
+
+def _history_call(call: pb.ToolCall, at: str) -> ToolCall:
+    """A call an earlier assistant turn made: its arguments from ``arguments_json``, else ``arguments``."""
+    if not call.name:
+        raise invalid(f"{at}.name", "a tool call needs the tool's name")
+    if not call.arguments_json.strip():
+        return ToolCall(call.name, json_format.MessageToDict(call.arguments))
+    try:
+        args = json_text.loads(call.arguments_json)
+    except json_text.TooDeep as exc:
+        raise invalid(f"{at}.arguments_json", str(exc), "INSTANCE_TOO_DEEP") from None
+    except json.JSONDecodeError as exc:
+        raise invalid(f"{at}.arguments_json", f"not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(args, dict):
+        raise invalid(f"{at}.arguments_json", "a call's arguments are a JSON object")
+    return ToolCall(call.name, args)
 
 
 def examples(items: Sequence[pb.Example]) -> tuple[Example, ...]:
@@ -158,6 +189,18 @@ def tool_call_input(req: pb.CallToolRequest) -> ToolCallInput:
         tool_choice=tool_choice(req.tool_choice),
         parallel=req.parallel_tool_calls,
         examples=examples(req.examples),
+        sampling=sampling(req.sampling),
+        speculation=speculation(req.speculation),
+        fast_forward=not req.disable_fast_forward,
+        answer_schema=(parse_schema_json(req.answer_schema_json, "answer_schema_json")
+                       if req.HasField("answer_schema_json") else None),
+    )
+
+
+def text_input(req: pb.ChatRequest) -> TextInput:
+    return TextInput(
+        messages=messages(req.messages),
+        stop=tuple(req.stop),
         sampling=sampling(req.sampling),
         speculation=speculation(req.speculation),
         fast_forward=not req.disable_fast_forward,
@@ -257,7 +300,31 @@ def extract_result(result: GenerationResult, key: str, model: str = "") -> pb.Ex
     return out
 
 
+def chat_result(result: GenerationResult, model: str = "") -> pb.ChatResult:
+    """``model``: the engine's model, for a result that does not name the one that served it."""
+    out = pb.ChatResult(
+        request_id=result.request_id,
+        text=result.text,
+        finish_reason=_FINISH[result.finish_reason],
+        outcome=_OUTCOME[result.outcome],
+        truncated=result.truncated,
+        usage=usage(result.usage),
+        timings=timings(result.timings),
+        model=result.model_key or model,
+        draft_version=result.draft_version,
+    )
+    if result.speculation is not None:
+        out.speculation.CopyFrom(speculation_report(result.speculation))
+    return out
+
+
+def tool_call_id() -> str:
+    """A new call id, unique across responses (a later tool turn names the call it answers by it)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def tool_result(res: ToolCallResult, model: str = "") -> pb.CallToolResponse:
+    """A cut answer (finish LENGTH) carries neither calls nor text: only ``raw_output``."""
     r = res.result
     out = pb.CallToolResponse(
         request_id=r.request_id,
@@ -273,15 +340,16 @@ def tool_result(res: ToolCallResult, model: str = "") -> pb.CallToolResponse:
     )
     if r.speculation is not None:
         out.speculation.CopyFrom(speculation_report(r.speculation))
+    if r.truncated:
+        return out
     if res.text is not None:
         out.text = res.text
-    if not r.truncated:
-        for call in res.calls:
-            args = dict(call.arguments)
-            msg = pb.ToolCall(name=call.name, arguments_json=json.dumps(args, ensure_ascii=False))
-            if _fits_struct(args):
-                msg.arguments.CopyFrom(struct_of(args))
-            out.tool_calls.append(msg)
+    for call in res.calls:
+        args = dict(call.arguments)
+        msg = pb.ToolCall(name=call.name, arguments_json=json.dumps(args, ensure_ascii=False), id=tool_call_id())
+        if _fits_struct(args):
+            msg.arguments.CopyFrom(struct_of(args))
+        out.tool_calls.append(msg)
     return out
 
 

@@ -1,5 +1,8 @@
 """The gRPC servicer: convert -> engine/registry -> convert. Errors are mapped in one place
-(``_rpc``) and recorded in the metrics; nothing here knows about sockets, TLS or tokens."""
+(``_rpc``) and recorded in the metrics; nothing here knows about sockets, TLS or tokens.
+
+The generation RPCs: Extract/ExtractStream (a schema's instance), CallTool (tool calls or a text answer),
+Chat/ChatStream (free text, no schema). A stream relays the engine's text deltas, then its final result."""
 
 from __future__ import annotations
 
@@ -8,13 +11,13 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from structspec.engine.api import ExtractionRequest
-from structspec.engine.types import GenerationResult
+from structspec.engine.types import GenerationResult, TextDelta
 from structspec.front import errors, failures, requests, stats
 from structspec.front.auth import AuthConfig, bearer_token, reads_every_schema
 from structspec.front.call import REQUEST_ID_KEY, Call, CallGuard, EngineSlot, caller_scopes, guarded, request_id_from
@@ -125,34 +128,40 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         async with self._rpc("ExtractStream", request, context) as call:
             engine = self._engine.require()
             req, schema = await self._extraction(request, call)
-            stream = engine.extract_stream(req)
-            items = stream.__aiter__()
-            final: GenerationResult | None = None
-            deltas = self._metrics.delta_timer(call.started)
-            try:
-                while True:
-                    try:
-                        item = await self._guarded(call, items.__anext__())
-                    except StopAsyncIteration:
-                        break
-                    if isinstance(item, GenerationResult):
-                        final = item
-                        break
-                    deltas.delta()
-                    yield pb.ExtractStreamResponse(delta=pb.TextDelta(text=item.text))
-            finally:
-                # release the engine's generator now (a no-op once it finished) rather than at GC
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    with contextlib.suppress(Exception):
-                        await aclose()
-            if final is None:
-                raise FrontError(Code.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
-            call.result = final
-            failures.check_result(final, call.deadline, schema_field=call.schema_field)
-            response = pb.ExtractStreamResponse(result=convert.extract_result(final, schema.key, engine.model_key))
-            call.delivered = True
-            yield response
+            async with contextlib.aclosing(self._relay(call, engine.extract_stream(req))) as items:
+                async for item in items:
+                    if isinstance(item, TextDelta):
+                        yield pb.ExtractStreamResponse(delta=pb.TextDelta(text=item.text))
+                        continue
+                    failures.check_result(item, call.deadline, schema_field=call.schema_field)
+                    response = pb.ExtractStreamResponse(result=convert.extract_result(item, schema.key, engine.model_key))
+                    call.delivered = True
+                    yield response
+
+    async def _relay(self, call: _Call, stream: Any) -> AsyncIterator[TextDelta | GenerationResult]:
+        """The engine stream's deltas (timed in the metrics), then its final result (set as ``call.result``),
+        each awaited within the call's deadline; the engine's generator is closed when this one is."""
+        items = stream.__aiter__()
+        deltas = self._metrics.delta_timer(call.started)
+        try:
+            while True:
+                try:
+                    item = await self._guarded(call, items.__anext__())
+                except StopAsyncIteration:
+                    break
+                if isinstance(item, GenerationResult):
+                    call.result = item
+                    yield item
+                    return
+                deltas.delta()
+                yield item
+        finally:
+            # release the engine's generator now (a no-op once it finished) rather than at GC
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        raise FrontError(Code.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
 
     async def CallTool(self, request: pb.CallToolRequest, context: grpc.aio.ServicerContext) -> pb.CallToolResponse:
         async with self._rpc("CallTool", request, context) as call:
@@ -164,6 +173,29 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
             failures.check_result(res.result, call.deadline, schema_field=call.schema_field)
             return convert.tool_result(res, engine.model_key)
         raise AssertionError("unreachable")
+
+    async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.ChatResponse:
+        async with self._rpc("Chat", request, context) as call:
+            engine = self._engine.require()
+            req = requests.text_request(convert.text_input(request), call, self._limits)
+            call.result = await self._guarded(call, engine.chat(req))
+            failures.check_result(call.result, call.deadline)
+            return pb.ChatResponse(result=convert.chat_result(call.result, engine.model_key))
+        raise AssertionError("unreachable")
+
+    async def ChatStream(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ChatStreamResponse]:
+        async with self._rpc("ChatStream", request, context) as call:
+            engine = self._engine.require()
+            req = requests.text_request(convert.text_input(request), call, self._limits)
+            async with contextlib.aclosing(self._relay(call, engine.chat_stream(req))) as items:
+                async for item in items:
+                    if isinstance(item, TextDelta):
+                        yield pb.ChatStreamResponse(delta=pb.TextDelta(text=item.text))
+                        continue
+                    failures.check_result(item, call.deadline)
+                    response = pb.ChatStreamResponse(result=convert.chat_result(item, engine.model_key))
+                    call.delivered = True
+                    yield response
 
     # -- registry ---------------------------------------------------------------------------------
 

@@ -351,3 +351,203 @@ def test_a_stream_read_to_its_result_counts_as_ok_even_if_the_client_then_hangs_
                 break
             time.sleep(0.05)
         assert 'structspec_requests_total{code="OK",finish_reason="stop",rpc="ExtractStream"} 8.0' in body, body
+
+
+# -- Chat, ChatStream and CallTool's text answers (fake engine) ------------------------------------------------------
+
+from structspec.client import AsyncClient, ChatResult, InvalidArgumentError, ResourceExhaustedError  # noqa: E402
+from structspec.client import DeadlineExceededError, UnauthenticatedError  # noqa: E402
+from structspec.engine.api import TextRequest  # noqa: E402
+from structspec.engine.types import GenerationResult, SpeculationReport as EngineReport  # noqa: E402
+from structspec.engine.types import ToolCallResult as EngineToolResult  # noqa: E402
+from structspec.service.settings import Secret  # noqa: E402
+
+CHAT_REPLY = "Hello there. The sky is blue.\nAnything else?"
+
+
+class ChatFake(FakeEngine):
+    """The fake with free text: it answers ``CHAT_REPLY`` (cut at the first stop string, one chunk per "token"),
+    and under ``tool_choice`` auto answers in text when the last message says ``[answer]`` (handing the server
+    the text even when ``[length]`` cut it)."""
+
+    async def chat(self, request: TextRequest) -> GenerationResult:
+        result = None
+        async for item in self.chat_stream(request):
+            result = item
+        assert isinstance(result, GenerationResult)
+        return result
+
+    async def chat_stream(self, request: TextRequest):
+        self._admit(request)
+        prompt = request.messages[-1].content
+        self._check_prompt(prompt)
+        cuts = [CHAT_REPLY.find(s) for s in request.stop if s in CHAT_REPLY]
+        text = CHAT_REPLY[:min(cuts)] if cuts else CHAT_REPLY
+        decision = EngineReport(request.speculation.value != "off", "drafted" if request.speculation.value != "off" else "request_off")
+        async for item in self._decode(request.request_id, prompt, text, request.sampling.max_tokens, request.deadline,
+                                       is_json=False, decision=decision):
+            yield item
+
+    async def call_tool(self, request):
+        if request.tool_choice != "auto" or "[answer]" not in request.messages[-1].content:
+            return await super().call_tool(request)
+        self._admit(request)
+        answer = '{"reply": "no tool needed"}' if request.answer_schema else "No tool needed: it is sunny."
+        result = None
+        async for item in self._decode(request.request_id, request.messages[-1].content, answer,
+                                       request.sampling.max_tokens, request.deadline, is_json=False):
+            result = item
+        return EngineToolResult(result=result, text=result.text)  # cut or not: the server decides what to show
+
+
+@pytest.fixture
+def chat_served(tmp_path: Path):
+    engine = ChatFake(chunk_chars=4)
+    with ServerThread(settings_for(tmp_path), engine) as st:
+        yield st, engine
+
+
+def test_chat_answers_with_text_honours_stop_and_max_tokens(chat_served) -> None:
+    st, engine = chat_served
+    with Client(st.target, retry=NO_RETRY, timeout=20) as client:
+        r = client.chat([{"role": "system", "content": "be brief"}, ("user", "hi")], temperature=0.5, seed=3,
+                        speculation="off", request_id="chat-1")
+        assert isinstance(r, ChatResult) and r.text == CHAT_REPLY
+        assert (r.finish_reason, r.outcome, r.truncated, r.request_id) == ("stop", "text", False, "chat-1")
+        assert r.usage.output_tokens == -(-len(r.text) // 4) and r.usage.prompt_tokens > 0 and r.model == "fake"
+        assert r.speculation is not None and r.speculation.reason == "request_off"
+        sent = engine.requests[-1]
+        assert isinstance(sent, TextRequest) and [m.role for m in sent.messages] == ["system", "user"]
+        assert (sent.sampling.temperature, sent.sampling.seed, sent.speculation.value) == (0.5, 3, "off")
+        cut = client.chat([("user", "hi")], stop=["\n", "zzz"])
+        assert cut.text == "Hello there. The sky is blue." and cut.finish_reason == "stop"
+        assert engine.requests[-1].stop == ("\n", "zzz")
+        assert client.chat([("user", "hi")], stop=".").text == "Hello there"  # one string is one stop string
+        short = client.chat([("user", "hi")], max_tokens=2)
+        assert (short.text, short.finish_reason, short.outcome, short.truncated) == ("Hell" "o th", "length", "truncated", True)
+
+
+def test_chat_stream_deltas_then_the_result(chat_served) -> None:
+    st, _ = chat_served
+    with Client(st.target, retry=NO_RETRY, timeout=20) as client:
+        items = list(client.chat_stream([("user", "hi")], stop=["?"]))
+        deltas = [i for i in items if isinstance(i, TextDelta)]
+        assert len(deltas) >= 3 and isinstance(items[-1], ChatResult)
+        assert "".join(d.text for d in deltas) == items[-1].text == "Hello there. The sky is blue.\nAnything else"
+        cut = list(client.chat_stream([("user", "hi")], max_tokens=3))  # a truncated answer is a result, not an error
+        assert cut[-1].finish_reason == "length" and "".join(d.text for d in cut[:-1]) == cut[-1].text
+
+
+@pytest.mark.parametrize("stop, field", [(["a", "b", ""], "stop[2]"), (["x" * 65], "stop[0]"),
+                                         (["a", "b", "c", "d", "e"], "stop")])
+def test_chat_refuses_a_bad_stop_string_naming_it(chat_served, stop, field) -> None:
+    st, engine = chat_served
+    with Client(st.target, retry=NO_RETRY, timeout=20) as client:
+        with pytest.raises(InvalidArgumentError) as err:
+            client.chat([("user", "hi")], stop=stop)
+    assert err.value.field_violations[0].field == field and engine.requests == []
+
+
+def test_chat_guards_like_the_other_rpcs(tmp_path: Path) -> None:
+    engine = ChatFake(max_running=1, max_queue=0)
+    (tmp_path / "tokens").write_text("alice-token\n")
+    with ServerThread(settings_for(tmp_path, auth_token_file=tmp_path / "tokens", admin_token=Secret("admin")), engine) as st:
+        with Client(st.target, retry=NO_RETRY, timeout=20) as anonymous:
+            with pytest.raises(UnauthenticatedError):
+                anonymous.chat([("user", "hi")])
+        with Client(st.target, token="alice-token", retry=NO_RETRY, timeout=20) as client:
+            assert client.chat([("user", "hi")]).text == CHAT_REPLY
+            assert engine.requests[-1].tenant.startswith("t:")  # the caller's tenant rides on the request
+            with pytest.raises(DeadlineExceededError):
+                client.chat([("user", "[slow=0.2]")], timeout=0.5)
+            with pytest.raises(InvalidArgumentError) as err:
+                client.chat([("user", "hi")], max_tokens=0)
+            assert err.value.field_violations[0].field == "sampling.max_tokens"
+            with pytest.raises(InvalidArgumentError) as err:
+                client.chat([])
+            assert err.value.field_violations[0].field == "messages"
+            slow = client.chat_stream([("user", "[slow=0.3]")])
+            next(slow)  # holds the one slot; the queue takes none
+            with pytest.raises(ResourceExhaustedError):
+                client.chat([("user", "hi")])
+            slow.close()
+
+
+def test_a_conversations_tool_calls_and_results_reach_the_engine(chat_served) -> None:
+    st, engine = chat_served
+    history = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+            {"id": "call_2", "name": "get_time", "arguments": {"tz": "CET"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
+    ]
+    with Client(st.target, retry=NO_RETRY, timeout=20) as client:
+        client.chat(history)
+        sent = engine.requests[-1].messages
+        assert [c.name for c in sent[1].tool_calls] == ["get_weather", "get_time"]
+        assert sent[1].tool_calls[0].arguments == {"city": "Oslo"} and sent[1].tool_calls[1].arguments == {"tz": "CET"}
+        assert sent[1].tool_call_ids == ("call_1", "call_2")
+        assert (sent[2].tool_call_id, sent[2].name, sent[3].tool_call_id) == ("call_1", "get_weather", "call_2")
+        client.call_tool(history, TOOLS)
+        assert engine.requests[-1].messages[1].tool_call_ids == ("call_1", "call_2")
+        bad = [history[0], {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": "f", "arguments": "{x"}]}]
+        with pytest.raises(InvalidArgumentError) as err:
+            client.chat(bad)
+        assert err.value.field_violations[0].field == "messages[1].tool_calls[0].arguments_json"
+        with pytest.raises(InvalidArgumentError) as err:
+            client.chat([{"role": "user", "content": "x", "tool_calls": [{"name": "f", "arguments": {}}]}])
+        assert err.value.field_violations[0].field == "messages[0].tool_calls"
+        with pytest.raises(InvalidArgumentError) as err:
+            client.chat([{"role": "user", "content": "x", "tool_call_id": "call_1"}])
+        assert err.value.field_violations[0].field == "messages[0].tool_call_id"
+
+
+def test_call_tool_answers_in_text_under_auto_and_calls_carry_ids(chat_served) -> None:
+    st, engine = chat_served
+    with Client(st.target, retry=NO_RETRY, timeout=20) as client:
+        r = client.call_tool([("user", "[answer] is it sunny?")], TOOLS)
+        assert r.calls == [] and r.text == "No tool needed: it is sunny." and r.outcome == "text"
+        assert r.finish_reason == "stop" and engine.requests[-1].answer_schema is None
+        called = client.call_tool([("user", "weather in Oslo?")], TOOLS, parallel=True, tool_choice="required")
+        ids = [c.id for c in called.calls]
+        assert len(ids) == 2 and len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+        assert called.text is None
+        again = client.call_tool([("user", "weather in Oslo?")], TOOLS)
+        assert again.calls[0].id not in ids  # unique across responses too
+        follow_up = [("user", "weather in Oslo?"), called.assistant_message(),
+                     {"role": "tool", "tool_call_id": ids[0], "content": "sunny"}]
+        client.call_tool(follow_up, TOOLS)
+        assert engine.requests[-1].messages[1].tool_call_ids == tuple(ids)
+        schema = {"type": "object", "properties": {"reply": {"type": "string"}}, "required": ["reply"]}
+        typed = client.call_tool([("user", "[answer] hi")], TOOLS, answer_schema=schema)
+        assert engine.requests[-1].answer_schema == schema and typed.answer == {"reply": "no tool needed"}
+        with pytest.raises(InvalidArgumentError) as err:
+            client.call_tool([("user", "hi")], TOOLS, answer_schema="{not json")
+        assert err.value.field_violations[0].field == "answer_schema_json"
+
+
+def test_a_truncated_tool_answer_has_no_calls_and_no_text(chat_served) -> None:
+    st, _ = chat_served
+    with Client(st.target, retry=NO_RETRY, timeout=20) as client:
+        for msg in ("[length] weather in Oslo?", "[answer] [length] hi"):
+            r = client.call_tool([("user", msg)], TOOLS, check=False)
+            assert (r.finish_reason, r.outcome, r.truncated, r.calls, r.text) == ("length", "truncated", True, [], None)
+            assert r.raw_output  # the cut output, for debugging, never parsed
+
+
+def test_async_client_chat(chat_served) -> None:
+    import asyncio
+
+    st, _ = chat_served
+
+    async def go() -> tuple[ChatResult, list]:
+        async with AsyncClient(st.target, retry=NO_RETRY, timeout=20) as client:
+            r = await client.chat([("user", "hi")], stop=["\n"])
+            items = [i async for i in client.chat_stream([("user", "hi")], max_tokens=2)]
+            return r, items
+
+    r, items = asyncio.run(go())
+    assert r.text == "Hello there. The sky is blue." and r.finish_reason == "stop"
+    assert items[-1].finish_reason == "length" and "".join(i.text for i in items[:-1]) == items[-1].text

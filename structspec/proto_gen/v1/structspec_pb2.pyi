@@ -94,12 +94,18 @@ class SchemaRef(_message.Message):
     def __init__(self, schema_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     role: Role
     content: str
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_id: str
+    name: str
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens")
@@ -292,7 +298,7 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., tool_name: _Optional[str] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
-    __slots__ = ("messages", "tools", "tool_choice", "parallel_tool_calls", "sampling", "speculation", "disable_fast_forward", "request_id", "examples")
+    __slots__ = ("messages", "tools", "tool_choice", "parallel_tool_calls", "sampling", "speculation", "disable_fast_forward", "request_id", "examples", "answer_schema_json")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +308,7 @@ class CallToolRequest(_message.Message):
     DISABLE_FAST_FORWARD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: ToolChoice
@@ -311,17 +318,20 @@ class CallToolRequest(_message.Message):
     disable_fast_forward: bool
     request_id: str
     examples: _containers.RepeatedCompositeFieldContainer[Example]
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[Example, _Mapping]]] = ...) -> None: ...
+    answer_schema_json: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ..., examples: _Optional[_Iterable[_Union[Example, _Mapping]]] = ..., answer_schema_json: _Optional[str] = ...) -> None: ...
 
 class ToolCall(_message.Message):
-    __slots__ = ("name", "arguments_json", "arguments")
+    __slots__ = ("name", "arguments_json", "arguments", "id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     arguments_json: str
     arguments: _struct_pb2.Struct
-    def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    id: str
+    def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., id: _Optional[str] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
     __slots__ = ("request_id", "tool_calls", "text", "finish_reason", "outcome", "truncated", "usage", "timings", "error", "raw_output", "speculation", "model", "draft_version")
@@ -352,6 +362,60 @@ class CallToolResponse(_message.Message):
     model: str
     draft_version: str
     def __init__(self, request_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., raw_output: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ..., draft_version: _Optional[str] = ...) -> None: ...
+
+class ChatRequest(_message.Message):
+    __slots__ = ("messages", "stop", "sampling", "speculation", "disable_fast_forward", "request_id")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_FAST_FORWARD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    sampling: SamplingParams
+    speculation: SpeculationMode
+    disable_fast_forward: bool
+    request_id: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., disable_fast_forward: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ChatResult(_message.Message):
+    __slots__ = ("request_id", "text", "finish_reason", "outcome", "truncated", "usage", "timings", "speculation", "model", "draft_version")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    text: str
+    finish_reason: FinishReason
+    outcome: Outcome
+    truncated: bool
+    usage: Usage
+    timings: Timings
+    speculation: SpeculationReport
+    model: str
+    draft_version: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., truncated: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationReport, _Mapping]] = ..., model: _Optional[str] = ..., draft_version: _Optional[str] = ...) -> None: ...
+
+class ChatResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: ChatResult
+    def __init__(self, result: _Optional[_Union[ChatResult, _Mapping]] = ...) -> None: ...
+
+class ChatStreamResponse(_message.Message):
+    __slots__ = ("delta", "result")
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    delta: TextDelta
+    result: ChatResult
+    def __init__(self, delta: _Optional[_Union[TextDelta, _Mapping]] = ..., result: _Optional[_Union[ChatResult, _Mapping]] = ...) -> None: ...
 
 class SchemaVersion(_message.Message):
     __slots__ = ("schema_id", "version", "schema_json", "sha256", "description", "created_at", "source", "speculation")

@@ -52,6 +52,16 @@ class StructSpecStub:
                 request_serializer=structspec_dot_v1_dot_structspec__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=structspec_dot_v1_dot_structspec__pb2.CallToolResponse.FromString,
                 _registered_method=True)
+        self.Chat = channel.unary_unary(
+                '/structspec.v1.StructSpec/Chat',
+                request_serializer=structspec_dot_v1_dot_structspec__pb2.ChatRequest.SerializeToString,
+                response_deserializer=structspec_dot_v1_dot_structspec__pb2.ChatResponse.FromString,
+                _registered_method=True)
+        self.ChatStream = channel.unary_stream(
+                '/structspec.v1.StructSpec/ChatStream',
+                request_serializer=structspec_dot_v1_dot_structspec__pb2.ChatRequest.SerializeToString,
+                response_deserializer=structspec_dot_v1_dot_structspec__pb2.ChatStreamResponse.FromString,
+                _registered_method=True)
         self.RegisterSchema = channel.unary_unary(
                 '/structspec.v1.StructSpec/RegisterSchema',
                 request_serializer=structspec_dot_v1_dot_structspec__pb2.RegisterSchemaRequest.SerializeToString,
@@ -121,6 +131,21 @@ class StructSpecServicer:
 
     def CallTool(self, request, context):
         """Answer chat messages with tool calls (and/or text, where tool_choice allows it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Chat(self, request, context):
+        """Answer chat messages with free text: no schema, no tools. The text ends at the model's end of
+        turn, at the first stop string (not included), or at max_tokens (finish_reason LENGTH).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChatStream(self, request, context):
+        """Same as Chat, streaming text deltas as tokens are committed, then the final result.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -216,6 +241,16 @@ def add_StructSpecServicer_to_server(servicer, server):
                     servicer.CallTool,
                     request_deserializer=structspec_dot_v1_dot_structspec__pb2.CallToolRequest.FromString,
                     response_serializer=structspec_dot_v1_dot_structspec__pb2.CallToolResponse.SerializeToString,
+            ),
+            'Chat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Chat,
+                    request_deserializer=structspec_dot_v1_dot_structspec__pb2.ChatRequest.FromString,
+                    response_serializer=structspec_dot_v1_dot_structspec__pb2.ChatResponse.SerializeToString,
+            ),
+            'ChatStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ChatStream,
+                    request_deserializer=structspec_dot_v1_dot_structspec__pb2.ChatRequest.FromString,
+                    response_serializer=structspec_dot_v1_dot_structspec__pb2.ChatStreamResponse.SerializeToString,
             ),
             'RegisterSchema': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterSchema,
@@ -347,6 +382,60 @@ class StructSpec:
             '/structspec.v1.StructSpec/CallTool',
             structspec_dot_v1_dot_structspec__pb2.CallToolRequest.SerializeToString,
             structspec_dot_v1_dot_structspec__pb2.CallToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Chat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/structspec.v1.StructSpec/Chat',
+            structspec_dot_v1_dot_structspec__pb2.ChatRequest.SerializeToString,
+            structspec_dot_v1_dot_structspec__pb2.ChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChatStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/structspec.v1.StructSpec/ChatStream',
+            structspec_dot_v1_dot_structspec__pb2.ChatRequest.SerializeToString,
+            structspec_dot_v1_dot_structspec__pb2.ChatStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
