@@ -1,4 +1,4 @@
-"""Client sub-commands of the main ``structspec`` CLI: ``health``, ``extract``, ``call-tool``,
+"""Client sub-commands of the main ``structspec`` CLI: ``health``, ``extract``, ``call-tool``, ``chat``,
 ``schemas list|show|register|delete|set-speculation|stats``, ``load-draft`` and ``loadtest``.
 
 The connection options (``--target``, the TLS options, the token files, ``--timeout``) are declared
@@ -300,16 +300,8 @@ def call_tool(
     *,
     conn: Connection,
 ) -> None:
-    """Answer messages with tool calls."""
-    msgs: list[dict[str, str]] = json.loads(messages_file.read_text()) if messages_file else []
-    for m in message:
-        role, sep, content = m.partition(":")
-        if not sep:
-            role, content = "user", m
-        msgs.append({"role": role.strip(), "content": content.strip()})
-    if not msgs:
-        typer.echo("error: give --message or --messages-file", err=True)
-        raise typer.Exit(2)
+    """Answer messages with tool calls (each with its id), or a text answer where --tool-choice allows one."""
+    msgs = _read_messages(message, messages_file)
     if tools_file is not None:
         loaded = json.loads(tools_file.read_text())
         tools = loaded["tools"] if isinstance(loaded, dict) else loaded
@@ -321,10 +313,57 @@ def call_tool(
                                       examples=_read_examples(examples_file))
         except Exception as exc:
             _fail(exc)
-        _print_json({"calls": [{"name": c.name, "arguments": c.arguments} for c in result.calls], "text": result.text,
-                     "usage": asdict(result.usage), "model": result.model, "draft_version": result.draft_version,
+        _print_json({"calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.calls],
+                     "text": result.text, "finish_reason": result.finish_reason, "usage": asdict(result.usage), "model": result.model, "draft_version": result.draft_version,
                      "speculation": asdict(result.speculation) if result.speculation is not None else None})
         typer.echo(speculation_line(result.model, result.speculation), err=True)
+
+
+def _read_messages(message: Sequence[str], messages_file: Optional[Path]) -> list[dict[str, Any]]:
+    """--messages-file's list, then each --message 'role: content' (a bare text is a user turn). Exit 2: none."""
+    msgs: list[dict[str, Any]] = json.loads(messages_file.read_text()) if messages_file else []
+    for m in message:
+        role, sep, content = m.partition(":")
+        if not sep:
+            role, content = "user", m
+        msgs.append({"role": role.strip(), "content": content.strip()})
+    if not msgs:
+        typer.echo("error: give --message or --messages-file", err=True)
+        raise typer.Exit(2)
+    return msgs
+
+
+@connection_options(CALL)
+def chat(
+    message: Annotated[list[str], typer.Option("--message", "-m", help="'role: content' (repeatable), e.g. 'user: say hello'")] = [],  # noqa: B006
+    messages_file: Annotated[Optional[Path], typer.Option("--messages-file", help="JSON list of {role, content}")] = None,
+    stop: Annotated[list[str], typer.Option("--stop", help="a stop string (repeatable, at most 4)")] = [],  # noqa: B006
+    max_tokens: Annotated[Optional[int], typer.Option(help="most output tokens")] = None,
+    stream: Annotated[bool, typer.Option("--stream", help="print the text as it is decoded")] = False,
+    *,
+    conn: Connection,
+) -> None:
+    """Answer messages with free text (no schema, no tools); the finish reason and usage go to stderr."""
+    msgs = _read_messages(message, messages_file)
+    with conn.client() as client:
+        try:
+            if stream:
+                result = None
+                for item in client.chat_stream(msgs, stop=stop, max_tokens=max_tokens):
+                    if hasattr(item, "finish_reason"):  # the result, after the deltas (no client import here)
+                        result = item
+                    else:
+                        typer.echo(item.text, nl=False)
+                typer.echo("")
+            else:
+                result = client.chat(msgs, stop=stop, max_tokens=max_tokens)
+                typer.echo(result.text)
+        except Exception as exc:
+            _fail(exc)
+    assert result is not None
+    typer.echo(f"finish_reason={result.finish_reason} prompt_tokens={result.usage.prompt_tokens} "
+               f"output_tokens={result.usage.output_tokens} passes={result.usage.target_forward_passes}", err=True)
+    typer.echo(speculation_line(result.model, result.speculation), err=True)
 
 
 schemas_app = typer.Typer(help="The schema registry: list, show, register, delete, set-speculation, stats.",
@@ -549,6 +588,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "health": health,
     "extract": extract,
     "call-tool": call_tool,
+    "chat": chat,
     "load-draft": load_draft,
     "loadtest": loadtest,
 }

@@ -77,3 +77,23 @@ def test_the_request_carries_the_schema_its_digest_and_the_caller() -> None:
     assert (req.schema, req.schema_key, req.schema_digest) == (SCHEMA, schema.key, schema.digest)
     assert (req.request_id, req.deadline, req.history_scope, req.tenant) == ("r1", 12.5, "h", "t")
     assert req.messages == inp.messages and req.instruction == "be brief" and not req.public_template
+
+
+def test_a_text_input_becomes_the_engines_text_request_with_the_caller() -> None:
+    from structspec.engine.api import TextRequest
+    from structspec.engine.types import InvalidRequest, SpeculationMode
+    from structspec.front.requests import TextInput, ToolCallInput, text_request, tool_request
+
+    msgs = (ChatMessage("user", "hi"),)
+    req = text_request(TextInput(msgs, stop=("\n",), sampling=Sampling(max_tokens=7), speculation=SpeculationMode.OFF),
+                       CALLER, Limits(max_tokens_cap=100))
+    assert isinstance(req, TextRequest) and req.messages == msgs and req.stop == ("\n",)
+    assert (req.sampling.max_tokens, req.speculation, req.request_id, req.deadline, req.tenant, req.history_scope) == (
+        7, SpeculationMode.OFF, "r1", 12.5, "t", "h")
+    with pytest.raises(InvalidRequest) as err:  # the engine type's validate names the stop string at fault
+        text_request(TextInput(msgs, stop=("a", "")), CALLER, Limits()).validate(100)
+    assert err.value.field == "stop[1]"
+    tools = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)
+    answer = {"type": "object", "properties": {"reply": {"type": "string"}}}
+    assert tool_request(ToolCallInput(msgs, tools, answer_schema=answer), CALLER, Limits()).answer_schema == answer
+    assert tool_request(ToolCallInput(msgs, tools), CALLER, Limits()).answer_schema is None

@@ -551,3 +551,22 @@ def test_async_client_chat(chat_served) -> None:
     r, items = asyncio.run(go())
     assert r.text == "Hello there. The sky is blue." and r.finish_reason == "stop"
     assert items[-1].finish_reason == "length" and "".join(i.text for i in items[:-1]) == items[-1].text
+
+
+def test_the_chat_command(chat_served) -> None:
+    from typer.testing import CliRunner
+
+    from structspec import cli_client
+
+    st, _ = chat_served
+    runner, app = CliRunner(), cli_client.standalone_app()
+    r = runner.invoke(app, ["chat", "--target", st.target, "-m", "user: hi", "--stop", "\n"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "Hello there. The sky is blue.\n" and "finish_reason=stop" in r.stderr
+    r = runner.invoke(app, ["chat", "--target", st.target, "-m", "hi", "--max-tokens", "2", "--stream"])
+    assert r.exit_code == 0 and r.stdout == "Hello th\n" and "finish_reason=length" in r.stderr
+    r = runner.invoke(app, ["chat", "--target", st.target, "-m", "hi", "--stop", ""])
+    assert r.exit_code == 1 and "stop[0]" in r.stderr
+    r = runner.invoke(app, ["call-tool", "--target", st.target, "-m", "[answer] hi"])
+    answer = json.loads(r.stdout)
+    assert answer["text"] == "No tool needed: it is sunny." and answer["calls"] == [] and answer["finish_reason"] == "stop"
