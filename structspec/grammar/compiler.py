@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
-from structspec.grammar import intake
+from structspec.grammar import call_formats, intake
 from structspec.grammar import tools as toolcalls
 from structspec.grammar.base import (
     CompiledGrammar,
@@ -15,9 +15,9 @@ from structspec.grammar.base import (
     SchemaError,
     SchemaIssue,
 )
-from structspec.grammar.cache import GrammarCache, cache_key, caller_canonical_json, text_digest
+from structspec.grammar.cache import GrammarCache, cache_key, caller_canonical_json, canonical_json, text_digest
 from structspec.grammar.deadline import run_with_deadline
-from structspec.grammar.llguidance_backend import LLGuidanceBackend
+from structspec.grammar.llguidance_backend import LLGuidanceBackend, json_overrides
 from structspec.grammar.outlines_backend import OutlinesBackend
 from structspec.grammar.tokenizer_view import TokenizerView
 
@@ -47,11 +47,21 @@ class GrammarCompiler:
         key = self._key("schema", digest or self.digest(schema), options)
         return self.cache.get_or_compile(key, lambda: self._compile_schema(schema, options))
 
-    def compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions | None = None) -> CompiledGrammar:
-        """``tools``: a request's tool list as ``ToolSet.parse`` parsed and keyed it."""
+    def compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions | None = None, *,
+                      call_format: call_formats.CallFormat = call_formats.JSON,
+                      answer_schema: dict[str, Any] | None = None) -> CompiledGrammar:
+        """``tools``: a request's tool list as ``ToolSet.parse`` parsed and keyed it; ``call_format``: how the model
+        writes calls (``call_formats``); ``answer_schema``: a final answer is JSON valid against it, not text.
+        Raises: SchemaError (``unsupported`` where the backend compiles only the generic JSON form)."""
         options = options or GrammarOptions()
-        key = self._key("tools", tools.grammar_digest, options)
-        return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, options))
+        if call_format.family == "json" and answer_schema is None:
+            key = self._key("tools", tools.grammar_digest, options)
+            return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, options))
+        answer = "" if answer_schema is None else caller_canonical_json(answer_schema, at="/answer_schema")
+        said = canonical_json([tools.grammar_digest, call_format.family, text_digest(answer) if answer else ""])
+        key = self._key("tools-format", text_digest(said), options)
+        return self.cache.get_or_compile(key, lambda: self._compile_call_format(tools, options, call_format,
+                                                                                answer_schema))
 
     @staticmethod
     def digest(value: Any) -> str:
@@ -70,11 +80,7 @@ class GrammarCompiler:
 
     def _compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions) -> CompiledGrammar:
         start = time.perf_counter()
-        if tools.size > options.max_schema_bytes:
-            raise SchemaError([SchemaIssue("/tools", "", f"{tools.size} bytes, over the budget of "
-                                                         f"{options.max_schema_bytes}")], kind="too_large")
-        for tool in tools.tools:
-            intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
+        self._check_tools(tools, options)
         spec = toolcalls.call_grammar(tools.tools, tools.choice, tools.parallel)
         compiled = None if spec.schema is None else intake.for_backends(spec.schema)
         try:
@@ -86,6 +92,37 @@ class GrammarCompiler:
             raise SchemaError([_moved(i, spec) for i in exc.issues], kind=exc.kind) from None
         grammar.info = dataclasses.replace(grammar.info, warnings=tuple(_moved(w, spec) for w in grammar.info.warnings))
         return _stamped(grammar, start)
+
+
+    def _compile_call_format(self, tools: toolcalls.ToolSet, options: GrammarOptions, fmt: call_formats.CallFormat,
+                             answer_schema: dict[str, Any] | None) -> CompiledGrammar:
+        start = time.perf_counter()
+        compile_lark = getattr(self.backend, "compile_lark", None)
+        if compile_lark is None:
+            what = "an answer schema beside tools" if fmt.family == "json" else f"this model's {fmt.family} tool calls"
+            raise SchemaError([SchemaIssue("/tools", "", f"the {self.backend.name} grammar backend writes only the "
+                                                         f"generic JSON call; {what} need the llguidance backend")],
+                              kind="unsupported")
+        self._check_tools(tools, options)
+        if answer_schema is not None:
+            intake.check_schema(answer_schema, options, at="/answer_schema")
+        # the combined call schema, for pointing warnings and errors into the request's tool list
+        spec = toolcalls.call_grammar(tools.tools, toolcalls.ToolChoice("required"), tools.parallel)
+        lark = call_formats.lark_grammar(fmt, tools.tools, tools.choice, tools.parallel,
+                                         json_overrides(options), self.backend.special_token, answer_schema)
+        try:
+            grammar = run_with_deadline(lambda: compile_lark(lark, spec.schema, options), options.compile_timeout_s)
+        except SchemaError as exc:
+            raise SchemaError([_moved(i, spec) for i in exc.issues], kind=exc.kind) from None
+        grammar.info = dataclasses.replace(grammar.info, warnings=tuple(_moved(w, spec) for w in grammar.info.warnings))
+        return _stamped(grammar, start)
+
+    def _check_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions) -> None:
+        if tools.size > options.max_schema_bytes:
+            raise SchemaError([SchemaIssue("/tools", "", f"{tools.size} bytes, over the budget of "
+                                                         f"{options.max_schema_bytes}")], kind="too_large")
+        for tool in tools.tools:
+            intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
 
 
 def _moved(issue: SchemaIssue, spec: toolcalls.CallGrammar) -> SchemaIssue:

@@ -98,6 +98,16 @@ class LLGuidanceBackend:
         lark = f"start: TEXT | call\nTEXT: {_TEXT_NOT_JSON}\ncall: %json {json.dumps(inline)}\n"
         return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options)
 
+    def compile_lark(self, lark: str, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
+        """A Lark grammar's text (a call format's: ``call_formats.lark_grammar``); ``schema``: the JSON Schema its
+        ``%json`` parts come from, where warnings and errors are pointed."""
+        return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options)
+
+    def special_token(self, text: str) -> int | None:
+        """The id of the special token spelled ``text`` in this tokenizer (None: not one; then text spells it)."""
+        found = self.view.tokenizer.get_added_vocab().get(text)
+        return found if found is not None and self.view.ll_tokenizer.is_special_token(found) else None
+
     def _build(self, grammar: str, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
         matcher = llguidance.LLMatcher(self.view.ll_tokenizer, grammar, log_level=0, limits=self.limits)
         if matcher.is_error():
