@@ -32,6 +32,7 @@ from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupporte
                                      EngineStopped, FinishReason, GenerationResult, InvalidRequest, Outcome, TextDelta,
                                      ToolCall, ToolCallResult)
 from structspec.grammar import GrammarCompiler
+from structspec.grammar import call_formats
 from structspec.grammar.base import CompiledGrammar
 from structspec.grammar.tools import ToolSet
 from structspec.models.worker_thread import run_in_worker
@@ -189,7 +190,8 @@ class Engine:
         request.validate(self.max_tokens_cap)
         # Parsed and keyed once: the grammar, the prompt, the worked examples, the statistics and the output read it
         tools = ToolSet.parse(request.tools, request.tool_choice, request.parallel_calls)
-        grammar = self.compiler.compile_tools(tools)
+        # the model's own call format (its chat template's), the generic JSON call for the plain format
+        grammar = self.compiler.compile_tools(tools, call_format=self.call_format, answer_schema=request.answer_schema)
         examples = request.examples or self.examples.for_tools(tools.entries, tools.digest)
         try:
             prompt = self.prompts.toolcall(tools.tools, [(m.role, m.content) for m in request.messages], examples)
@@ -197,21 +199,29 @@ class Engine:
             raise InvalidRequest(str(exc), field="messages") from exc
         return self._sequence(request, prompt, grammar, tools.statistics_key, None), tools
 
+    @property
+    def call_format(self) -> call_formats.CallFormat:
+        """How this engine's model writes tool calls: its chat template's family, else the generic JSON call."""
+        return call_formats.for_prompts(self.prompts)
+
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
         seq, tools = await asyncio.to_thread(self._prepare_toolcall, request)
         parsed: dict[str, Any] = {}
         post_check = seq.grammar.info.post_check_keywords
+        fmt, answer = self.call_format, request.answer_schema
 
         def check(text: str) -> CheckResult:
             deep = too_deep(text)
             if deep is not None:
                 return deep
             try:
-                out = tools.read(text)
+                out = fmt.parse(text, tools.tools, tools.choice, tools.parallel, answer=answer is not None)
             except ValueError as exc:
                 return CheckResult(Outcome.INTERNAL_ERROR, None, f"tool output failed its check: {exc}")
             parsed["out"] = out
             if out.text is not None and not out.calls:
+                if answer is not None:  # a final answer: JSON valid against the answer schema
+                    return check_json_text(out.text, answer, post_check)
                 return CheckResult(Outcome.TEXT, None)
             for call in out.calls:  # arguments against their tool's parameters schema
                 checked = check_instance(call.arguments, dict(tools.parameters(call.name)), post_check)
@@ -224,6 +234,9 @@ class Engine:
             result = await asyncio.to_thread(self._finalize, item, check)  # type: ignore[arg-type]
         assert result is not None
         out = parsed.get("out")
+        if result.outcome is Outcome.TRUNCATED:  # a cut call is neither a call nor content; cut text stays text
+            text = result.text if tools.choice.mode == "none" else fmt.partial_text(result.text)
+            return ToolCallResult(result=result, calls=[], text=text)
         calls = [ToolCall(c.name, c.arguments) for c in out.calls] if out else []
         return ToolCallResult(result=result, calls=calls, text=out.text if out else None)
 
