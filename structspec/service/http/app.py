@@ -1,9 +1,11 @@
 """The OpenAI-compatible routes, as a FastAPI application over the gRPC service's engine slot, registry,
 store, metrics, limits and tokens: parse -> engine/registry -> render, errors mapped in one place.
 
-- ``POST /v1/chat/completions``: ``translate.plan`` decides (extraction or tool calls) and refuses
-  what structspec cannot do; the engine runs it (``stream: true``: server-sent events, extraction
-  deltas token by token, a tool-call message as one delta; ending with ``data: [DONE]``).
+- ``POST /v1/chat/completions``: ``translate.plan`` decides (extraction, tool calls or free text) and
+  refuses what structspec cannot do; the engine runs it (``stream: true``: server-sent events, text
+  deltas token by token, a tool-call message as deltas per call; ending with ``data: [DONE]``).
+- ``POST /v1/responses``: the Responses API (``responses.plan``: the same plans, so the same engine
+  calls), rendered as a response object or its stream of typed events.
 - ``GET /v1/models``: the served model's name (``--served-model-name``, else the profile's or the path's).
   ``GET /health``: 200 ``{"status": "SERVING"}`` once the engine is loaded, 503 ``NOT_SERVING`` while it loads
   or drains (no token needed).
@@ -33,8 +35,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from structspec.engine.api import EngineAPI, ExtractionRequest
-from structspec.engine.types import GenerationResult, TextDelta
+from structspec.engine.api import EngineAPI, ExtractionRequest, TextRequest, ToolCallRequest
+from structspec.engine.types import GenerationResult, TextDelta, ToolCallResult
 from structspec.front import failures, requests
 from structspec.front.auth import AuthConfig, authorize_token, bearer_token
 from structspec.front.call import (
@@ -52,7 +54,7 @@ from structspec.front.limits import Limits
 from structspec.front.metrics import ServiceMetrics
 from structspec.front.registry import ResolvedSchema, SchemaRegistry
 from structspec.service.http import body as http_body
-from structspec.service.http import render, status, translate
+from structspec.service.http import render, responses, status, translate
 from structspec.service.http.status import ParamNames
 from structspec.store.base import Store
 
@@ -60,6 +62,7 @@ log = logging.getLogger("structspec.service.http")
 T = TypeVar("T")
 
 CHAT_ROUTE = "POST /v1/chat/completions"
+RESPONSES_ROUTE = "POST /v1/responses"
 MODELS_ROUTE = "GET /v1/models"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -128,6 +131,7 @@ class OpenAIApp:
     def build(self) -> FastAPI:
         app = FastAPI(title="structspec", docs_url=None, redoc_url=None, openapi_url=None)
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/v1/responses", self.responses, methods=["POST"])
         app.add_api_route("/v1/models", self.models, methods=["GET"])
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_exception_handler(StarletteHTTPException, self._http_exception)  # type: ignore[arg-type]
@@ -231,20 +235,46 @@ class OpenAIApp:
             raise ClientGone() from exc
         return b"".join(chunks)
 
-    # -- chat completions ---------------------------------------------------------------------------
+    # -- chat completions and responses: one path, two renderings --------------------------------------
+
+    async def responses(self, request: Request) -> Response:
+        return await self._run(RESPONSES_ROUTE, request, lambda ex: self._respond(ex, request))
 
     async def _chat(self, ex: _Exchange, request: Request) -> Response:
+        self._admit(ex)
+        parsed = await asyncio.to_thread(http_body.parse, await self._read_body(request))  # JSON and validation
+        plan = translate.plan(parsed)
+        target = plan.target
+        ex.names = ParamNames(plan.max_tokens_param,
+                              target.schema_param if isinstance(target, translate.ExtractionTarget) else "tools")
+
+        def rendering(created: int, fingerprint: str) -> render.Rendering:
+            return render.ChatRendering(ex.request_id, plan.model, created, fingerprint, plan.include_usage)
+
+        return await self._serve(ex, request, plan, rendering)
+
+    async def _respond(self, ex: _Exchange, request: Request) -> Response:
+        self._admit(ex)
+        parsed = await asyncio.to_thread(http_body.parse, await self._read_body(request), responses.ResponsesRequest)
+        plan = responses.plan(parsed)
+        ex.names = ParamNames("max_output_tokens", responses.SCHEMA_PARAM)
+
+        def rendering(created: int, fingerprint: str) -> render.Rendering:
+            return responses.ResponsesRendering(ex.request_id, parsed, created)
+
+        return await self._serve(ex, request, plan, rendering)
+
+    def _admit(self, ex: _Exchange) -> None:
         if self._max_in_flight and self._in_flight >= self._max_in_flight:
             raise FrontError(Code.RESOURCE_EXHAUSTED, f"{self._in_flight} requests in flight (the "
                              "server's max_concurrent_rpcs)", "TOO_MANY_REQUESTS")
         self._in_flight += 1
         ex.counted = True
-        raw = await self._read_body(request)
-        parsed = await asyncio.to_thread(http_body.parse, raw)  # JSON and validation of up to max_message_bytes
-        plan = translate.plan(parsed)
+
+    async def _serve(self, ex: _Exchange, request: Request, plan: translate.ChatPlan,
+                     rendering: Callable[[int, str], render.Rendering]) -> Response:
+        """The engine request the plan names, run once (a body) or streamed (server-sent events)."""
         target = plan.target
-        ex.names = ParamNames(plan.max_tokens_param,
-                              target.schema_param if isinstance(target, translate.ExtractionTarget) else "tools")
         engine = self._slot.require()
         self._check_model(plan.model, engine)
         if plan.timeout_seconds is not None:
@@ -252,10 +282,34 @@ class OpenAIApp:
         if plan.user:
             log.debug("rpc=%s request_id=%s user=%s", ex.rpc, ex.request_id, plan.user)
         ex.tenant, ex.history_scope = caller_scopes(bearer_token(request.headers.items()), self._limits)
+        schema: ResolvedSchema | None = None
+        req: ExtractionRequest | ToolCallRequest | TextRequest
         if isinstance(target, translate.ToolTarget):
             ex.schema_field = "tools"
-            return await self._tools(ex, request, engine, plan, target)
-        return await self._extract(ex, request, engine, plan, target)
+            req = requests.tool_request(target.input, ex, self._limits)
+        elif isinstance(target, translate.TextTarget):
+            req = requests.text_request(target.input, ex, self._limits)
+        else:
+            schema = await self._schema(ex, target)
+            req = await requests.extraction(target.input, schema, ex, self._limits)
+        name = target.name if isinstance(target, translate.ExtractionTarget) else None
+        out = rendering(int(self._clock()), engine.model_key)
+        if plan.stream:
+            return await self._stream(ex, request, engine, req, schema, name, out)
+        item = await self._unless_gone(request, guarded(ex.deadline, _once(engine, req)))
+        return JSONResponse(out.body(self._finished(ex, engine, item, schema, name)))
+
+    def _finished(self, ex: _Exchange, engine: EngineAPI, item: GenerationResult | ToolCallResult,
+                  schema: ResolvedSchema | None, name: str | None) -> render.Finished:
+        """The engine's last item, checked (failures raise) and recorded."""
+        calls = item if isinstance(item, ToolCallResult) else None
+        result = item.result if isinstance(item, ToolCallResult) else item
+        ex.result = result
+        if schema is not None:
+            self._record_name(engine, schema, name)
+        failures.check_result(result, ex.deadline, schema_field=ex.schema_field)
+        return render.Finished(result, calls, schema.key if schema is not None else None,
+                               result.model_key or engine.model_key)
 
     def _check_model(self, model: str, engine: EngineAPI) -> None:
         if model not in (self._profile, engine.model_key):
@@ -272,28 +326,13 @@ class OpenAIApp:
         if name and schema.record is None:
             self._store.stats.recorder(engine.model_key).record_name(schema.key, name)
 
-    async def _extract(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
-                       target: translate.ExtractionTarget) -> Response:
-        schema = await self._schema(ex, target)
-        req = await requests.extraction(target.input, schema, ex, self._limits)
-        created = int(self._clock())
-        if plan.stream:
-            return await self._extract_stream(ex, request, engine, plan, target, schema, req, created)
-        ex.result = await self._unless_gone(request, guarded(ex.deadline, engine.extract(req)))
-        self._record_name(engine, schema, target.name)
-        failures.check_result(ex.result, ex.deadline, schema_field=ex.schema_field)
-        message, finish = render.extraction_message(ex.result)
-        return JSONResponse(render.completion(ex.request_id, plan.model, created,
-                                              ex.result.model_key or engine.model_key, message, finish,
-                                              render.usage(ex.result, schema.key)))
-
-    async def _extract_stream(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
-                              target: translate.ExtractionTarget, schema: ResolvedSchema, req: ExtractionRequest,
-                              created: int) -> Response:
-        stream = engine.extract_stream(req)
+    async def _stream(self, ex: _Exchange, request: Request, engine: EngineAPI,
+                      req: ExtractionRequest | ToolCallRequest | TextRequest, schema: ResolvedSchema | None,
+                      name: str | None, out: render.Rendering) -> Response:
+        stream = _items(engine, req)
         items = stream.__aiter__()
 
-        async def next_item() -> TextDelta | GenerationResult | None:
+        async def next_item() -> TextDelta | GenerationResult | ToolCallResult | None:
             try:
                 return await guarded(ex.deadline, items.__anext__())
             except StopAsyncIteration:
@@ -309,67 +348,53 @@ class OpenAIApp:
             await _aclose(stream)
             raise
         ex.streaming = True
-        chunks = render.Chunks(ex.request_id, plan.model, created, engine.model_key, plan.include_usage)
 
         async def events() -> AsyncIterator[bytes]:
             code = Code.OK
             try:
-                yield chunks.role()
+                for event in out.start():
+                    yield event
                 item, deltas = first, self._metrics.delta_timer(ex.started)
-                while not isinstance(item, GenerationResult):
+                while isinstance(item, TextDelta) or item is None:
                     if item is None:
                         raise FrontError(Code.INTERNAL, "engine stream ended without a result", "MODEL_FAILURE")
                     deltas.delta()
-                    if item.text:
-                        yield chunks.content(item.text)
+                    for event in out.delta(item.text) if item.text else ():
+                        yield event
                     item = await next_item()
-                ex.result = item
-                self._record_name(engine, schema, target.name)
-                failures.check_result(item, ex.deadline, schema_field=ex.schema_field)
-                _, finish = render.extraction_message(item)
-                yield chunks.finish(finish)
-                usage = chunks.usage(render.usage(item, schema.key))
-                if usage is not None:
-                    yield usage
-                yield render.DONE
+                for event in out.end(self._finished(ex, engine, item, schema, name)):
+                    yield event
             except (asyncio.CancelledError, GeneratorExit):
                 code = self._calls.cancelled(ex)
                 raise
             except Exception as exc:
                 err = self._front_error(ex, exc)
                 code = err.code
-                yield render.sse(status.render(err, ex.request_id, ex.names).body)
-                yield render.DONE
+                for event in out.error(status.render(err, ex.request_id, ex.names).body):
+                    yield event
             finally:
                 await close(code)
 
         return _EventStream(events(), lambda: close(cancelled_code(ex.deadline)), ex.request_id)
 
-    async def _tools(self, ex: _Exchange, request: Request, engine: EngineAPI, plan: translate.ChatPlan,
-                     target: translate.ToolTarget) -> Response:
-        req = requests.tool_request(target.input, ex, self._limits)
-        created = int(self._clock())
-        res = await self._unless_gone(request, guarded(ex.deadline, engine.call_tool(req)))
-        ex.result = res.result
-        failures.check_result(res.result, ex.deadline, schema_field=ex.schema_field)
-        message, finish = render.tool_message(res)
-        usage = render.usage(res.result, None)
-        if not plan.stream:
-            return JSONResponse(render.completion(ex.request_id, plan.model, created,
-                                                  res.result.model_key or engine.model_key, message, finish, usage))
-        ex.streaming = True
-        chunks = render.Chunks(ex.request_id, plan.model, created, res.result.model_key or engine.model_key,
-                               plan.include_usage)
-        usage_chunk = chunks.usage(usage)
-        events = [chunks.role(), chunks.message(message), chunks.finish(finish),
-                  *([usage_chunk] if usage_chunk is not None else []), render.DONE]
 
-        async def replay() -> AsyncIterator[bytes]:
-            for event in events:
-                yield event
-            self._finish(ex, Code.OK)
+async def _once(engine: EngineAPI, req: ExtractionRequest | ToolCallRequest | TextRequest) \
+        -> GenerationResult | ToolCallResult:
+    if isinstance(req, ExtractionRequest):
+        return await engine.extract(req)
+    if isinstance(req, TextRequest):
+        return await engine.chat(req)
+    return await engine.call_tool(req)
 
-        async def close() -> None:  # the client left before the last event
-            self._finish(ex, Code.CANCELLED)
 
-        return _EventStream(replay(), close, ex.request_id)
+def _items(engine: EngineAPI, req: ExtractionRequest | ToolCallRequest | TextRequest) \
+        -> AsyncIterator[TextDelta | GenerationResult | ToolCallResult]:
+    """The engine's stream: text deltas, then the last item (a tool-call request is decoded whole: one item)."""
+    if isinstance(req, ExtractionRequest):
+        return engine.extract_stream(req)
+    if isinstance(req, TextRequest):
+        return engine.chat_stream(req)
+
+    async def whole() -> AsyncIterator[ToolCallResult]:
+        yield await engine.call_tool(req)
+    return whole()

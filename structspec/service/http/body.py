@@ -3,8 +3,10 @@
 - **Strict**: a value of the wrong JSON type is refused, never coerced (``"0.5"`` is not a
   temperature, ``1`` is not ``true``).
 - **Closed**: a field not declared here is refused (``extra="forbid"``). An ignored field can change
-  what the caller gets without saying so (``logprobs: true`` with no log-probabilities back,
-  ``stop`` with no stopping), so every field structspec does not implement is an error.
+  what the caller gets without saying so (``logprobs: true`` with no log-probabilities back), so every
+  field structspec does not implement is an error, except the few that cannot change the output
+  (``store``, ``metadata``, ``service_tier``, ``prompt_cache_key``, ``safety_identifier``: accepted and
+  logged once, ``translate.LENIENT_FIELDS``).
 - Fields that OpenAI defines and structspec does not implement, but that clients commonly send at
   their no-op value (``frequency_penalty: 0``, ``logprobs: false``, ``n: 1``, ...), are declared
   here and refused at any other value by ``translate`` (which owns every rule beyond the JSON type).
@@ -64,6 +66,7 @@ class Message(_Body):
     content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCall] | None = None  # assistant
     tool_call_id: str | None = None  # tool
+    name: str | None = Field(default=None, max_length=256)  # a participant's name, or the tool's on a tool message
     refusal: str | None = None  # assistant: accepted only as null
 
 
@@ -141,14 +144,20 @@ class ChatCompletionRequest(_Body):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
+    # accepted and ignored (``translate.LENIENT_FIELDS``): they do not change the output
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = Field(default=None, max_length=64)
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+    safety_identifier: str | None = Field(default=None, max_length=256)
     structspec: StructspecOptions | None = None
 
 
 # -- parsing ---------------------------------------------------------------------------------------
 
 
-def parse(raw: bytes) -> ChatCompletionRequest:
-    """The body's bytes -> the request; INVALID_ARGUMENT (param = the offending field) for anything else."""
+def parse(raw: bytes, model: type[BaseModel] = ChatCompletionRequest) -> Any:
+    """The body's bytes -> the request (``model``); INVALID_ARGUMENT (param = the offending field) otherwise."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -162,7 +171,7 @@ def parse(raw: bytes) -> ChatCompletionRequest:
     if not isinstance(value, dict):
         raise invalid("body", "must be a JSON object")
     try:
-        return ChatCompletionRequest.model_validate(value)
+        return model.model_validate(value)
     except ValidationError as exc:
         raise validation_error(exc) from None
 

@@ -5,7 +5,9 @@
   check it, like the openai SDK's ``parse``, do not take it for one) or ``tool_calls`` (the message
   carries complete calls). Cancelled and failed requests are errors, never choices.
 - A tool call has an id (``call_<24 hex>``) and its arguments as JSON text. A truncated tool output has
-  no ``tool_calls``: its partial text is the content, with ``finish_reason: "length"``.
+  no ``tool_calls`` and no content (``finish_reason: "length"``): never a call envelope cut midway as text.
+  Streamed, each call is deltas keyed by its ``index``: the id and name first, then the arguments.
+- Free text: ``stop`` (its end of turn or a stop string) or ``length``.
 - ``usage`` has OpenAI's ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
   ``prompt_tokens_details.cached_tokens`` (prompt tokens reused from the prefix cache), plus
   structspec's own fields under the extension key ``structspec`` (``usage_extension``), among them the
@@ -16,12 +18,77 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from structspec.engine.types import ToolCallResult
 from structspec.engine.types import GenerationResult
 
 EXTENSION = "structspec"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request's checked end: the engine's result, a tool-call request's calls (None for other requests),
+    the extraction's schema key (None for others) and the model key that served it."""
+
+    result: GenerationResult
+    calls: ToolCallResult | None
+    schema_key: str | None
+    fingerprint: str
+
+
+class Rendering(Protocol):
+    """One protocol's rendering of a request (chat completions, responses): the body of a request run once, or
+    the server-sent events of a streamed one (``start``, ``delta`` per text delta, then ``end`` or ``error``)."""
+
+    def body(self, fin: Finished) -> dict[str, Any]: ...
+
+    def start(self) -> list[bytes]: ...
+
+    def delta(self, text: str) -> list[bytes]: ...
+
+    def end(self, fin: Finished) -> list[bytes]: ...
+
+    def error(self, body: dict[str, Any]) -> list[bytes]: ...
+
+
+def message_of(fin: Finished) -> tuple[dict[str, Any], str]:
+    """(assistant message, finish reason) of any request."""
+    if fin.calls is not None:
+        return tool_message(fin.calls)
+    if fin.schema_key is None:
+        return text_message(fin.result)
+    return extraction_message(fin.result)
+
+
+class ChatRendering:
+    """Chat completions: a ``chat.completion`` object, or ``chat.completion.chunk`` events ending in ``[DONE]``."""
+
+    def __init__(self, request_id: str, model: str, created: int, fingerprint: str, include_usage: bool):
+        self._id, self._model, self._created = request_id, model, created
+        self._chunks = Chunks(request_id, model, created, fingerprint, include_usage)
+
+    def body(self, fin: Finished) -> dict[str, Any]:
+        message, finish = message_of(fin)
+        return completion(self._id, self._model, self._created, fin.fingerprint, message, finish,
+                          usage(fin.result, fin.schema_key))
+
+    def start(self) -> list[bytes]:
+        return [self._chunks.role()]
+
+    def delta(self, text: str) -> list[bytes]:
+        return [self._chunks.content(text)]
+
+    def end(self, fin: Finished) -> list[bytes]:
+        message, finish = message_of(fin)
+        out = self._chunks.message(message) if fin.calls is not None else []  # a tool request's text is not streamed
+        out.append(self._chunks.finish(finish))
+        usage_chunk = self._chunks.usage(usage(fin.result, fin.schema_key))
+        return [*out, *([usage_chunk] if usage_chunk is not None else []), DONE]
+
+    def error(self, body: dict[str, Any]) -> list[bytes]:
+        return [sse(body), DONE]
 
 
 def completion_id(request_id: str) -> str:
@@ -81,13 +148,21 @@ def tool_message(res: ToolCallResult) -> tuple[dict[str, Any], str]:
     """(assistant message, finish reason) of a tool-call request."""
     r = res.result
     if r.truncated:
-        return {"role": "assistant", "content": r.text, "refusal": None}, "length"
+        return {"role": "assistant", "content": None, "refusal": None}, "length"
     if res.calls:
         calls = [{"id": tool_call_id(), "type": "function",
-                  "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments), ensure_ascii=False)}}
-                 for c in res.calls]
+                  "function": {"name": c.name, "arguments": arguments_text(c.arguments)}} for c in res.calls]
         return {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}, "tool_calls"
     return {"role": "assistant", "content": res.text if res.text is not None else r.text, "refusal": None}, "stop"
+
+
+def arguments_text(arguments: Any) -> str:
+    return json.dumps(dict(arguments), ensure_ascii=False)
+
+
+def text_message(result: GenerationResult) -> tuple[dict[str, Any], str]:
+    """(assistant message, finish reason) of a free-text turn."""
+    return {"role": "assistant", "content": result.text, "refusal": None}, "length" if result.truncated else "stop"
 
 
 def completion(request_id: str, model: str, created: int, fingerprint: str, message: dict[str, Any],
@@ -127,14 +202,17 @@ class Chunks:
     def content(self, text: str) -> bytes:
         return self.delta({"content": text})
 
-    def message(self, message: dict[str, Any]) -> bytes:
-        """A whole message as one delta (tool-call requests are not streamed token by token)."""
-        delta: dict[str, Any] = {}
+    def message(self, message: dict[str, Any]) -> list[bytes]:
+        """A whole message as deltas: its content, then each call's id and name, then its arguments."""
+        out = []
         if message.get("content") is not None:
-            delta["content"] = message["content"]
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        return self.delta(delta)
+            out.append(self.delta({"content": message["content"]}))
+        for i, call in enumerate(message.get("tool_calls") or ()):
+            fn = call["function"]
+            out.append(self.delta({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                                   "function": {"name": fn["name"], "arguments": ""}}]}))
+            out.append(self.delta({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]}))
+        return out
 
     def finish(self, finish_reason: str) -> bytes:
         return self.delta({}, finish_reason)

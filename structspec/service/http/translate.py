@@ -14,13 +14,18 @@ INVALID_ARGUMENT ``FrontError`` naming the body's own field (``param``):
   Unset is OpenAI's "may call several", and one call is a valid answer to it: the models structspec
   serves write one call per turn (their worked examples show one), and a list they were never shown
   degrades their calls.
-  Every message goes to the prompt in order; an earlier assistant message's ``tool_calls`` are
-  written the way the model writes calls (``{"name": ..., "arguments": {...}}``).
-- Refused: free text without tools (``response_format`` ``text`` or none: every structspec output
-  is constrained by a schema or a tool list), ``response_format`` other than text together with
-  ``tools``, ``n`` other than 1, ``stop`` (an output ends where its grammar ends; cutting a JSON
-  document at a stop sequence would make it invalid), penalties, log-probabilities, logit biases,
-  non-text content parts, and a ``tool_choice`` or ``parallel_tool_calls`` without tools.
+  Every message goes to the prompt in order.
+  ``response_format`` json_schema or json_object beside ``tools`` is the *answer schema*: the model
+  calls, or answers with JSON valid against it (the content).
+  An assistant message's ``tool_calls`` (with their ids) and a tool message's ``tool_call_id`` and
+  ``name`` stay on the ``ChatMessage``, so the prompt renders them the model's own way.
+- **Free text** (a ``TextInput``): no ``response_format`` (or ``text``), no tools, no registered schema;
+  ``stop`` (a string or up to 4) ends the text.
+- **Lenient** (``LENIENT_FIELDS``): fields that do not change the output are accepted and logged once
+  per field per process (``note_lenient``).
+- Refused: ``n`` other than 1, ``stop`` on a JSON output (an output ends where its grammar ends;
+  cutting a JSON document at a stop sequence would make it invalid), penalties, log-probabilities,
+  logit biases, non-text content parts, and a ``tool_choice`` or ``parallel_tool_calls`` without tools.
 
 Unset sampling fields stay unset: the front gives them the engine's defaults (greedy, ``max_tokens``
 256 within the server's cap), as on gRPC; their ranges are checked by the engine's request types.
@@ -29,17 +34,23 @@ Unset sampling fields stay unset: the front gives them the engine's defaults (gr
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from structspec.engine.api import ChatMessage
-from structspec.engine.types import SpeculationMode
-from structspec.front.requests import ExtractionInput, Sampling, SchemaRef, ToolCallInput
+from structspec.engine.types import SpeculationMode, ToolCall
+from structspec.front.requests import ExtractionInput, Sampling, SchemaRef, TextInput, ToolCallInput
 from structspec.grammar import json_text
 from structspec.front.errors import invalid
 from structspec.service.http.body import ChatCompletionRequest, Message
 
+log = logging.getLogger("structspec.service.http")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # response_format json_object
+# accepted and ignored: none changes what the model writes (``strict`` is always enforced, ``parallel_tool_calls``
+# is honoured, ``user`` is logged at debug)
+LENIENT_FIELDS = ("store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier")
+_noted: set[str] = set()
 _MODES = ("auto", "none", "required")
 
 # where an extraction's schema came from, as the body's field
@@ -62,9 +73,17 @@ class ToolTarget:
 
 
 @dataclass(frozen=True)
+class TextTarget:
+    input: TextInput
+
+
+Target = ExtractionTarget | ToolTarget | TextTarget
+
+
+@dataclass(frozen=True)
 class ChatPlan:
     model: str
-    target: ExtractionTarget | ToolTarget
+    target: Target
     max_tokens_param: str  # "max_tokens" or "max_completion_tokens": the one the caller set
     stream: bool
     include_usage: bool
@@ -72,12 +91,31 @@ class ChatPlan:
     user: str | None
 
 
+def note_lenient(names: list[str]) -> None:
+    """Log each accepted-and-ignored field once per process (what a deployment's clients send, without noise)."""
+    for name in names:
+        if name not in _noted:
+            _noted.add(name)
+            log.info("accepted and ignored request field %r (it does not change the output); logged once", name)
+
+
 def plan(body: ChatCompletionRequest) -> ChatPlan:
     _refuse_unimplemented(body)
+    note_lenient([name for name in LENIENT_FIELDS if getattr(body, name) is not None])
     ext = body.structspec
     if ext is not None and ext.schema_version is not None and ext.schema_id is None:
         raise invalid("structspec.schema_version", "needs structspec.schema_id")
-    target: ExtractionTarget | ToolTarget = _tool_target(body) if body.tools is not None else _extraction_target(body)
+    fmt = body.response_format
+    target: Target
+    if body.tools is not None:
+        target = _tool_target(body)
+    elif (fmt is None or fmt.type == "text") and (ext is None or ext.schema_id is None):
+        target = _text_target(body)
+    else:
+        target = _extraction_target(body)
+    if not isinstance(target, TextTarget) and body.stop not in (None, "", []):
+        raise invalid("stop", "stop sequences are for free text only: a JSON output or tool call ends where its "
+                              "grammar ends, and one cut at a stop sequence would not be valid")
     return ChatPlan(
         model=body.model,
         target=target,
@@ -95,9 +133,6 @@ def plan(body: ChatCompletionRequest) -> ChatPlan:
 def _refuse_unimplemented(body: ChatCompletionRequest) -> None:
     if body.n not in (None, 1):
         raise invalid("n", "only n = 1 is supported (one choice per request; send several requests for several)")
-    if body.stop not in (None, "", []):
-        raise invalid("stop", "stop sequences are not supported: an output ends where its schema or tool call ends, "
-                              "and a JSON document cut at a stop sequence would not be valid")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name) not in (None, 0):
             raise invalid(name, "penalties are not supported (only 0)")
@@ -112,6 +147,26 @@ def _refuse_unimplemented(body: ChatCompletionRequest) -> None:
 
 
 # -- what the request asks for -----------------------------------------------------------------------
+
+
+def _text_target(body: ChatCompletionRequest) -> TextTarget:
+    if body.tool_choice is not None:
+        raise invalid("tool_choice", "only with tools")
+    if body.parallel_tool_calls is not None:
+        raise invalid("parallel_tool_calls", "only with tools")
+    if body.response_format is not None and body.response_format.json_schema is not None:
+        raise invalid("response_format.json_schema", "only with type json_schema (never ignored)")
+    stop = body.stop
+    stops = () if stop in (None, "") else ((stop,) if isinstance(stop, str) else tuple(stop))
+    return TextTarget(text_input(_messages(body.messages), stops, _sampling(body), _speculation(body)))
+
+
+def text_input(messages: tuple[ChatMessage, ...], stop: tuple[str, ...], sampling: Sampling,
+               speculation: SpeculationMode) -> TextInput:
+    """A free-text turn (the Responses API's too); ``developer`` is already ``system``."""
+    if not any(m.role == "user" for m in messages):
+        raise invalid("messages", "needs a user message")
+    return TextInput(messages, stop, sampling=sampling, speculation=speculation)
 
 
 def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
@@ -142,9 +197,18 @@ def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
         if spec.schema_ is None:
             raise invalid(SCHEMA_PARAM, "is required: structspec constrains the output to this schema")
         schema, param, name, description = spec.schema_, SCHEMA_PARAM, spec.name, spec.description
+    return extraction_target(_messages(body.messages), schema, name, param, description, _sampling(body),
+                             _speculation(body))
+
+
+def extraction_target(messages: tuple[ChatMessage, ...], schema: dict[str, Any] | SchemaRef, name: str | None,
+                      param: str, description: str | None, sampling: Sampling,
+                      speculation: SpeculationMode) -> ExtractionTarget:
+    """System messages (after the schema's description) are the instruction; one remaining user message is the
+    text, several are the conversation."""
     instruction_parts = [description] if description else []
     rest: list[ChatMessage] = []
-    for msg in _messages(body.messages):
+    for msg in messages:
         if msg.role == "system":
             instruction_parts.append(msg.content)
         else:
@@ -155,7 +219,7 @@ def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
     return ExtractionTarget(schema, name, param, ExtractionInput(
         text=rest[0].content if single else "", messages=() if single else tuple(rest),
         instruction="\n".join(p.strip() for p in instruction_parts if p.strip()) or None,
-        sampling=_sampling(body), speculation=_speculation(body),
+        sampling=sampling, speculation=speculation,
     ))
 
 
@@ -163,32 +227,46 @@ def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
     assert body.tools is not None
     if not body.tools:
         raise invalid("tools", "must not be empty (leave it out for no tools)")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise invalid("response_format", f"{body.response_format.type} together with tools is not supported: one "
-                                         "output is constrained either to calls (or a text answer) or to one schema")
-    if body.response_format is not None and body.response_format.json_schema is not None:
+    fmt = body.response_format
+    answer_schema: dict[str, Any] | None = None
+    if fmt is not None and fmt.type == "json_object":
+        if fmt.json_schema is not None:
+            raise invalid("response_format.json_schema", "only with type json_schema")
+        answer_schema = dict(ANY_OBJECT)
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise invalid(SCHEMA_PARAM, "is required: a final answer beside the tools is constrained to this schema")
+        answer_schema = fmt.json_schema.schema_
+    elif fmt is not None and fmt.json_schema is not None:
         raise invalid("response_format.json_schema", "only with type json_schema (never ignored)")
     if body.structspec is not None and body.structspec.schema_id is not None:
         raise invalid("structspec.schema_id", "not with tools")
-    tools = []
-    for t in body.tools:
-        fn: dict[str, Any] = {"name": t.function.name, "description": t.function.description or ""}
-        if t.function.parameters is not None:
-            fn["parameters"] = t.function.parameters
-        tools.append({"type": "function", "function": fn})
+    tools = [(t.function.name, t.function.description, t.function.parameters) for t in body.tools]
     choice = body.tool_choice
-    if choice is None:
-        tool_choice = "auto"
-    elif isinstance(choice, str):
-        tool_choice = choice
+    if choice is None or isinstance(choice, str):
+        tool_choice = choice or "auto"
     else:
         tool_choice = choice.function.name
         if tool_choice in _MODES:
             raise invalid("tool_choice.function.name", f"a tool named {tool_choice!r} cannot be chosen by name "
                                                        "(the name is also a tool_choice mode)")
     parallel = bool(body.parallel_tool_calls)  # unset: one call (see the module's docstring)
-    return ToolTarget(ToolCallInput(_messages(body.messages), tuple(tools), tool_choice, parallel,
-                                    sampling=_sampling(body), speculation=_speculation(body)))
+    return tool_target(_messages(body.messages), tools, tool_choice, parallel, answer_schema, _sampling(body),
+                       _speculation(body))
+
+
+def tool_target(messages: tuple[ChatMessage, ...], tools: list[tuple[str, str | None, dict[str, Any] | None]],
+                tool_choice: str, parallel: bool, answer_schema: dict[str, Any] | None, sampling: Sampling,
+                speculation: SpeculationMode) -> ToolTarget:
+    """(name, description, parameters) per tool -> the engine's OpenAI-style tool entries."""
+    entries = []
+    for name, description, parameters in tools:
+        fn: dict[str, Any] = {"name": name, "description": description or ""}
+        if parameters is not None:
+            fn["parameters"] = parameters
+        entries.append({"type": "function", "function": fn})
+    return ToolTarget(ToolCallInput(messages, tuple(entries), tool_choice, parallel, sampling=sampling,
+                                    speculation=speculation, answer_schema=answer_schema))
 
 
 def _sampling(body: ChatCompletionRequest) -> Sampling:
@@ -209,7 +287,7 @@ def _speculation(body: ChatCompletionRequest) -> SpeculationMode:
 
 def _messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
     out = []
-    call_ids: set[str] = set()
+    call_names: dict[str, str] = {}  # an earlier call's id -> its tool's name
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
         content = _content(m, at)
@@ -220,24 +298,41 @@ def _messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
         if m.role != "tool" and m.tool_call_id is not None:
             raise invalid(f"{at}.tool_call_id", "only on tool messages")
         if m.role == "assistant":
-            parts = [content] if content else []
-            if m.tool_calls:
-                parts.append(_calls_text(m, at))
-                call_ids.update(c.id for c in m.tool_calls)
-            if not parts:
+            calls = tuple(parse_call(c.function.name, c.function.arguments, f"{at}.tool_calls[{j}].function.arguments")
+                          for j, c in enumerate(m.tool_calls or ()))
+            if not content and not calls:
                 raise invalid(f"{at}.content", "an assistant message needs content or tool_calls")
-            out.append(ChatMessage("assistant", "\n".join(parts)))
+            ids = tuple(c.id for c in m.tool_calls or ())
+            call_names.update(zip(ids, (c.name for c in calls)))
+            out.append(ChatMessage("assistant", content or "", tool_calls=calls, tool_call_ids=ids,
+                                   name=m.name or ""))
             continue
         if content is None:
             raise invalid(f"{at}.content", f"a {m.role} message needs content")
         if m.role == "tool":
             if m.tool_call_id is None:
                 raise invalid(f"{at}.tool_call_id", "a tool message needs the id of the call it answers")
-            if m.tool_call_id not in call_ids:
+            if m.tool_call_id not in call_names:
                 raise invalid(f"{at}.tool_call_id", f"{m.tool_call_id!r} is not the id of an earlier assistant "
                                                     "message's tool call")
-        out.append(ChatMessage("system" if m.role == "developer" else m.role, content))
+            out.append(ChatMessage("tool", content, tool_call_id=m.tool_call_id,
+                                   name=m.name or call_names[m.tool_call_id]))
+            continue
+        out.append(ChatMessage("system" if m.role == "developer" else m.role, content, name=m.name or ""))
     return tuple(out)
+
+
+def parse_call(name: str, arguments: str, where: str) -> ToolCall:
+    """An earlier call as the caller sent it back (arguments as JSON text of an object) -> the engine's call."""
+    try:
+        args = json_text.loads(arguments)
+    except json_text.TooDeep as exc:
+        raise invalid(where, str(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise invalid(where, f"not JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(args, dict):
+        raise invalid(where, "must be the JSON text of an object")
+    return ToolCall(name, args)
 
 
 def _content(m: Message, at: str) -> str | None:
@@ -254,22 +349,3 @@ def _content(m: Message, at: str) -> str | None:
             raise invalid(f"{where}.text", "a text part needs its text")
         texts.append(part.text)
     return "\n".join(texts)
-
-
-def _calls_text(m: Message, at: str) -> str:
-    """An assistant message's calls as the model writes them: one call object, or a list of several."""
-    assert m.tool_calls is not None
-    calls = []
-    for j, call in enumerate(m.tool_calls):
-        where = f"{at}.tool_calls[{j}].function.arguments"
-        try:
-            args = json_text.loads(call.function.arguments)
-        except json_text.TooDeep as exc:
-            raise invalid(where, str(exc)) from None
-        except json.JSONDecodeError as exc:
-            raise invalid(where, f"not JSON: {exc.msg} at position {exc.pos}") from None
-        if not isinstance(args, dict):
-            raise invalid(where, "must be the JSON text of an object")
-        calls.append({"name": call.function.name, "arguments": args})
-    value: Any = calls[0] if len(calls) == 1 else calls
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
