@@ -1,0 +1,200 @@
+"""Tool calls under ``tool_choice`` auto, measured: are the calls valid, and does the model answer in text where no
+tool is needed?
+
+A *case* is one tool list from MaskBench's function-calling splits (BFCL simple, multiple, parallel and
+parallel_multiple: each file's schema names its tools, ``{tool: parameters}`` or an ``anyOf`` of those; dots in
+names become ``_``) with two requests: one that calls for a tool (a sentence built from the ground-truth call,
+"Use <tool> with <arguments>") and one that does not (a greeting or a general question). Each output is counted
+as a *call* (and *invalid* where it names an undeclared tool or its arguments fail the tool's schema under
+jsonschema), a *text* answer, *truncated* (cut at ``max_tokens``) or an *error*. The same requests go to
+llama-cpp-python's own tool calling (``chat_format="chatml-function-calling"``, its grammar) on a GGUF as far as
+it runs.
+
+    python -m structspec.bench.auto_calls --model smollm2 --cases 10 [--llamacpp-gguf PATH] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import random
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import jsonschema
+
+SPLITS = ("BFCL_simple", "BFCL_multiple", "BFCL_parallel", "BFCL_parallel_multiple")
+NO_TOOL = ("Say hello.", "Thank you, that is all for today.", "What is your name?", "Tell me a short joke.",
+           "How are you today?", "Write one sentence about the sea.")
+
+
+@dataclass
+class Case:
+    source: str
+    tools: list[dict[str, Any]]
+    prompt: str
+    needs_tool: bool
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    calls: int = 0  # requests answered with calls
+    invalid_calls: int = 0  # calls to an undeclared tool or with arguments failing the schema
+    text: int = 0
+    text_where_no_tool_needed: int = 0
+    calls_where_tool_needed: int = 0
+    truncated: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    examples: list[str] = field(default_factory=list)
+
+
+def _name(raw: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", raw)[:64]
+
+
+def load_cases(folder: str, n: int, seed: int = 0) -> list[Case]:
+    """``n`` tool lists (spread over the splits), each with a request that needs a tool and one that does not."""
+    files = sorted(f for split in SPLITS for f in glob.glob(os.path.join(folder, f"{split}_[0-9]*.json")))
+    random.Random(seed).shuffle(files)
+    cases: list[Case] = []
+    for i, path in enumerate(files[:n]):
+        doc = json.load(open(path))
+        schema = doc["schema"]
+        tools = {}
+        for branch in schema.get("anyOf", [schema]):
+            for raw, parameters in branch.get("properties", {}).items():
+                tools[_name(raw)] = {"type": "function", "function": {"name": _name(raw), "parameters": parameters}}
+        if not tools:
+            continue
+        truth = next((t["data"] for t in doc.get("tests", []) if t.get("valid")), {})
+        asks = [f"Use {raw.replace('_', ' ')} with {', '.join(f'{k} {v}' for k, v in args.items())}."
+                for raw, args in truth.items() if isinstance(args, dict)]
+        prompt = " ".join(asks) or f"Use {next(iter(tools))}."
+        cases.append(Case(os.path.basename(path), list(tools.values()), prompt, True))
+        cases.append(Case(os.path.basename(path), list(tools.values()), NO_TOOL[i % len(NO_TOOL)], False))
+    return cases
+
+
+def _count(tally: Tally, case: Case, calls: list[tuple[str, Any]] | None, text: str | None, truncated: bool) -> None:
+    tally.requests += 1
+    if truncated:
+        tally.truncated += 1
+        return
+    if calls:
+        tally.calls += 1
+        tally.calls_where_tool_needed += case.needs_tool
+        declared = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
+        for name, arguments in calls:
+            bad = name not in declared or not isinstance(arguments, dict)
+            if not bad:
+                bad = any(True for _ in jsonschema.Draft202012Validator(declared[name]).iter_errors(arguments))
+            if bad:
+                tally.invalid_calls += 1
+                tally.examples.append(f"{case.source}: {name}({json.dumps(arguments)[:120]})")
+                break
+    else:
+        tally.text += 1
+        tally.text_where_no_tool_needed += not case.needs_tool
+
+
+def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str = "auto") -> Tally:
+    from structspec.assembly import assemble_engine
+    from structspec.engine.api import ChatMessage, ToolCallRequest
+    from structspec.engine.types import Outcome, SamplingParams
+    from structspec.models.loading import load_profile
+
+    engine = assemble_engine(load_profile(model, executor=executor))
+    engine.start()
+    tally, start = Tally(), time.perf_counter()
+    try:
+        for case in cases:
+            request = ToolCallRequest(messages=(ChatMessage("user", case.prompt),), tools=tuple(case.tools),
+                                      sampling=SamplingParams(max_tokens=max_tokens))
+            try:
+                res = asyncio.run(engine.call_tool(request))
+            except Exception as exc:  # noqa: BLE001 - a refused tool list is counted, not fatal
+                tally.requests += 1
+                tally.errors += 1
+                tally.examples.append(f"{case.source}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            if res.result.outcome not in (Outcome.VALID, Outcome.TEXT, Outcome.TRUNCATED):
+                tally.examples.append(f"{case.source}: {res.result.outcome.name}: {res.result.error}")
+            _count(tally, case, [(c.name, c.arguments) for c in res.calls], res.text,
+                   res.result.outcome is Outcome.TRUNCATED)
+    finally:
+        engine.stop()
+    tally.seconds = time.perf_counter() - start
+    return tally
+
+
+def run_llamacpp(gguf: str, cases: list[Case], max_tokens: int) -> Tally:
+    """llama-cpp-python's own tool calling, tool_choice auto, on the same GGUF."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, chat_format="chatml-function-calling", n_ctx=4096, verbose=False, seed=0)
+    tally, start = Tally(), time.perf_counter()
+    for case in cases:
+        try:
+            out = llm.create_chat_completion(messages=[{"role": "user", "content": case.prompt}], tools=case.tools,
+                                             tool_choice="auto", max_tokens=max_tokens, temperature=0.0)
+        except Exception as exc:  # noqa: BLE001 - its handler raising on an output is a result too
+            tally.requests += 1
+            tally.errors += 1
+            tally.examples.append(f"{case.source}: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        choice = out["choices"][0]
+        calls = []
+        for call in choice["message"].get("tool_calls") or []:
+            try:
+                arguments = json.loads(call["function"]["arguments"])
+            except (json.JSONDecodeError, TypeError):
+                arguments = call["function"]["arguments"]
+            calls.append((call["function"]["name"], arguments))
+        _count(tally, case, calls, choice["message"].get("content"), choice.get("finish_reason") == "length" and
+               not calls)
+    tally.seconds = time.perf_counter() - start
+    return tally
+
+
+def table(results: dict[str, Tally]) -> str:
+    keys = ("requests", "calls", "invalid_calls", "calls_where_tool_needed", "text", "text_where_no_tool_needed",
+            "truncated", "errors", "seconds")
+    rows = [["", *keys]] + [[name, *(f"{getattr(t, k):.0f}" for k in keys)] for name, t in results.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--executor", default="auto")
+    parser.add_argument("--maskbench", default="/work/shared/data/maskbench")
+    parser.add_argument("--cases", type=int, default=150, help="tool lists (two requests each)")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--llamacpp-gguf", default=None, help="also run llama-cpp-python's own tool calling on it")
+    parser.add_argument("--no-structspec", action="store_true", help="only the llama-cpp-python baseline")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    cases = load_cases(args.maskbench, args.cases)
+    results = {} if args.no_structspec else {
+        f"structspec {args.model}": run_structspec(args.model, cases, args.max_tokens, args.executor)}
+    if args.llamacpp_gguf:
+        results["llama-cpp-python chatml-function-calling"] = run_llamacpp(args.llamacpp_gguf, cases, args.max_tokens)
+    print(table(results))
+    for name, t in results.items():
+        for line in t.examples[:5]:
+            print(f"  {name}: {line}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({name: asdict(t) for name, t in results.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
