@@ -183,9 +183,7 @@ def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
             raise invalid("response_format", "set either response_format or structspec.schema_id, not both")
         schema, param = SchemaRef(ext.schema_id, ext.schema_version), SCHEMA_ID_PARAM
     elif fmt is None or fmt.type == "text":
-        raise invalid("response_format", "structspec has no free-text mode: every output is constrained. Set "
-                                         "response_format to json_schema or json_object, pass tools, or name a "
-                                         "registered schema with structspec.schema_id")
+        raise AssertionError("free text is planned by _text_target")
     elif fmt.type == "json_object":
         if fmt.json_schema is not None:
             raise invalid("response_format.json_schema", "only with type json_schema")
