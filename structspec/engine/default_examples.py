@@ -6,7 +6,8 @@ JSON example of the same schema first and it finishes with ``stop`` (the benchma
 workloads rely on the same thing). Profiles say how many they need (``few_shot``: 0
 for the demo pair, trained on the bare format; 1 for Gemma). A request that brings its
 own ``examples`` keeps them; any other schema or tool list gets one synthesised from
-the schema itself (``synthetic_examples``: placeholders, never data).
+the schema itself where the schema names every value it holds (``synthetic_examples``:
+never a placeholder, which models copy into real calls), else none.
 
 The examples ship as data (``schemas/examples/builtin.json``, written once from the
 synthetic corpus by ``structspec.demo.worked_examples``), so the same server always sends
@@ -33,11 +34,11 @@ class ExampleBook:
 
     ``synthesize``: a schema or tool list with no shipped example gets examples made from the schema
     (``synthetic_examples``), built once per digest and kept in a bounded LRU: a tool list, that many
-    (0-2) calls per tool; a schema, one placeholder example followed by ``foreign`` (a real worked
-    example of another schema, under its own title) when given, else that many placeholder ones. The
-    real example last shows that values come from the input (placeholders alone are copied into a
-    third of the values; ``README``: Prompt format). Never raises for a schema it cannot fill: that
-    request gets ``foreign`` alone, or nothing."""
+    (0-2) calls per tool (a tool with a free argument gets none); a schema, one made example followed by
+    ``foreign`` (a real worked example of another schema, under its own title) when given, else that many
+    made ones. The real example last shows that values come from the input. A schema with a free value
+    (most) gets ``foreign`` alone, or nothing: never a placeholder value, which Gemma 3 270M copied into
+    half its extractions. Never raises for a schema it cannot fill."""
 
     def __init__(self, by_schema: dict[str, tuple[FewShotExample, ...]] | None = None,
                  by_tools: dict[str, tuple[FewShotExample, ...]] | None = None, synthesize: int = 0,

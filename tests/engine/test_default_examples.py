@@ -29,13 +29,15 @@ def test_one_valid_example_per_builtin_schema_and_per_tool():
 
 def test_unknown_schemas_get_a_synthesised_example_and_none_when_none_are_wanted():
     book = build_example_book(1)
-    made, real = book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}})
-    assert made.output == '{"x":"sample x"}' and real.title == "Contact"  # made from the schema (test_synthetic_examples)
-    (call,) = book.for_tools(load_builtin_tools()[:1])  # a different tool list
-    assert "sample" in call.output
+    unit = {"type": "object", "properties": {"x": {"enum": ["c", "f"]}}, "required": ["x"]}
+    made, real = book.for_schema(unit)
+    assert made.output == '{"x":"c"}' and real.title == "Contact"  # made from the schema (test_synthetic_examples)
+    (only,) = book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}})  # a free value: none made
+    assert only.title == "Contact"
+    assert book.for_tools(load_builtin_tools()[:1]) == ()  # a different tool list, its arguments free: no example
     assert build_example_book(0).for_schema({"type": "object"}) == ()
-    two = ExampleBook(synthesize=2).for_schema({"type": "object", "properties": {"x": {"type": "string"}}})
-    assert [e.output for e in two] == ['{"x":"sample x"}', '{"x":"another x"}']  # two variants: values vary
+    two = ExampleBook(synthesize=2).for_schema(unit)
+    assert [e.output for e in two] == ['{"x":"c"}', '{"x":"f"}']  # two variants: values vary
     calls = build_example_book(2).for_tools(load_builtin_tools())  # round by round: every tool once, then again
     names = [json.loads(e.output)["name"] for e in calls]
     assert names[:6] == names[6:] == [t["function"]["name"] for t in load_builtin_tools()]
