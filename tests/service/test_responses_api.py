@@ -147,6 +147,15 @@ def test_refusals_name_the_field(sdk: OpenAI, kwargs: dict[str, Any], param: str
     assert error_of(exc)["param"] == param
 
 
+def test_engine_errors_name_the_responses_fields(sdk: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        create(sdk, input="[too-long] Say hello")
+    assert error_of(exc)["param"] == "input" and error_of(exc)["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as exc:
+        create(sdk, tools=[*TOOLS, TOOLS[0]])
+    assert error_of(exc)["param"] == "tools[2].name"
+
+
 # -- on the demo models ----------------------------------------------------------------------------------
 
 

@@ -257,7 +257,7 @@ class OpenAIApp:
         self._admit(ex)
         parsed = await asyncio.to_thread(http_body.parse, await self._read_body(request), responses.ResponsesRequest)
         plan = responses.plan(parsed)
-        ex.names = ParamNames("max_output_tokens", responses.SCHEMA_PARAM)
+        ex.names = ParamNames("max_output_tokens", responses.SCHEMA_PARAM, "input", "")
 
         def rendering(created: int, fingerprint: str) -> render.Rendering:
             return responses.ResponsesRendering(ex.request_id, parsed, created)

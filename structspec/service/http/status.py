@@ -76,20 +76,26 @@ def _escape(token: str) -> str:
 
 class ParamNames:
     """How one request's gRPC field names read as its body's fields (which max-tokens field it set, where
-    its schema came from)."""
+    its schema came from, what holds the conversation, and where a tool's fields sit: ``.function`` on chat
+    completions, directly on the tool in the Responses API)."""
 
-    def __init__(self, max_tokens: str = "max_tokens", schema: str = "response_format.json_schema.schema"):
+    def __init__(self, max_tokens: str = "max_tokens", schema: str = "response_format.json_schema.schema",
+                 messages: str = "messages", tool_fields: str = ".function"):
         self.max_tokens = max_tokens
         self.schema = schema
+        self.messages = messages
+        self.tool_fields = tool_fields
 
     def field(self, name: str) -> str | None:
         if name in ("max_tokens", "sampling.max_tokens"):
             return self.max_tokens
         if name in ("json_schema",):
             return self.schema
+        if name in ("text", "messages"):
+            return self.messages
         m = _TOOL_NAME.match(name)
         if m:
-            return f"tools[{m.group(1)}].function.name"
+            return f"tools[{m.group(1)}]{self.tool_fields}.name"
         return _FIELDS.get(name, name)
 
     def param(self, name: str, pointer: str = "", keyword: str = "") -> str | None:
@@ -100,7 +106,8 @@ class ParamNames:
         if base == "tools" and pointer:
             m = _TOOL_POINTER.match(pointer)
             if m:
-                base, pointer = f"tools[{m.group(1)}].function" + ("." + m.group(2)[1:] if m.group(2) else ""), m.group(3)
+                base = f"tools[{m.group(1)}]{self.tool_fields}" + ("." + m.group(2)[1:] if m.group(2) else "")
+                pointer = m.group(3)
         where = pointer + ("/" + _escape(keyword) if keyword and not pointer.endswith("/" + _escape(keyword)) else "")
         return f"{base}#{where}" if where else base
 
