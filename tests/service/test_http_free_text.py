@@ -20,7 +20,7 @@ from structspec.engine.types import GenerationResult, TextDelta
 from structspec.service.settings import ServiceSettings
 from tests.service.fakes import FakeEngine
 from tests.service.harness import ServerThread, settings_for
-from tests.service.test_openai_http import TOOLS, base_url, contact_format, error_of
+from tests.service.test_openai_http import TOOLS, base_url, contact_format, error_of, real  # noqa: F401
 
 MODEL = ServiceSettings().profile
 REPLY = "Hello there. The weather is fine today. Anything else?"
@@ -180,3 +180,30 @@ def test_refused_fields_name_their_param(sdk: OpenAI, kwargs: dict[str, Any], pa
     with pytest.raises(openai.BadRequestError) as exc:
         ask(sdk, **kwargs)
     assert error_of(exc)["param"] == param
+
+
+# -- on the demo models ----------------------------------------------------------------------------------
+
+
+def test_demo_free_text_plain_stop_and_streamed(real: ServerThread) -> None:  # noqa: F811
+    if not hasattr(real.engine, "chat"):
+        pytest.skip("this engine has no free-text turn yet (Engine.chat)")
+    demo = OpenAI(base_url=base_url(real) + "/v1", api_key="unused", max_retries=0, timeout=60)
+    messages = [{"role": "user", "content": "Write one sentence about the sea."}]
+    out = demo.chat.completions.create(model="demo", messages=messages, max_tokens=40)
+    choice = out.choices[0]
+    assert choice.finish_reason in ("stop", "length") and choice.message.content and not choice.message.tool_calls
+    assert (choice.finish_reason == "length") == (out.usage.completion_tokens == 40)
+    assert "### " not in choice.message.content  # never the prompt format's next heading
+    text = choice.message.content
+    if len(text) > 3:  # a stop string from the text itself ends it there
+        stop = text[2:4]
+        cut = demo.chat.completions.create(model="demo", messages=messages, max_tokens=40, stop=[stop])
+        assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].message.content
+        assert text.startswith(cut.choices[0].message.content)
+    chunks = list(demo.chat.completions.create(model="demo", messages=messages, max_tokens=40, stream=True,
+                                               stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text and chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+    r = demo.responses.create(model="demo", input="Write one sentence about the sea.", max_output_tokens=40)
+    assert r.output_text == text and r.status == ("incomplete" if choice.finish_reason == "length" else "completed")
