@@ -5,7 +5,8 @@
   check it, like the openai SDK's ``parse``, do not take it for one) or ``tool_calls`` (the message
   carries complete calls). Cancelled and failed requests are errors, never choices.
 - A tool call has an id (``call_<24 hex>``) and its arguments as JSON text. A truncated tool output has
-  no ``tool_calls`` and no content (``finish_reason: "length"``): never a call envelope cut midway as text.
+  no ``tool_calls`` (``finish_reason: "length"``); its content is the engine's cut text answer, if it was one,
+  else null: never a call envelope cut midway as text.
   Streamed, each call is deltas keyed by its ``index``: the id and name first, then the arguments.
 - Free text: ``stop`` (its end of turn or a stop string) or ``length``.
 - ``usage`` has OpenAI's ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
@@ -147,8 +148,8 @@ def extraction_message(result: GenerationResult) -> tuple[dict[str, Any], str]:
 def tool_message(res: ToolCallResult) -> tuple[dict[str, Any], str]:
     """(assistant message, finish reason) of a tool-call request."""
     r = res.result
-    if r.truncated:
-        return {"role": "assistant", "content": None, "refusal": None}, "length"
+    if r.truncated:  # a cut text answer stays text (the engine's ``text``); a cut call is neither call nor content
+        return {"role": "assistant", "content": res.text or None, "refusal": None}, "length"
     if res.calls:
         calls = [{"id": tool_call_id(), "type": "function",
                   "function": {"name": c.name, "arguments": arguments_text(c.arguments)}} for c in res.calls]

@@ -287,7 +287,7 @@ class ResponsesRendering:
             return [{"type": "function_call", "id": _item_id("fc"), "call_id": render.tool_call_id(), "name": c.name,
                      "arguments": render.arguments_text(c.arguments), "status": "completed"}
                     for c in fin.calls.calls], False
-        if fin.calls is not None and r.truncated:
+        if fin.calls is not None and r.truncated and not fin.calls.text:
             return [], True  # a cut call is no call, and its envelope is no text
         text = fin.calls.text if fin.calls is not None and fin.calls.text is not None else r.text
         return [self._message(text, "incomplete" if r.truncated else "completed")], r.truncated
