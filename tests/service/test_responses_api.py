@@ -123,6 +123,12 @@ def test_streamed_text_and_calls(sdk: OpenAI, served: tuple[ServerThread, TextFa
     with sdk.responses.stream(model=MODEL, input="Say hi", tools=TOOLS, tool_choice="none") as stream:
         assert "".join(e.delta for e in stream if e.type == "response.output_text.delta") == "I can answer without tools."
 
+    cut = list(create(sdk, stream=True, max_output_tokens=1))
+    assert cut[-1].type == "response.incomplete" and cut[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert cut[-1].response.output[0].status == "incomplete" and cut[-1].response.output_text == REPLY[:8]
+    cut_call = list(create(sdk, input="[length] Weather?", tools=TOOLS, stream=True))
+    assert [e.type for e in cut_call] == ["response.created", "response.in_progress", "response.incomplete"]
+
     with httpx.stream("POST", base_url(served[0]) + "/v1/responses", timeout=20,
                       json={"model": MODEL, "input": "hi", "stream": True}) as r:
         lines = [line for line in r.iter_lines() if line]
