@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from tests.conftest import need_llamacpp, smollm2_gguf
+from tests.frameworks.tools import RUNS
 from tests.service.harness import ServerThread, settings_for
 
 # LiteLLM fetches its model price map from GitHub at import unless told to read its bundled copy (no network here).
@@ -55,16 +56,19 @@ class Served:
                     counts[key] += int(sample.value)
         return counts
 
-    def turns(self) -> "Turns":
-        return Turns(self, self.finished())
+    def turns(self) -> Turns:
+        return Turns(self, self.finished(), len(RUNS))
 
 
 @dataclass
 class Turns:
-    """The model requests made since it was taken (``served.turns()``): ``count`` and their finish reasons."""
+    """The model requests made since it was taken (``served.turns()``): ``count``, their routes and codes, and the
+    tools run meanwhile. (The metric's finish reason is the engine's: a tool-call answer is "stop" there too, so
+    whether the loop ended in text is read from what the framework returned.)"""
 
     served: Served
     before: Counter[tuple[str, str, str]]
+    runs_before: int
 
     def since(self) -> Counter[tuple[str, str, str]]:
         now = self.served.finished()
@@ -75,18 +79,17 @@ class Turns:
     def count(self) -> int:
         return sum(self.since().values())
 
-    def finish_reasons(self) -> Counter[str]:
-        reasons: Counter[str] = Counter()
-        for (_, _, reason), n in self.since().items():
-            reasons[reason] += n
-        return reasons
+    @property
+    def tools_run(self) -> list[str]:
+        return RUNS[self.runs_before:]
 
-    def assert_finished_with_text(self, max_turns: int = MAX_TURNS) -> None:
-        """The loop made 1..max_turns model requests, all OK, and exactly one ended with a text answer ("stop")."""
+    def assert_loop(self, max_turns: int = MAX_TURNS) -> None:
+        """A tool ran, then the model answered: 2..max_turns model requests, all OK (the caller checks that the
+        framework's final result is the text or the value it asked for)."""
         since = self.since()
-        assert 1 <= self.count <= max_turns, f"{self.count} model requests: {dict(since)}"
+        assert self.tools_run, f"no tool ran: {dict(since)}"
+        assert 2 <= self.count <= max_turns, f"{self.count} model requests, tools {self.tools_run}: {dict(since)}"
         assert all(code == "OK" for (_, code, _) in since), dict(since)
-        assert self.finish_reasons()["stop"] == 1, dict(since)
 
 
 def _serve(tmp: Path, models, name: str, compiler=None) -> Iterator[Served]:

@@ -1,6 +1,7 @@
 """The official openai SDK, unchanged, against a real server on SmolLM2-135M-Instruct: chat completions and the
 Responses API, streamed and not, free text, structured outputs (``parse`` with a Pydantic model), and an agent loop
-written the way the SDK's own examples write it (call, run the tools, send their results back, until a text answer).
+written the way the SDK's own examples write it (call, run the tools, send their results back, until a text answer;
+the first request forces a call, ``auto`` after it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from tests.frameworks.tools import CARD, MAX_TOKENS, QUESTION, TOOL_RESULTS, Con
 
 CHAT_TOOLS = [{"type": "function", "function": {
     "name": name, "description": fn.__doc__,
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}
     for name, fn in TOOL_RESULTS.items()]
 RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
                     "parameters": t["function"]["parameters"]} for t in CHAT_TOOLS]
@@ -63,9 +65,10 @@ def test_chat_parse_pydantic(sdk: OpenAI, served: Served) -> None:
 def test_chat_agent_loop_ends_with_text(sdk: OpenAI, served: Served) -> None:
     turns = served.turns()
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-    for _ in range(MAX_TURNS):
+    for turn in range(MAX_TURNS):
         msg = sdk.chat.completions.create(model=served.model, max_tokens=MAX_TOKENS, messages=messages,  # type: ignore[arg-type]
-                                          tools=CHAT_TOOLS).choices[0].message  # type: ignore[arg-type]
+                                          tools=CHAT_TOOLS, tool_choice="required" if turn == 0 else "auto",  # type: ignore[arg-type]
+                                          temperature=0.0).choices[0].message
         if not msg.tool_calls:
             break
         messages.append(msg.model_dump(exclude_none=True))
@@ -75,7 +78,7 @@ def test_chat_agent_loop_ends_with_text(sdk: OpenAI, served: Served) -> None:
             messages.append({"role": "tool", "tool_call_id": call.id,
                              "content": TOOL_RESULTS[call.function.name](**args)})
     assert msg.content and not msg.tool_calls
-    turns.assert_finished_with_text()
+    turns.assert_loop()
 
 
 # -- the Responses API ----------------------------------------------------------------------------------------------
@@ -106,9 +109,10 @@ def test_responses_parse_pydantic(sdk: OpenAI, served: Served) -> None:
 def test_responses_agent_loop_ends_with_text(sdk: OpenAI, served: Served) -> None:
     turns = served.turns()
     items: list[Any] = [{"role": "user", "content": QUESTION}]
-    for _ in range(MAX_TURNS):
+    for turn in range(MAX_TURNS):
         resp = sdk.responses.create(model=served.model, input=items, tools=RESPONSES_TOOLS,  # type: ignore[arg-type]
-                                    max_output_tokens=MAX_TOKENS)
+                                    tool_choice="required" if turn == 0 else "auto", max_output_tokens=MAX_TOKENS,
+                                    temperature=0.0)
         calls = [item for item in resp.output if item.type == "function_call"]
         if not calls:
             break
@@ -119,4 +123,4 @@ def test_responses_agent_loop_ends_with_text(sdk: OpenAI, served: Served) -> Non
             items.append({"type": "function_call_output", "call_id": call.call_id,
                           "output": TOOL_RESULTS[call.name](**json.loads(call.arguments))})
     assert resp.output_text.strip() and not calls
-    turns.assert_finished_with_text()
+    turns.assert_loop()

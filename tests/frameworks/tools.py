@@ -1,7 +1,10 @@
 """The two tools every agent test gives its framework, the prompt that needs them, and the structured outputs.
 
 *Two-tool agent*: a model given ``get_weather`` and ``get_time`` and a question that needs at least one of them;
-the loop ends when the model answers in text (a request whose finish reason is ``stop``).
+the loop ends when the model answers in text. Each test forces a call on the first request (``tool_choice``
+"required", through the framework's own per-step setting) and leaves ``auto`` after it, so the loop always runs a
+tool and the model then chooses between another call and an answer: SmolLM2-135M under ``auto`` alone answers at
+once without a tool, which would leave the loop unexercised. *Tool runs* are counted in ``RUNS``.
 """
 
 from __future__ import annotations
@@ -13,13 +16,18 @@ CARD = "Name: Hiro Gupta\nCompany: Northwind Studios\nLocation: Boston, United S
 MAX_TOKENS = 48  # small: an answer or a call fits, and a runaway text stops quickly
 
 
+RUNS: list[str] = []  # the name of every tool a framework ran, in order
+
+
 def get_weather(city: str) -> str:
     """Get the current weather for a city."""
+    RUNS.append("get_weather")
     return f"It is sunny and 21 C in {city}."
 
 
 def get_time(city: str) -> str:
     """Get the local time in a city."""
+    RUNS.append("get_time")
     return f"It is 14:05 in {city}."
 
 
