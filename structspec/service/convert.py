@@ -324,7 +324,8 @@ def tool_call_id() -> str:
 
 
 def tool_result(res: ToolCallResult, model: str = "") -> pb.CallToolResponse:
-    """A cut answer (finish LENGTH) carries neither calls nor text: only ``raw_output``."""
+    """A cut answer (finish LENGTH) carries no calls: a cut call is neither call nor text (only ``raw_output``);
+    a cut text answer stays ``text`` (the engine's, which never holds a call's envelope)."""
     r = res.result
     out = pb.CallToolResponse(
         request_id=r.request_id,
@@ -340,10 +341,10 @@ def tool_result(res: ToolCallResult, model: str = "") -> pb.CallToolResponse:
     )
     if r.speculation is not None:
         out.speculation.CopyFrom(speculation_report(r.speculation))
-    if r.truncated:
-        return out
     if res.text is not None:
         out.text = res.text
+    if r.truncated:
+        return out
     for call in res.calls:
         args = dict(call.arguments)
         msg = pb.ToolCall(name=call.name, arguments_json=json.dumps(args, ensure_ascii=False), id=tool_call_id())

@@ -367,8 +367,8 @@ CHAT_REPLY = "Hello there. The sky is blue.\nAnything else?"
 
 class ChatFake(FakeEngine):
     """The fake with free text: it answers ``CHAT_REPLY`` (cut at the first stop string, one chunk per "token"),
-    and under ``tool_choice`` auto answers in text when the last message says ``[answer]`` (handing the server
-    the text even when ``[length]`` cut it)."""
+    and under ``tool_choice`` auto answers in text when the last message says ``[answer]`` (a cut text answer
+    stays text, as the engine's does)."""
 
     async def chat(self, request: TextRequest) -> GenerationResult:
         result = None
@@ -397,7 +397,7 @@ class ChatFake(FakeEngine):
         async for item in self._decode(request.request_id, request.messages[-1].content, answer,
                                        request.sampling.max_tokens, request.deadline, is_json=False):
             result = item
-        return EngineToolResult(result=result, text=result.text)  # cut or not: the server decides what to show
+        return EngineToolResult(result=result, text=result.text)  # cut or not, a text answer stays text
 
 
 @pytest.fixture
@@ -528,13 +528,15 @@ def test_call_tool_answers_in_text_under_auto_and_calls_carry_ids(chat_served) -
         assert err.value.field_violations[0].field == "answer_schema_json"
 
 
-def test_a_truncated_tool_answer_has_no_calls_and_no_text(chat_served) -> None:
+def test_a_cut_call_is_neither_call_nor_text_and_a_cut_text_answer_stays_text(chat_served) -> None:
     st, _ = chat_served
     with Client(st.target, retry=NO_RETRY, timeout=20) as client:
-        for msg in ("[length] weather in Oslo?", "[answer] [length] hi"):
-            r = client.call_tool([("user", msg)], TOOLS, check=False)
-            assert (r.finish_reason, r.outcome, r.truncated, r.calls, r.text) == ("length", "truncated", True, [], None)
-            assert r.raw_output  # the cut output, for debugging, never parsed
+        r = client.call_tool([("user", "[length] weather in Oslo?")], TOOLS, check=False)
+        assert (r.finish_reason, r.outcome, r.truncated, r.calls, r.text) == ("length", "truncated", True, [], None)
+        assert r.raw_output.startswith("[{")  # the cut envelope, for debugging: never a call, never text
+        r = client.call_tool([("user", "[answer] [length] hi")], TOOLS, check=False)
+        assert (r.finish_reason, r.truncated, r.calls) == ("length", True, [])
+        assert r.text and "No tool needed: it is sunny.".startswith(r.text) and r.text != "No tool needed: it is sunny."
 
 
 def test_async_client_chat(chat_served) -> None:
@@ -570,3 +572,43 @@ def test_the_chat_command(chat_served) -> None:
     r = runner.invoke(app, ["call-tool", "--target", st.target, "-m", "[answer] hi"])
     answer = json.loads(r.stdout)
     assert answer["text"] == "No tool needed: it is sunny." and answer["calls"] == [] and answer["finish_reason"] == "stop"
+
+
+# -- Chat on the real engine (the demo models) -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_served(tmp_path_factory, demo_models, demo_compiler):
+    from structspec.assembly import AssemblyConfig, assemble_engine
+    from structspec.engine.engine import Engine
+    from structspec.speculation.configs import speculation_config
+
+    if not hasattr(Engine, "chat"):  # the engine's free text lands separately
+        pytest.skip("the engine has no chat yet")
+
+    engine = assemble_engine(demo_models, AssemblyConfig(proposers=speculation_config("all").proposers,
+                                                         compiler=demo_compiler))
+    with ServerThread(settings_for(tmp_path_factory.mktemp("chat-demo")), engine) as st:
+        yield st
+
+
+def test_chat_on_the_demo_engine_ends_honours_stop_and_max_tokens(demo_served) -> None:
+    msgs = [("user", "Write a short note about the invoice from ACME.")]
+    with Client(demo_served.target, retry=NO_RETRY, timeout=60) as client:
+        free = client.chat(msgs, max_tokens=48)
+        assert free.finish_reason in ("stop", "length") and free.text and 0 < free.usage.output_tokens <= 48
+        assert free.truncated == (free.finish_reason == "length") and free.model
+        # a stop string from the middle of the greedy answer ends the same answer before its first occurrence
+        stop = free.text[len(free.text) // 2:][:3]
+        assert stop.strip(), free.text
+        cut = client.chat(msgs, max_tokens=48, stop=[stop])
+        assert cut.finish_reason == "stop" and cut.text == free.text[:free.text.find(stop)]
+        assert stop not in cut.text
+        short = client.chat(msgs, max_tokens=3)
+        assert (short.finish_reason, short.truncated, short.usage.output_tokens) == ("length", True, 3)
+        items = list(client.chat_stream(msgs, max_tokens=48, stop=[stop]))
+        assert isinstance(items[-1], ChatResult) and items[-1].text == cut.text
+        assert "".join(i.text for i in items[:-1]) == cut.text  # no delta carries a part of the stop string
+        with pytest.raises(InvalidArgumentError) as err:
+            client.chat(msgs, stop=["a", "b", ""])
+        assert err.value.field_violations[0].field == "stop[2]"
