@@ -28,14 +28,29 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Union
 
 from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, compact_json, describe_tool, encode_prompt,
                                 extraction_prompt, extraction_template, toolcall_prompt)
 
 CHAT_FORMAT = "chat-v1"  # the wording of the messages below; a change of wording is a new version
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
+PLAIN_TURN_START = "\n###"  # where the plain format's next turn begins
 CALL_FORM = 'To call a tool, answer with only a JSON object: {"name": <tool name>, "arguments": <its arguments>}.'
+
+
+class ShownTurn(Protocol):
+    """A conversation turn (``engine.api.ChatMessage``): role, content and, where it has them, its tool calls
+    (``tool_calls``, ``tool_call_ids``) or the call it answers (``tool_call_id``, ``name``)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+
+Turn = Union[tuple[str, str], ShownTurn]  # (role, content), or a message
 
 
 class ChatTemplateError(ValueError):
@@ -58,6 +73,7 @@ class PromptFormat(Protocol):
 
     format_id: str
     stats_format: str
+    text_stop: tuple[str, ...]
 
     def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
                    examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
@@ -69,12 +85,17 @@ class PromptFormat(Protocol):
                  examples: tuple[FewShotExample, ...] = ()) -> Prompt:
         """``tools``: the request's tools, parsed; ``messages``: (role, content) pairs. Raises: ChatTemplateError."""
 
+    def text(self, messages: Sequence[Turn]) -> Prompt:
+        """A free-text answer's prompt: the conversation and the model's turn. ``text_stop`` is the format's own end
+        of an answer besides the model's end of turn (EOS). Raises: ChatTemplateError."""
+
 
 class PlainPrompts:
     """The plain format (``prompts``): BOS + ``extraction_prompt`` / ``toolcall_prompt``, byte for byte."""
 
     format_id = PROMPT_FORMAT
     stats_format = ""  # the plain profiles' statistics keys carry no format
+    text_stop = (PLAIN_TURN_START,)  # a base model runs on into the next heading: the answer ends before it
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -89,6 +110,10 @@ class PlainPrompts:
     def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
                  examples: tuple[FewShotExample, ...] = ()) -> Prompt:
         prompt = toolcall_prompt(tools, messages, examples)
+        return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
+
+    def text(self, messages: Sequence[Turn]) -> Prompt:
+        prompt = plain_conversation(messages)
         return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
 
 
@@ -110,6 +135,7 @@ class ChatPrompts:
         self.stats_format = self.format_id
         self._renders_tools = "tools" in self.tool_template  # a template that never reads them: tools in words
         self._folds_system: set[str] = set()  # templates that refused a system message once: later renders fold it
+        self.text_stop: tuple[str, ...] = ()  # the template's end of turn is the model's EOS
 
     def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
                    examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
@@ -140,7 +166,10 @@ class ChatPrompts:
         return self._render([{"role": "system", "content": system}, *shots, *turns], functions or None,
                             self.tool_template)
 
-    def _render(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, template: str) -> Prompt:
+    def text(self, messages: Sequence[Turn]) -> Prompt:
+        return self._render([template_message(m) for m in messages], None, self.template)
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, template: str) -> Prompt:
         """The template's text for ``messages`` (+ the generation prompt) and its ids, no special tokens added.
         Raises: ChatTemplateError (after one retry with the system message folded into the first user turn)."""
         folded = fold_system(messages)
@@ -165,6 +194,37 @@ class ChatPrompts:
         if not isinstance(text, str):
             raise TypeError(f"rendering gave {type(text).__name__}, not text")
         return text
+
+
+def template_message(turn: Turn) -> dict[str, Any]:
+    """A turn as chat templates read it (Hugging Face's message form): an assistant's calls as ``tool_calls``
+    (``{"id", "type": "function", "function": {"name", "arguments"}}``, the arguments a dict), a tool result with
+    its ``tool_call_id`` and ``name`` where the caller gave them."""
+    if isinstance(turn, tuple):
+        return {"role": turn[0], "content": turn[1]}
+    out: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    calls = tuple(getattr(turn, "tool_calls", ()) or ())
+    if calls:
+        ids = tuple(getattr(turn, "tool_call_ids", ()) or ())
+        out["tool_calls"] = [{"id": (ids[i] if i < len(ids) and ids[i] else f"call_{i}"), "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+    for key in ("tool_call_id", "name"):
+        if getattr(turn, key, ""):
+            out[key] = getattr(turn, key)
+    return out
+
+
+def plain_conversation(messages: Sequence[Turn]) -> str:
+    """The plain format's conversation: each turn ``### <Role>:`` and its content (an assistant's calls as call
+    JSON, one a line), ending with the model's ``### Assistant:`` turn."""
+    lines = []
+    for turn in messages:
+        message = template_message(turn)
+        content = str(message.get("content") or "").strip()
+        calls = [compact_json({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                 for c in message.get("tool_calls", ())]
+        lines.append(f"### {message['role'].capitalize()}:\n" + "\n".join(x for x in [content, *calls] if x) + "\n")
+    return "".join(lines) + "### Assistant:\n"
 
 
 def extraction_system(schema: dict[str, Any], instruction: str | None, schema_id: str = "") -> str:

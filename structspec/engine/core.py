@@ -40,6 +40,7 @@ from structspec.engine.drafter import Drafter, StepDraft
 from structspec.engine.scheduler import Scheduler, StepPlan
 from structspec.engine.sequence import EngineSequence, SequenceStatus, Serving
 from structspec.engine.speculator import Speculator
+from structspec.engine.stop import cut_at_stop
 from structspec.engine.types import DraftUpdate, FinishReason, OverBudget, QueueFull
 from structspec.engine.verify import Verdict, verify
 from structspec.grammar.base import apply_token_bitmask, token_allowed
@@ -362,12 +363,17 @@ class EngineCore:
             return
         if seq.matcher.error:
             self._grammar_failed(seq, "grammar error")
-        elif seq.matcher.is_stopped():
+        elif seq.matcher.is_stopped() or (seq.stop and self._stop_string_seen(seq)):
             self._finish(seq, FinishReason.STOP)
         elif seq.remaining <= 0:
             self._finish(seq, FinishReason.LENGTH)
         else:
             self._emit(seq)
+
+    def _stop_string_seen(self, seq: EngineSequence) -> bool:
+        """A stop string in the output (the engine cuts the text there). The text is decoded once per commit
+        already (``seq.text``); the search is linear in it."""
+        return cut_at_stop(seq.output_text(), seq.stop)[1]
 
     # -- finishing -----------------------------------------------------------------------------------
     def _alone(self, seq: EngineSequence, stage: str, fn: Callable[..., None], *args: Any) -> bool:

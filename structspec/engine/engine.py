@@ -22,14 +22,16 @@ import uuid
 from typing import Any, AsyncIterator, Protocol
 
 from structspec.chat_template import ChatTemplateError, PlainPrompts, Prompt, PromptFormat
-from structspec.engine.api import ExtractionRequest, ToolCallRequest
+from structspec.engine.api import ExtractionRequest, TextRequest, ToolCallRequest
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
 from structspec.engine.prefix_cache import common_prefix
 from structspec.engine.sequence import EngineSequence
+from structspec.engine.stop import StopFilter, cut_at_stop
 from structspec.engine.types import (ContextTooLong, DraftSwap, DraftsUnsupported, DraftUpdate, EngineError,
-                                     EngineStopped, FinishReason, GenerationResult, InvalidRequest, Outcome, TextDelta,
+                                     EngineStopped, FinishReason, GenerationResult, InvalidRequest, Outcome,
+                                     SchemaSpeculation, TextDelta,
                                      ToolCall, ToolCallResult)
 from structspec.grammar import GrammarCompiler
 from structspec.grammar import call_formats
@@ -38,6 +40,10 @@ from structspec.grammar.tools import ToolSet
 from structspec.models.worker_thread import run_in_worker
 
 log = logging.getLogger(__name__)
+
+# The statistics key of free-text answers (a chat turn without a schema or tools): acceptance on prose is kept
+# apart from every schema's, and the policy decides for it as for a schema.
+FREE_TEXT_KEY = "chat"
 
 
 class DraftLoader(Protocol):
@@ -240,9 +246,52 @@ class Engine:
         calls = [ToolCall(c.name, c.arguments) for c in out.calls] if out else []
         return ToolCallResult(result=result, calls=calls, text=out.text if out else None)
 
+    async def chat(self, request: TextRequest) -> GenerationResult:
+        result: GenerationResult | None = None
+        async for item in self._generate_text(request, stream=False):
+            result = item  # type: ignore[assignment]
+        assert result is not None
+        return result
+
+    async def chat_stream(self, request: TextRequest) -> AsyncIterator[TextDelta | GenerationResult]:
+        async for item in self._generate_text(request, stream=True):
+            yield item
+
+    def prepare_text(self, request: TextRequest) -> EngineSequence:
+        """Validate, build the prompt: a free-text sequence ready to submit. Its statistics and history are kept
+        under ``FREE_TEXT_KEY``, apart from every schema's."""
+        request.validate(self.max_tokens_cap)
+        try:
+            prompt = self.prompts.text(request.messages)
+        except ChatTemplateError as exc:  # the caller's conversation (its roles' order) or the template itself
+            raise InvalidRequest(str(exc), field="messages") from exc
+        stop = tuple(dict.fromkeys((*request.stop, *self.prompts.text_stop)))
+        return self._sequence(request, prompt, self.compiler.compile_text(), FREE_TEXT_KEY, None, stop=stop)
+
+    async def _generate_text(self, request: TextRequest, stream: bool):
+        seq = await asyncio.to_thread(self.prepare_text, request)
+        shown = StopFilter(seq.stop)
+        async for item in self._run(seq, stream):
+            if isinstance(item, TextDelta):
+                text = shown.feed(item.text)
+                if text:
+                    yield TextDelta(item.request_id, text)
+                continue
+            item.text, cut = cut_at_stop(item.text, seq.stop)
+            if cut:  # the output went on past the stop string within the step that wrote it: not a cut answer
+                item.finish_reason = FinishReason.STOP
+            item.outcome = {FinishReason.STOP: Outcome.TEXT,
+                            FinishReason.LENGTH: Outcome.TRUNCATED}.get(item.finish_reason, Outcome.NOT_CHECKED)
+            if stream:
+                rest = shown.finish(item.text)
+                if rest:
+                    yield TextDelta(item.request_id, rest)
+            yield item
+
     # -- plumbing --------------------------------------------------------------------------------
-    def _sequence(self, request: ExtractionRequest | ToolCallRequest, prompt: Prompt, grammar: CompiledGrammar,
-                  schema_key: str, schema: dict[str, Any] | None) -> EngineSequence:
+    def _sequence(self, request: ExtractionRequest | ToolCallRequest | TextRequest, prompt: Prompt,
+                  grammar: CompiledGrammar, schema_key: str, schema: dict[str, Any] | None,
+                  stop: tuple[str, ...] = ()) -> EngineSequence:
         if self._stopping:
             raise EngineStopped("the engine is shutting down")
         params = request.sampling
@@ -256,7 +305,8 @@ class Engine:
             prompt=ids, grammar=grammar, matcher=grammar.matcher(), params=params, seed=seed,
             deadline=request.deadline, fast_forward=self.fast_forward and request.fast_forward,
             speculate=request.speculation.value != "off", schema_key=schema_key, schema=schema, on_event=lambda *_: None,
-            history_scope=request.history_scope, schema_speculation=request.schema_speculation,
+            history_scope=request.history_scope, stop=stop,
+            schema_speculation=getattr(request, "schema_speculation", SchemaSpeculation.AUTO),
             tenant=request.tenant, public_prefix=common_prefix(prompt.public_ids, ids) if prompt.public_ids else 0,
         )
 

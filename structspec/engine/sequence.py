@@ -70,6 +70,7 @@ class EngineSequence:
     tenant: str = ""  # whose request: other tenants' cached prompts are reused only as far as their public part
     public_prefix: int = 0  # leading prompt tokens that are no caller's data (any tenant may reuse their cache)
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the schema owner's override
+    stop: tuple[str, ...] = ()  # text that ends the output where it first appears (``engine.stop``)
     decision: SpeculationReport | None = None  # the drafting policy's latest decision (from admission on)
     decision_bucket: int = 0  # the running batch's bucket when it was made
     output: list[int] = field(default_factory=list)

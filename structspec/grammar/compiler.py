@@ -47,6 +47,12 @@ class GrammarCompiler:
         key = self._key("schema", digest or self.digest(schema), options)
         return self.cache.get_or_compile(key, lambda: self._compile_schema(schema, options))
 
+    def compile_text(self, options: GrammarOptions | None = None) -> CompiledGrammar:
+        """Free text: any text the model writes, ending at its end of turn (its special tokens are not text)."""
+        options = options or GrammarOptions()
+        return self.cache.get_or_compile(self._key("text", "", options),
+                                         lambda: self.backend.compile_text_or_json(None, True, options))
+
     def compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions | None = None, *,
                       call_format: call_formats.CallFormat = call_formats.JSON,
                       answer_schema: dict[str, Any] | None = None) -> CompiledGrammar:
