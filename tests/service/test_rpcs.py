@@ -612,3 +612,21 @@ def test_chat_on_the_demo_engine_ends_honours_stop_and_max_tokens(demo_served) -
         with pytest.raises(InvalidArgumentError) as err:
             client.chat(msgs, stop=["a", "b", ""])
         assert err.value.field_violations[0].field == "stop[2]"
+
+
+def test_call_tool_on_the_demo_engine_ids_a_follow_up_turn_and_a_cut_call(demo_served) -> None:
+    from structspec.bench.workloads import build_workload
+
+    item = build_workload("toolcall", 1)[0]
+    msgs, tools = [("user", item.source)], list(item.tools)
+    with Client(demo_served.target, retry=NO_RETRY, timeout=60) as client:
+        r = client.call_tool(msgs, tools, max_tokens=120)
+        assert [c.name for c in r.calls] == [item.truth["name"]] and r.calls[0].id.startswith("call_")
+        # the call and its result go back structured; the engine answers the next turn (a call or text)
+        follow = msgs + [r.assistant_message(), {"role": "tool", "tool_call_id": r.calls[0].id, "content": "done"}]
+        nxt = client.call_tool(follow, tools, max_tokens=120, check=False)
+        assert nxt.finish_reason in ("stop", "length") and (nxt.calls or nxt.text is not None or nxt.truncated)
+        assert all(c.id and c.id != r.calls[0].id for c in nxt.calls)
+        cut = client.call_tool(msgs, tools, tool_choice="required", max_tokens=5, check=False)
+        assert (cut.finish_reason, cut.outcome, cut.calls, cut.text) == ("length", "truncated", [], None)
+        assert cut.raw_output  # the cut envelope stays out of the answer
