@@ -266,7 +266,9 @@ class Engine:
         except ChatTemplateError as exc:  # the caller's conversation (its roles' order) or the template itself
             raise InvalidRequest(str(exc), field="messages") from exc
         stop = tuple(dict.fromkeys((*request.stop, *self.prompts.text_stop)))
-        return self._sequence(request, prompt, self.compiler.compile_text(), FREE_TEXT_KEY, None, stop=stop)
+        seq = self._sequence(request, prompt, self.compiler.compile_text(), FREE_TEXT_KEY, None, stop=stop)
+        seq.prose = True
+        return seq
 
     async def _generate_text(self, request: TextRequest, stream: bool):
         seq = await asyncio.to_thread(self.prepare_text, request)

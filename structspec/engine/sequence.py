@@ -71,6 +71,7 @@ class EngineSequence:
     public_prefix: int = 0  # leading prompt tokens that are no caller's data (any tenant may reuse their cache)
     schema_speculation: SchemaSpeculation = SchemaSpeculation.AUTO  # the schema owner's override
     stop: tuple[str, ...] = ()  # text that ends the output where it first appears (``engine.stop``)
+    prose: bool = False  # a free-text answer: the draft model drafts everywhere in it, not only in JSON strings
     decision: SpeculationReport | None = None  # the drafting policy's latest decision (from admission on)
     decision_bucket: int = 0  # the running batch's bucket when it was made
     output: list[int] = field(default_factory=list)

@@ -40,6 +40,7 @@ class DraftContext:
     seed: int
     sampling: SamplingParams
     state: SequenceSpeculation
+    prose: bool = False  # the whole output is free text (a chat answer), not JSON
 
 
 class Proposer(Protocol):

@@ -1,6 +1,6 @@
 """Which proposer drafts first at a position, how long a draft it is asked for, and the draft made fit to verify.
 
-``proposer_order``: inside a free-text string value, copy lookup and the draft model (the one with the longer
+``proposer_order``: inside a free-text string value (or anywhere in a free-text answer), copy lookup and the draft model (the one with the longer
 recent accepted drafts in this request first), then the schema history; elsewhere the schema history first (key
 order, enum values seen before), then copy lookup. Forced tokens never reach a proposer's turn: the engine
 fast-forwards them before asking for a draft.
@@ -27,7 +27,7 @@ def proposer_order(ctx: DraftContext, ngram: Proposer | None, draft: Proposer | 
     Why both orders: a value copied from the document (a summary quoting it) is drafted whole by copy
     lookup (Gemma's free text: 4.1 tokens a verification, the draft model 2.3), prose of the model's own
     by the draft model (demo summaries: copy lookup 0.26 acceptance, the draft 0.68)."""
-    free = is_free_text(ctx.schema, scan(ctx.output_text))
+    free = ctx.prose or is_free_text(ctx.schema, scan(ctx.output_text))
     if not free:
         order = [history, ngram]
     else:

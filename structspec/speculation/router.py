@@ -147,7 +147,7 @@ class Router:
         if state.prompt_text is None:
             state.prompt_text = self._decode(seq.prompt)
         return DraftContext(history_key(seq), seq.schema, state.prompt_text, seq.output_text(),
-                            seq.prompt, seq.output, seq.matcher, seq.seed, seq.params, state)
+                            seq.prompt, seq.output, seq.matcher, seq.seed, seq.params, state, seq.prose)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
