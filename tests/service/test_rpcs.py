@@ -626,3 +626,20 @@ def test_call_tool_on_the_demo_engine_ids_a_follow_up_turn_and_a_cut_call(demo_s
         cut = client.call_tool(msgs, tools, tool_choice="required", max_tokens=5, check=False)
         assert (cut.finish_reason, cut.outcome, cut.calls, cut.text) == ("length", "truncated", [], None)
         assert cut.raw_output  # the cut envelope stays out of the answer
+
+
+def test_call_tool_answers_in_text_under_auto_on_an_instruct_model(tmp_path: Path) -> None:
+    """SmolLM2-135M-Instruct (llama.cpp): greeted, with a weather tool on offer, it answers in text, not a call."""
+    from structspec.assembly import assemble_engine
+    from structspec.models.loading import load_profile
+    from tests.conftest import need_llamacpp, smollm2_gguf
+
+    need_llamacpp()
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    engine = assemble_engine(load_profile(str(smollm2_gguf()), executor="llamacpp"))
+    with ServerThread(settings_for(tmp_path), engine) as st, Client(st.target, retry=NO_RETRY, timeout=120) as client:
+        r = client.call_tool([("user", "Say hello")], [weather], max_tokens=48)
+        assert (r.finish_reason, r.outcome, r.calls) == ("stop", "text", []) and "hello" in r.text.lower()
+        free = client.chat([("user", "Say hello")], max_tokens=30, stop=["!"])
+        assert free.finish_reason == "stop" and free.text and "!" not in free.text
