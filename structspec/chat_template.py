@@ -11,7 +11,8 @@ from the prefix cache). Two formats, one interface (``PromptFormat``):
   description, the caller's instruction, and the JSON Schema itself, compact), the document as the user's turn
   and the template's generation prompt; worked examples are earlier user/assistant turns. A tool call is the
   conversation with the tools passed to the template (its ``tool_use`` variant where it has named ones); the
-  answer stays the JSON call the tool grammar writes, so the system message says that form. The rendered text
+  answer is a call in the template's own family (``call_family``: the markers it renders), whose instructions
+  say the form; for a template without them, the generic JSON call, which the system message says. The rendered text
   holds the template's own special tokens, so it is tokenized without adding any (no second BOS).
 
 ``format_id`` names the format and its wording version; ``stats_format`` is what the statistics key adds
@@ -37,6 +38,18 @@ CHAT_FORMAT = "chat-v1"  # the wording of the messages below; a change of wordin
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
 PLAIN_TURN_START = "\n###"  # where the plain format's next turn begins
 CALL_FORM = 'To call a tool, answer with only a JSON object: {"name": <tool name>, "arguments": <its arguments>}.'
+# A template that renders tools and writes calls in one of these families says that form in its own words, so the
+# system message does not ask for the generic JSON call (``grammar.call_formats`` writes the grammar per family).
+CALL_MARKERS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3"),
+                ('"parameters": dictionary', "llama3"))
+
+
+def call_family(template: str | None) -> str:
+    """The family a chat template writes tool calls in (the markers it renders): hermes, mistral, llama3, or json
+    (the generic JSON call: a template that renders no tools or none of the markers, and the plain format)."""
+    if not isinstance(template, str) or "tools" not in template:
+        return "json"
+    return next((family for marker, family in CALL_MARKERS if marker in template), "json")
 
 
 class ShownTurn(Protocol):
@@ -155,16 +168,17 @@ class ChatPrompts:
     def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
                  examples: tuple[FewShotExample, ...] = ()) -> Prompt:
         listed = "" if self._renders_tools else "Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
-        system = listed + CALL_FORM
+        # the template's own instructions say its call format; only the generic JSON call is said here
+        system = listed + (CALL_FORM if call_family(self.tool_template) == "json" else "")
         turns = [{"role": role, "content": content} for role, content in messages]
         if turns and turns[0]["role"] == "system":  # one system message: the caller's first, then the call form
-            system = f"{turns.pop(0)['content'].strip()}\n\n{system}"
+            system = f"{turns.pop(0)['content'].strip()}\n\n{system}".strip()
         shots = [turn for ex in examples for turn in ({"role": "user", "content": ex.text.strip()},
                                                       {"role": "assistant", "content": ex.output})]
         functions = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                         "parameters": dict(t.parameters)}} for t in tools]
-        return self._render([{"role": "system", "content": system}, *shots, *turns], functions or None,
-                            self.tool_template)
+        head = [{"role": "system", "content": system}] if system else []  # none: the template's own default
+        return self._render([*head, *shots, *turns], functions or None, self.tool_template)
 
     def text(self, messages: Sequence[Turn]) -> Prompt:
         return self._render([template_message(m) for m in messages], None, self.template)

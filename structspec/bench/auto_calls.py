@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
+import importlib
 import json
 import os
 import random
@@ -27,6 +28,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import jsonschema
+
+from structspec.assembly import assemble_engine
+from structspec.engine.api import ChatMessage, ToolCallRequest
+from structspec.engine.types import Outcome, SamplingParams
+from structspec.models.loading import load_profile
 
 SPLITS = ("BFCL_simple", "BFCL_multiple", "BFCL_parallel", "BFCL_parallel_multiple")
 NO_TOOL = ("Say hello.", "Thank you, that is all for today.", "What is your name?", "Tell me a short joke.",
@@ -105,11 +111,6 @@ def _count(tally: Tally, case: Case, calls: list[tuple[str, Any]] | None, text: 
 
 
 def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str = "auto") -> Tally:
-    from structspec.assembly import assemble_engine
-    from structspec.engine.api import ChatMessage, ToolCallRequest
-    from structspec.engine.types import Outcome, SamplingParams
-    from structspec.models.loading import load_profile
-
     engine = assemble_engine(load_profile(model, executor=executor))
     engine.start()
     tally, start = Tally(), time.perf_counter()
@@ -136,9 +137,8 @@ def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str
 
 def run_llamacpp(gguf: str, cases: list[Case], max_tokens: int) -> Tally:
     """llama-cpp-python's own tool calling, tool_choice auto, on the same GGUF."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=gguf, chat_format="chatml-function-calling", n_ctx=4096, verbose=False, seed=0)
+    llama_cpp = importlib.import_module("llama_cpp")  # optional: the baseline runs where it is installed
+    llm = llama_cpp.Llama(model_path=gguf, chat_format="chatml-function-calling", n_ctx=4096, verbose=False, seed=0)
     tally, start = Tally(), time.perf_counter()
     for case in cases:
         try:

@@ -21,7 +21,7 @@ import threading
 import uuid
 from typing import Any, AsyncIterator, Protocol
 
-from structspec.chat_template import ChatTemplateError, PlainPrompts, Prompt, PromptFormat
+from structspec.chat_template import ChatTemplateError, PlainPrompts, Prompt, PromptFormat, call_family
 from structspec.engine.api import ExtractionRequest, TextRequest, ToolCallRequest
 from structspec.engine.core import EngineCore
 from structspec.engine.default_examples import ExampleBook
@@ -208,7 +208,7 @@ class Engine:
     @property
     def call_format(self) -> call_formats.CallFormat:
         """How this engine's model writes tool calls: its chat template's family, else the generic JSON call."""
-        return call_formats.for_prompts(self.prompts)
+        return call_formats.BY_FAMILY[call_family(getattr(self.prompts, "tool_template", None))]
 
     async def call_tool(self, request: ToolCallRequest) -> ToolCallResult:
         seq, tools = await asyncio.to_thread(self._prepare_toolcall, request)

@@ -27,7 +27,6 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from structspec.grammar.tools import Tool, ToolCall, ToolChoice, ToolOutput, _embed
@@ -61,27 +60,6 @@ LLAMA3 = CallFormat("llama3", trigger="<|python_tag|>", separator="; ", argument
 MISTRAL = CallFormat("mistral", trigger="[TOOL_CALLS]", listed=True)
 JSON = CallFormat("json", text_before=False)
 BY_FAMILY = {f.family: f for f in (HERMES, LLAMA3, MISTRAL, JSON)}
-
-
-@lru_cache(maxsize=64)
-def detect(template: str) -> CallFormat:
-    """The family a chat template's text writes calls in: the markers it renders for tools (``json`` where it
-    renders none, or no tools at all)."""
-    if "tools" not in template:
-        return JSON
-    if "<tool_call>" in template:
-        return HERMES
-    if "[TOOL_CALLS]" in template:
-        return MISTRAL
-    if "<|python_tag|>" in template or '"parameters": dictionary' in template:
-        return LLAMA3
-    return JSON
-
-
-def for_prompts(prompts: Any) -> CallFormat:
-    """The call format of an engine's prompt format: a chat template's own (its tools variant), else ``json``."""
-    template = getattr(prompts, "tool_template", None)
-    return detect(template) if isinstance(template, str) else JSON
 
 
 # -- grammars --------------------------------------------------------------------------------------------------

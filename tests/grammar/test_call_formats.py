@@ -160,14 +160,6 @@ def test_a_cut_call_is_never_text(family):
     assert fmt.partial_text("Hello the") == "Hello the"
 
 
-def test_the_family_is_read_from_the_template():
-    assert cf.detect("{% for tool in tools %}...{% endfor %}<tool_call>\n{...}\n</tool_call>").family == "hermes"
-    assert cf.detect("{%- if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]").family == "mistral"
-    assert cf.detect('{%- if tools %}<|python_tag|>{% endif %}').family == "llama3"
-    assert cf.detect("{% for m in messages %}{{ m.content }}{% endfor %}").family == "json"
-    assert cf.detect("<tool_call> but it never reads the tool list").family == "json"
-
-
 def test_the_outlines_backend_refuses_a_native_format_clearly(compilers):
     tok, _ = compilers["hermes"]
     compiler = GrammarCompiler(TokenizerView(tok), backend="outlines")

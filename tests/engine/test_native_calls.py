@@ -1,0 +1,127 @@
+"""Tool calls in the model's own format, end to end: a tiny random model whose template is Qwen's (Hermes
+``<tool_call>`` blocks, the markers special tokens) writes only calls to declared tools with valid arguments under
+auto, a forced call from the first token, an answer schema's JSON in place of text, and a call cut at max_tokens
+is neither a call nor text; SmolLM2 (ChatML, no tools in its template: the generic JSON call) under auto."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import jsonschema
+import pytest
+from transformers import AutoTokenizer
+
+from structspec.assembly import assemble_engine
+from structspec.chat_template import call_family
+from structspec.engine.api import ChatMessage, ToolCallRequest
+from structspec.engine.types import Outcome, SamplingParams
+from structspec.models.loading import load_profile
+from tests.conftest import need_llamacpp, smollm2_gguf
+from tests.test_chat_template import DEMO_TOKENIZER, QWEN, loaded, tiny_model
+
+# Qwen2.5's template, shortened, with the call format its own instructions say
+HERMES = QWEN.replace("'\n</tools><|im_end|>\n'", "'\n</tools>\n\nFor each function call, return a json object "
+                      "with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                      "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n'")
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 20}},
+                                                "required": ["city"], "additionalProperties": False}}}
+ASK = (ChatMessage("user", "What is the weather in Paris?"),)
+
+
+@pytest.fixture(scope="module")
+def hermes_engine(tmp_path_factory):
+    assert "<tool_call>" in HERMES
+    tok = AutoTokenizer.from_pretrained(DEMO_TOKENIZER)
+    tok.add_special_tokens({"eos_token": "<|im_end|>",
+                            "additional_special_tokens": ["<|im_start|>", "<tool_call>", "</tool_call>"]})
+    tok.bos_token = None
+    tok.chat_template = HERMES
+    folder = tmp_path_factory.mktemp("hermes")
+    tok.save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    engine = assemble_engine(loaded(tok, tiny_model(tok, "llama"), HERMES))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def call(engine, **fields):
+    return asyncio.run(engine.call_tool(ToolCallRequest(messages=ASK, tools=(WEATHER,), **fields)))
+
+
+def test_the_engine_writes_its_templates_call_format(hermes_engine):
+    assert hermes_engine.call_format.family == "hermes"
+    prompt = hermes_engine.prepare_toolcall(ToolCallRequest(messages=ASK, tools=(WEATHER,))).prompt
+    text = hermes_engine.tokenizer.decode(prompt)
+    assert "<tool_call>" in text and "answer with only a JSON object" not in text  # the template's own instructions
+
+
+def test_a_forced_call_opens_with_the_trigger_and_is_valid(hermes_engine):
+    res = call(hermes_engine, tool_choice="required", sampling=SamplingParams(max_tokens=64))
+    assert res.result.outcome is Outcome.VALID, res.result.error
+    assert res.result.text.startswith("<tool_call>\n{") and res.result.text.endswith("</tool_call>")
+    assert [c.name for c in res.calls] == ["get_weather"]
+    jsonschema.validate(res.calls[0].arguments, WEATHER["function"]["parameters"])
+
+
+def test_under_auto_every_call_is_declared_and_valid(hermes_engine):
+    outcomes = []
+    for seed in range(6):
+        res = call(hermes_engine, sampling=SamplingParams(temperature=1.0, seed=seed, max_tokens=48))
+        outcomes.append(res.result.outcome)
+        assert res.result.outcome in (Outcome.VALID, Outcome.TEXT, Outcome.TRUNCATED), res.result.error
+        for c in res.calls:
+            assert c.name == "get_weather"
+            jsonschema.validate(c.arguments, WEATHER["function"]["parameters"])
+        if res.result.outcome is Outcome.TEXT:
+            assert "<tool_call>" not in res.text
+    assert outcomes  # a random model: which of the three it does is chance; none may be invalid
+
+
+def test_a_call_cut_at_max_tokens_is_neither_a_call_nor_text(hermes_engine):
+    res = call(hermes_engine, tool_choice="required", sampling=SamplingParams(max_tokens=6))
+    assert res.result.outcome is Outcome.TRUNCATED
+    assert res.calls == [] and res.text is None
+
+
+def test_an_answer_schema_replaces_the_text_answer(hermes_engine):
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 10}}, "required": ["answer"],
+              "additionalProperties": False}
+    res = call(hermes_engine, tool_choice="none", answer_schema=schema, sampling=SamplingParams(max_tokens=64))
+    assert res.result.outcome is Outcome.VALID, res.result.error
+    assert res.calls == [] and set(res.result.value) == {"answer"}
+
+
+# -- SmolLM2-135M-Instruct on llama.cpp: ChatML renders no tools, so the generic JSON call --------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_engine():
+    need_llamacpp()
+    engine = assemble_engine(load_profile(str(smollm2_gguf()), executor="llamacpp"))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+@pytest.mark.parametrize("question", ["What is the weather in Paris?", "Say hello"])
+def test_smollm2_under_auto_calls_only_declared_tools_with_valid_arguments(smollm2_engine, question):
+    assert smollm2_engine.call_format.family == "json"
+    res = asyncio.run(smollm2_engine.call_tool(ToolCallRequest(
+        messages=(ChatMessage("user", question),), tools=(WEATHER,), sampling=SamplingParams(max_tokens=64))))
+    assert res.result.outcome in (Outcome.VALID, Outcome.TEXT, Outcome.TRUNCATED), res.result.error
+    for c in res.calls:
+        assert c.name == "get_weather"
+        jsonschema.validate(c.arguments, WEATHER["function"]["parameters"])
+    print(question, "->", res.result.outcome, res.calls, repr(res.text))
+
+
+def test_the_family_is_read_from_the_templates_markers():
+    assert call_family("{% for tool in tools %}...{% endfor %}<tool_call>\n{...}\n</tool_call>") == "hermes"
+    assert call_family("{%- if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]") == "mistral"
+    assert call_family("{%- if tools %}<|python_tag|>{% endif %}") == "llama3"
+    assert call_family("{% for m in messages %}{{ m.content }}{% endfor %}") == "json"
+    assert call_family("<tool_call> but it never reads the tool list") == "json"
+    assert call_family(None) == "json"
