@@ -127,7 +127,8 @@ def bench_grammar(
 def bench_decode(
     profile: str = typer.Option("demo", "--profile", "--model", help=MODEL_HELP),
     workload: str = typer.Option("extraction", help="extraction | toolcall | freetext | mixed (with a short-output "
-                                                    "schema) | shift (one schema's traffic changes, then back)"),
+                                                    "schema) | shift (one schema's traffic changes, then back) | chat (free "
+                                                    "text the model writes itself; engine configurations only)"),
     concurrency: str = typer.Option("1", help="requests in flight; a comma list runs each (e.g. 1,16; HF baselines "
                                               "run only at 1)"),
     requests: int = typer.Option(20, help="measured requests per configuration (after 2 warm-up ones)"),

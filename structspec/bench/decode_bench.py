@@ -56,7 +56,7 @@ from structspec.bench.llamacpp_baselines import (LLAMACPP_BASELINES, LlamaCppBas
                                                  run_llamacpp_baseline)
 from structspec.bench.perfect_draft import install_perfect_draft
 from structspec.bench.workloads import WorkItem, build_workload, shift_phases
-from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
+from structspec.engine.api import ChatMessage, ExtractionRequest, TextRequest, ToolCallRequest
 from structspec.engine.config import PolicyConfig, SchedulerLimits
 from structspec.engine.postcheck import check_json_text
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
@@ -254,6 +254,9 @@ def request_for(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: 
     """The engine request of a workload item: an extraction, or a required call of the item's tool list."""
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed if temperature else None)
     mode = SpeculationMode.AUTO if speculate else SpeculationMode.OFF
+    if item.kind == "chat":
+        return TextRequest(messages=(ChatMessage("user", item.source),), sampling=params, speculation=mode,
+                           fast_forward=fast_forward, request_id=rid)
     if item.kind == "toolcall":
         return ToolCallRequest(messages=(ChatMessage("user", item.source),), tools=item.tools, tool_choice="required",
                                sampling=params, speculation=mode, fast_forward=fast_forward, request_id=rid,
@@ -281,6 +284,8 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
                 out = await engine.call_tool(req)
                 res = out.result
                 value = {"name": out.calls[0].name, "arguments": out.calls[0].arguments} if out.calls else None
+            elif item.kind == "chat":
+                res, value = await engine.chat(req), None
             else:
                 res = await engine.extract(req)
                 value = res.value
@@ -291,7 +296,8 @@ async def _run_engine(engine, items: list[WorkItem], concurrency: int, max_token
             if progress is not None:
                 progress(done[0], len(items), done[1])
             return Record(time.perf_counter() - t0, u.output_tokens, u.target_forward_passes,
-                          res.finish_reason is FinishReason.STOP, res.outcome is Outcome.VALID, right, total,
+                          res.finish_reason is FinishReason.STOP, res.outcome in (Outcome.VALID, Outcome.TEXT),
+                          right, total,
                           u.forced_tokens, dict(u.drafted), dict(u.accepted), dict(u.draft_steps), u.prompt_tokens,
                           u.cached_prompt_tokens, res.text, list(res.token_ids), item.schema_name, item.phase,
                           res.speculation.reason if res.speculation is not None else "",
@@ -319,6 +325,8 @@ def _prompt(prompts: PromptFormat, item: WorkItem) -> Prompt:
     template, or the plain format)."""
     if item.kind == "toolcall":
         return prompts.toolcall([ToolSpec.from_openai(t) for t in item.tools], [("user", item.source)], item.examples)
+    if item.kind == "chat":
+        return prompts.text([("user", item.source)])
     return prompts.extraction(item.schema, item.source, None, item.examples)
 
 
@@ -426,6 +434,11 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
     models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True, executor=executor)
+    if workload == "chat":  # free text: the baselines decode JSON (constrained, or cut at a line's end)
+        baselines = [c for c in configs or () if c not in ENGINE_CONFIGS and c != PERFECT_DRAFT]
+        if baselines:
+            raise ValueError(f"the chat workload runs engine configurations only, not {', '.join(baselines)}")
+        configs = configs or tuple(c for c in default_configs(models.executor) if c in ENGINE_CONFIGS)
     configs = tuple(configs) if configs is not None else default_configs(models.executor)
     shots = few_shot if few_shot is not None else resolve_model(profile).few_shot
     pool = build_workload(workload, requests + 24 + warmup_requests, few_shot=shots, examples=examples)

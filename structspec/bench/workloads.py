@@ -28,7 +28,15 @@ from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.prompts import FewShotExample, schema_title
 from structspec.schemas import load_builtin_schemas, load_builtin_tools
 
-WORKLOADS = ("extraction", "toolcall", "freetext", "mixed", "shift")
+WORKLOADS = ("extraction", "toolcall", "freetext", "mixed", "shift", "chat")
+# The ``chat`` workload: free-text answers (no schema, no tools) the model writes itself, nothing to copy from the
+# prompt: where copy lookup has little to find and a draft model earns its keep.
+CHAT_ASKS = ("Write a short paragraph about {}.", "Describe {} in three sentences.", "Explain {} to a child.",
+             "Tell me something interesting about {}.")
+CHAT_TOPICS = ("the ocean", "coffee", "trains", "the moon", "gardening", "bicycles", "rain", "libraries", "bread",
+               "mountains", "music", "bees", "winter", "chess", "volcanoes", "the internet", "dogs", "sailing",
+               "tea", "the desert", "clocks", "photography", "rivers", "owls", "paper", "bridges", "cheese",
+               "the stars", "forests", "running")
 SHIFT_SCHEMA = "contact"  # copy lookup is accepted well on its documents (it has something to lose)
 SHIFT_PHASES = ("before", "shifted", "after")
 BENCH_SEED = 7
@@ -36,7 +44,7 @@ BENCH_SEED = 7
 
 @dataclass(frozen=True)
 class WorkItem:
-    kind: str  # extract | toolcall
+    kind: str  # extract | toolcall | chat
     schema_name: str
     source: str  # the document or the user's message
     truth: dict[str, Any]
@@ -175,6 +183,8 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
     schema or tool): how such a caller's requests fare."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    if workload == "chat":
+        return chat_items(n, seed)
     share = {"toolcall": 0.9, "extraction": 0.0, "freetext": 0.0, "mixed": 0.25, "shift": 0.0}[workload]
     pool = [e for e in generate(seed, max(400, n * 12), toolcall_share=share) if _wanted(e, workload)]
     if workload == "mixed":  # a short-output schema among the rest: triage items from support tickets
@@ -210,3 +220,12 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
                                 schema=schema, examples=(other if examples == "synthesized" and
                                                          ex.schema_name == "contact" else book).for_schema(schema)))
     return out
+
+
+def chat_items(n: int, seed: int = BENCH_SEED) -> list[WorkItem]:
+    """``n`` free-text asks (``CHAT_ASKS`` x ``CHAT_TOPICS``, shuffled by ``seed``): no ground truth to score."""
+    asks = [a.format(t) for t in CHAT_TOPICS for a in CHAT_ASKS]
+    random.Random(seed).shuffle(asks)
+    if n > len(asks):
+        raise ValueError(f"workload chat: {len(asks)} asks for {n} requests")
+    return [WorkItem("chat", "chat", ask, {}) for ask in asks[:n]]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from structspec.bench.compare import compare_outputs
 from structspec.bench.decode_bench import ExecutorTime, executor_summary, format_table, run_decode_bench, to_json
 
@@ -165,3 +167,14 @@ def test_in_every_block_the_perfect_draft_runs_right_after_off_the_rest_rotating
         assert sorted(order) == sorted(names) and order[order.index("off") + 1] == "perfect_draft"
     assert len({o[0] for o in orders}) >= 3  # the turns still rotate
     assert _block_order(["all", "ff"], 1) == ["ff", "all"]
+
+
+def test_the_chat_workload_is_free_text_with_speculation_and_refuses_json_baselines():
+    report = run_decode_bench("demo", "chat", requests=3, max_tokens=32, configs=("off", "ff+ngram+history"),
+                              interleave=True, save_outputs=True)
+    rows = {r["config"]: r for r in report["runs"]}
+    assert rows["off"]["valid_rate"] == 1.0  # every answer is text, ended or cut: none errored
+    assert rows["off"]["outputs"] == rows["ff+ngram+history"]["outputs"]  # greedy: drafting changes nothing
+    assert sum(rows["ff+ngram+history"]["drafted"].values()) > 0
+    with pytest.raises(ValueError, match="engine configurations only"):
+        run_decode_bench("demo", "chat", requests=1, max_tokens=8, configs=("off", "hf_generate"))
