@@ -1,6 +1,7 @@
-"""instructor, unchanged, over the openai SDK against a real server on SmolLM2-135M-Instruct: a Pydantic
-``response_model`` in Mode.TOOLS (a forced tool call), Mode.JSON_SCHEMA (``response_format`` json_schema) and
-Mode.MD_JSON (free text: the schema in the prompt, the JSON read from the model's fenced block), each validated.
+"""instructor, unchanged, over the openai SDK against a real server on the demo models: a Pydantic
+``response_model`` in Mode.TOOLS (a forced tool call), Mode.JSON_SCHEMA (``response_format`` json_schema, sent
+without ``strict`` or ``additionalProperties: false``) and Mode.MD_JSON (free text: the schema in the prompt, the
+JSON read from the model's fenced block), each validated.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from tests.frameworks.tools import CARD, Contact
 
 
 @pytest.fixture(scope="module")
-def served(smollm2_server: Served) -> Served:
-    return smollm2_server
+def served(demo_server: Served) -> Served:
+    return demo_server
 
 
 @pytest.mark.parametrize("mode", [instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA, instructor.Mode.MD_JSON])
