@@ -165,12 +165,12 @@ class ChatPrompts:
         shared = self._render(conversation(""), None, self.template).ids if public else []
         return Prompt(prompt.text, prompt.ids, shared)
 
-    def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
+    def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
                  examples: tuple[FewShotExample, ...] = ()) -> Prompt:
         listed = "" if self._renders_tools else "Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
         # the template's own instructions say its call format; only the generic JSON call is said here
         system = listed + (CALL_FORM if call_family(self.tool_template) == "json" else "")
-        turns = [{"role": role, "content": content} for role, content in messages]
+        turns = [template_message(m) for m in messages]  # an agent's calls and the tools' results, as templates read them
         if turns and turns[0]["role"] == "system":  # one system message: the caller's first, then the call form
             system = f"{turns.pop(0)['content'].strip()}\n\n{system}".strip()
         shots = [turn for ex in examples for turn in ({"role": "user", "content": ex.text.strip()},

@@ -71,7 +71,8 @@ def load_cases(folder: str, n: int, seed: int = 0) -> list[Case]:
     random.Random(seed).shuffle(files)
     cases: list[Case] = []
     for i, path in enumerate(files[:n]):
-        doc = json.load(open(path))
+        with open(path) as f:
+            doc = json.load(f)
         schema = doc["schema"]
         tools = {}
         for branch in schema.get("anyOf", [schema]):

@@ -200,10 +200,14 @@ class Engine:
         grammar = self.compiler.compile_tools(tools, call_format=self.call_format, answer_schema=request.answer_schema)
         examples = request.examples or self.examples.for_tools(tools.entries, tools.digest)
         try:
-            prompt = self.prompts.toolcall(tools.tools, [(m.role, m.content) for m in request.messages], examples)
+            # the whole conversation: an agent's earlier calls and the tools' results are turns of it
+            prompt = self.prompts.toolcall(tools.tools, list(request.messages), examples)
         except ChatTemplateError as exc:  # the caller's conversation (its roles' order) or the template itself
             raise InvalidRequest(str(exc), field="messages") from exc
-        return self._sequence(request, prompt, grammar, tools.statistics_key, None), tools
+        # a text answer ends where the format's next turn would begin (the plain format's "\n###"), as free text does;
+        # a call's JSON never holds it (a newline in a JSON string is escaped)
+        stop = tuple(self.prompts.text_stop) if tools.choice.mode in ("auto", "none") else ()
+        return self._sequence(request, prompt, grammar, tools.statistics_key, None, stop=stop), tools
 
     @property
     def call_format(self) -> call_formats.CallFormat:
@@ -237,6 +241,10 @@ class Engine:
 
         result = None
         async for item in self._run(seq, stream=False):
+            if seq.stop and isinstance(item, GenerationResult):
+                item.text, cut = cut_at_stop(item.text, seq.stop)
+                if cut:  # the answer ended at the format's next turn: a whole answer, not a cut one
+                    item.finish_reason = FinishReason.STOP
             result = await asyncio.to_thread(self._finalize, item, check)  # type: ignore[arg-type]
         assert result is not None
         out = parsed.get("out")

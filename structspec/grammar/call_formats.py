@@ -168,12 +168,12 @@ def _read_calls(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolC
                 parallel: bool) -> tuple[ToolCall, ...]:
     items: list[Any] = []
     if fmt.family == "hermes":
-        blocks = re.findall(re.escape(fmt.trigger) + r"\s*(.*?)\s*" + re.escape(fmt.closer), text, flags=re.S)
-        if not blocks or re.sub(re.escape(fmt.trigger) + r".*?" + re.escape(fmt.closer), "", text, flags=re.S).strip():
+        blocks = re.findall(re.escape(fmt.trigger) + r"\s*(.*?)\s*" + re.escape(fmt.closer), text, flags=re.DOTALL)
+        if not blocks or re.sub(re.escape(fmt.trigger) + r".*?" + re.escape(fmt.closer), "", text, flags=re.DOTALL).strip():
             raise ValueError("calls are <tool_call> JSON </tool_call> blocks and nothing else")
         items = [_json(b) for b in blocks]
     elif fmt.family == "mistral":
-        value = _json(text[len(fmt.trigger):] if text.startswith(fmt.trigger) else text)
+        value = _json(text.removeprefix(fmt.trigger))
         if not isinstance(value, list):
             raise ValueError("[TOOL_CALLS] is followed by a JSON list of calls")
         items = value

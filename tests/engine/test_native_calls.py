@@ -6,7 +6,6 @@ is neither a call nor text; SmolLM2 (ChatML, no tools in its template: the gener
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import jsonschema
 import pytest

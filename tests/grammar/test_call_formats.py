@@ -169,7 +169,7 @@ def test_the_outlines_backend_refuses_a_native_format_clearly(compilers):
 
 
 def test_the_format_is_in_the_cache_key(compilers):
-    tok, compiler = compilers["hermes"]
+    _, compiler = compilers["hermes"]
     tools = ToolSet.parse(TOOLS, "required")
     native = compiler.compile_tools(tools, call_format=cf.HERMES)
     generic = compiler.compile_tools(tools)
