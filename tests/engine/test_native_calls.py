@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from structspec.assembly import assemble_engine
 from structspec.chat_template import call_family
 from structspec.engine.api import ChatMessage, ToolCallRequest
-from structspec.engine.types import Outcome, SamplingParams
+from structspec.engine.types import Outcome, SamplingParams, ToolCall
 from structspec.models.loading import load_profile
 from tests.conftest import need_llamacpp, smollm2_gguf
 from tests.test_chat_template import DEMO_TOKENIZER, QWEN, loaded, tiny_model
@@ -124,3 +124,25 @@ def test_the_family_is_read_from_the_templates_markers():
     assert call_family("{% for m in messages %}{{ m.content }}{% endfor %}") == "json"
     assert call_family("<tool_call> but it never reads the tool list") == "json"
     assert call_family(None) == "json"
+
+
+def test_an_agents_earlier_call_and_the_tools_result_are_turns_of_the_prompt(hermes_engine):
+    turns = (*ASK, ChatMessage("assistant", "", tool_calls=(ToolCall("get_weather", {"city": "Paris"}),),
+                               tool_call_ids=("call_1",)),
+             ChatMessage("tool", "18 C and sunny", tool_call_id="call_1", name="get_weather"))
+    text = hermes_engine.tokenizer.decode(hermes_engine.prepare_toolcall(ToolCallRequest(
+        messages=turns, tools=(WEATHER,))).prompt)
+    assert "<|im_start|>tool\n18 C and sunny<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_the_plain_formats_text_answer_under_auto_stops_at_its_next_turn(demo_engine_for_calls):
+    seq = demo_engine_for_calls.prepare_toolcall(ToolCallRequest(messages=ASK, tools=(WEATHER,)))
+    assert seq.stop == ("\n###",)
+    forced = demo_engine_for_calls.prepare_toolcall(ToolCallRequest(messages=ASK, tools=(WEATHER,),
+                                                                    tool_choice="required"))
+    assert forced.stop == ()
+
+
+@pytest.fixture(scope="module")
+def demo_engine_for_calls(demo_models):
+    return assemble_engine(demo_models)
