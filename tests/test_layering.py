@@ -212,7 +212,7 @@ FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     "bench/decode_bench.py": (2, "outlines (0.6-1.0 s): only the hf_outlines baseline"),
     "bench/device_bench.py": (2, "the engine's grammar packages (llguidance, jsonschema-rs, outlines-core, re2): only the "
                                  "perfect-draft ceiling needs them, so the step timings run on a GPU machine without them"),
-    "bench/llamacpp_baselines.py": (3, "llama-cpp-python, optional (the llamacpp extra): where a baseline opens"),
+    "bench/llamacpp_baselines.py": (4, "llama-cpp-python, optional (the llamacpp extra): where a baseline opens"),
     "models/gemma.py": (3, "torch and transformers: profiles imports this module for `models list`"),
     "models/llamacpp_model.py": (1, "llama-cpp-python, optional: lib() imports and initialises it once"),
     "models/profiles.py": (1, "a cycle: gemma imports profiles' cache_dir"),

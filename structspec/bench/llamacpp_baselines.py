@@ -19,6 +19,7 @@ baseline (~1 s), one grammar conversion per schema (kept across requests).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any, Callable
@@ -30,6 +31,28 @@ from structspec.models.threads import cpu_budget
 
 LLAMACPP_BASELINES = ("llamacpp_grammar", "llamacpp_grammar_lookup", "llamacpp_generate")
 LOOKUP_TOKENS = 10  # llama-cpp-python's default draft length for prompt lookup
+
+
+@contextlib.contextmanager
+def unrepacked_weights():
+    """llama-cpp-python's ``Llama`` loading its model without repacked weights (``use_extra_bufts`` off), as the
+    engine's executor loads it (``models.llamacpp_model``): the same kernels on both sides of a ratio, and no AMX
+    repack, whose matrix product segfaults on some AMX CPUs (llama.cpp issue 20824). ``Llama`` has no argument for
+    it, so its default parameters are wrapped while it loads."""
+    import llama_cpp.llama as high_level  # optional, as in LlamaCppBaseline
+
+    default = high_level.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    high_level.llama_cpp.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        high_level.llama_cpp.llama_model_default_params = default
 
 
 class LlamaCppBaseline:
@@ -55,9 +78,10 @@ class LlamaCppBaseline:
         # llama-cpp-python keeps logits for every context position with a draft model (n_ctx x 262k floats for
         # Gemma): the context is sized to the longest request, not to the model's window; logits_all is given with
         # the draft because it sizes that store by the argument, not by the draft
-        self.llm = Llama(model_path=models.target.info.path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                         n_threads_batch=threads, seed=0, verbose=False, draft_model=draft,
-                         logits_all=draft is not None)
+        with unrepacked_weights():
+            self.llm = Llama(model_path=models.target.info.path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                             n_threads_batch=threads, seed=0, verbose=False, draft_model=draft,
+                             logits_all=draft is not None)
         self.calls = 0
         decode = self.llm._ctx.decode
 
