@@ -30,6 +30,7 @@ from typing import Any
 import jsonschema
 
 from structspec.assembly import assemble_engine
+from structspec.bench.llamacpp_baselines import unrepacked_weights
 from structspec.engine.api import ChatMessage, ToolCallRequest
 from structspec.engine.types import Outcome, SamplingParams
 from structspec.models.loading import load_profile
@@ -139,7 +140,9 @@ def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str
 def run_llamacpp(gguf: str, cases: list[Case], max_tokens: int) -> Tally:
     """llama-cpp-python's own tool calling, tool_choice auto, on the same GGUF."""
     llama_cpp = importlib.import_module("llama_cpp")  # optional: the baseline runs where it is installed
-    llm = llama_cpp.Llama(model_path=gguf, chat_format="chatml-function-calling", n_ctx=4096, verbose=False, seed=0)
+    with unrepacked_weights():  # as the engine's executor loads it (and no AMX repack: see there)
+        llm = llama_cpp.Llama(model_path=gguf, chat_format="chatml-function-calling", n_ctx=4096, verbose=False,
+                              seed=0)
     tally, start = Tally(), time.perf_counter()
     for case in cases:
         try:
