@@ -37,6 +37,7 @@ from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, compac
 CHAT_FORMAT = "chat-v1"  # the wording of the messages below; a change of wording is a new version
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
 PLAIN_TURN_START = "\n###"  # where the plain format's next turn begins
+ANSWER_FORM = "Once the tools' results answer the request, answer with only a JSON object that follows this JSON Schema:"
 CALL_FORM = 'To call a tool, answer with only a JSON object: {"name": <tool name>, "arguments": <its arguments>}.'
 # A template that renders tools and writes calls in one of these families says that form in its own words, so the
 # system message does not ask for the generic JSON call (``grammar.call_formats`` writes the grammar per family).
@@ -94,9 +95,10 @@ class PromptFormat(Protocol):
         public (no caller's instruction or examples), so the prompt's start before the document is too.
         Raises: ChatTemplateError."""
 
-    def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
-                 examples: tuple[FewShotExample, ...] = ()) -> Prompt:
-        """``tools``: the request's tools, parsed; ``messages``: (role, content) pairs. Raises: ChatTemplateError."""
+    def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
+                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None) -> Prompt:
+        """``tools``: the request's tools, parsed; ``messages``: the conversation; ``answer_schema``: a final answer
+        is JSON valid against it (the prompt says so). Raises: ChatTemplateError."""
 
     def text(self, messages: Sequence[Turn]) -> Prompt:
         """A free-text answer's prompt: the conversation and the model's turn. ``text_stop`` is the format's own end
@@ -120,9 +122,10 @@ class PlainPrompts:
         shared = encode_prompt(self.tokenizer, extraction_template(schema, None, examples, schema_id)) if public else []
         return Prompt(prompt, ids, shared)
 
-    def toolcall(self, tools: Sequence[ShownTool], messages: list[tuple[str, str]],
-                 examples: tuple[FewShotExample, ...] = ()) -> Prompt:
-        prompt = toolcall_prompt(tools, messages, examples)
+    def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
+                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None) -> Prompt:
+        said = f"### Answer JSON Schema:\n{compact_json(answer_schema)}\n" if answer_schema is not None else ""
+        prompt = said + toolcall_prompt(tools, messages, examples)
         return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
 
     def text(self, messages: Sequence[Turn]) -> Prompt:
@@ -166,10 +169,13 @@ class ChatPrompts:
         return Prompt(prompt.text, prompt.ids, shared)
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
-                 examples: tuple[FewShotExample, ...] = ()) -> Prompt:
+                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None) -> Prompt:
+        """``answer_schema``: a final answer (instead of a call) is JSON valid against it; the system message says so."""
         listed = "" if self._renders_tools else "Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
         # the template's own instructions say its call format; only the generic JSON call is said here
         system = listed + (CALL_FORM if call_family(self.tool_template) == "json" else "")
+        if answer_schema is not None:
+            system += f"\n{ANSWER_FORM}\n{compact_json(answer_schema)}"
         turns = [template_message(m) for m in messages]  # an agent's calls and the tools' results, as templates read them
         if turns and turns[0]["role"] == "system":  # one system message: the caller's first, then the call form
             system = f"{turns.pop(0)['content'].strip()}\n\n{system}".strip()

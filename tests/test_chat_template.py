@@ -304,6 +304,21 @@ def test_smollm2_renders_through_its_own_template(smollm2_tokenizer):
     assert prompt.ids.count(tok.bos_token_id) == 3  # one per turn: system, user, the generation prompt
 
 
+def test_a_final_answers_schema_is_said_beside_the_tools(smollm2_tokenizer):
+    """With ``answer_schema`` (response_format beside tools) the model is told the answer's form, not only the call's;
+    the rest of the prompt is the same conversation rendered by the template."""
+    prompts = ChatPrompts(smollm2_tokenizer, smollm2_tokenizer.chat_template)
+    answer = {"type": "object", "properties": {"city": {"type": "string"}, "summary": {"type": "string"}},
+              "required": ["city", "summary"]}
+    turns = [("user", "Weather in Oslo?")]
+    shown = [ToolSpec.from_openai(t) for t in TOOLS]
+    plain = prompts.toolcall(shown, turns)
+    said = prompts.toolcall(shown, turns, answer_schema=answer)
+    assert '"required":["city","summary"]' in said.text and "JSON Schema" in said.text
+    assert "JSON Schema" not in plain.text
+    assert said.text.endswith(plain.text[plain.text.index("<|im_start|>user"):])
+
+
 @pytest.fixture(scope="module")
 def smollm2_engine():
     """SmolLM2 served as ``--model <its GGUF>`` serves it: on llama.cpp, its template read from the GGUF."""
