@@ -19,7 +19,15 @@ def served(demo_server: Served) -> Served:
     return demo_server
 
 
-@pytest.mark.parametrize("mode", [instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA, instructor.Mode.MD_JSON])
+# MD_JSON is free text: the schema in the prompt, the JSON read from a fenced block the model writes unconstrained.
+# Neither model here writes one (the demo pair knows no such prompt; SmolLM2-135M echoes the schema back), so it
+# is expected to fail until the suite has a stronger instruct model; strict: a pass would be reported.
+MD_JSON_NEEDS_A_STRONGER_MODEL = pytest.mark.xfail(strict=True, reason="free text: the demo model writes no JSON "
+                                                   "block, and SmolLM2-135M copies the schema instead of filling it")
+
+
+@pytest.mark.parametrize("mode", [instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA,
+                                  pytest.param(instructor.Mode.MD_JSON, marks=MD_JSON_NEEDS_A_STRONGER_MODEL)])
 def test_response_model_validates(served: Served, mode: instructor.Mode) -> None:
     client = instructor.from_openai(OpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=120),
                                     mode=mode)
