@@ -153,7 +153,9 @@ def tool_message(res: ToolCallResult) -> tuple[dict[str, Any], str]:
     if res.calls:
         calls = [{"id": tool_call_id(), "type": "function",
                   "function": {"name": c.name, "arguments": arguments_text(c.arguments)}} for c in res.calls]
-        return {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}, "tool_calls"
+        # text the model wrote before its calls (a native format's preamble) is the message's content, as OpenAI's
+        content = res.text if res.text and res.text.strip() else None
+        return {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls}, "tool_calls"
     return {"role": "assistant", "content": res.text if res.text is not None else r.text, "refusal": None}, "stop"
 
 
