@@ -90,8 +90,9 @@ def test_toolcall_copy_rate_ignores_the_tool_name_and_counts_arguments():
 
 def test_synthesized_examples_are_what_a_schema_of_ones_own_gets():
     items = build_workload("extraction", 10, few_shot=1, examples="synthesized")
-    for i in items:  # a placeholder example, then a real one of another schema under its own title
-        made, real = i.examples
-        assert "sample" in made.text and real.title and real.title != i.schema.get("title")
+    for i in items:  # the built-in schemas hold free values: no made example, only a real one of another schema
+        (real,) = i.examples
+        assert real.title and real.title != i.schema.get("title")
+        assert "sample" not in real.text + real.output  # never a placeholder a model would copy
     with pytest.raises(ValueError, match="unknown examples source"):
         build_workload("extraction", 3, few_shot=1, examples="nope")
