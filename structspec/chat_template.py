@@ -29,10 +29,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
-from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, compact_json, describe_tool, encode_prompt,
-                                extraction_prompt, extraction_template, toolcall_prompt)
+from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, Turn, compact_json, describe_tool,
+                                encode_prompt, extraction_prompt, extraction_template, toolcall_prompt)
 
 CHAT_FORMAT = "chat-v1"  # the wording of the messages below; a change of wording is a new version
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
@@ -51,20 +51,6 @@ def call_family(template: str | None) -> str:
     if not isinstance(template, str) or "tools" not in template:
         return "json"
     return next((family for marker, family in CALL_MARKERS if marker in template), "json")
-
-
-class ShownTurn(Protocol):
-    """A conversation turn (``engine.api.ChatMessage``): role, content and, where it has them, its tool calls
-    (``tool_calls``, ``tool_call_ids``) or the call it answers (``tool_call_id``, ``name``)."""
-
-    @property
-    def role(self) -> str: ...
-
-    @property
-    def content(self) -> str: ...
-
-
-Turn = Union[tuple[str, str], ShownTurn]  # (role, content), or a message
 
 
 class ChatTemplateError(ValueError):

@@ -104,21 +104,48 @@ def describe_tool(tool: ShownTool) -> str:
     return f"- {tool.name}({params}): {tool.description}"
 
 
+class ShownTurn(Protocol):
+    """A conversation turn (``engine.api.ChatMessage``): role and content; where it has them, its calls
+    (``tool_calls``, ``tool_call_ids``) or the call it answers (``tool_call_id``, ``name``)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+
+Turn = tuple[str, str] | ShownTurn  # (role, content), or a message with ``tool_calls``
+
+
 def toolcall_prompt(
     tools: Sequence[ShownTool],
-    messages: list[tuple[str, str]],
+    messages: Sequence[Turn],
     examples: tuple[FewShotExample, ...] = (),
 ) -> str:
-    """``### Tools:`` list + the conversation + ``### Call:``.
+    """``### Tools:`` list + the conversation + the turn the model writes.
 
-    ``messages`` are (role, content) pairs; the last user turn is the request. Worked examples
-    come after the tool list, each a ``### User:`` / ``### Call:`` pair, a blank line apart: the
+    ``messages`` are (role, content) pairs or messages (``api.ChatMessage``: an assistant turn's ``tool_calls``
+    are shown as the call JSON, a tool result as ``### Tool:``); the last user turn is the request.
+
+    Worked examples come after the tool list, each a ``### User:`` / ``### Call:`` pair, a blank line apart: the
     list is shown once (repeating it per example made prompts 2-3x longer and calls no better).
     """
     tool_block = "### Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
-    convo = "".join(f"### {role.capitalize()}:\n{content.strip()}\n" for role, content in messages)
     shots = "".join(f"### User:\n{ex.text.strip()}\n### Call:\n{ex.output}\n\n" for ex in examples)
+    convo = "".join(_shown_turn(turn, "Call") for turn in messages)
     return f"{tool_block}{shots}{convo}### Call:\n"
+
+
+def _shown_turn(turn: Turn, said: str) -> str:
+    """One turn as ``### Role:`` + its content; an assistant's calls as the call JSON under ``said`` (one a line)."""
+    role, content = turn if isinstance(turn, tuple) else (turn.role, turn.content)
+    calls = () if isinstance(turn, tuple) else tuple(getattr(turn, "tool_calls", ()) or ())
+    out = f"### {role.capitalize()}:\n{content.strip()}\n" if content.strip() or not calls else ""
+    if calls:
+        shown = "\n".join(compact_json({"name": c.name, "arguments": c.arguments}) for c in calls)
+        out += f"### {said}:\n{shown}\n"
+    return out
 
 
 def compact_json(value: Any) -> str:
