@@ -82,9 +82,11 @@ class PromptFormat(Protocol):
         Raises: ChatTemplateError."""
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
-                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None) -> Prompt:
+                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None,
+                 may_answer: bool = False) -> Prompt:
         """``tools``: the request's tools, parsed; ``messages``: the conversation; ``answer_schema``: a final answer
-        is JSON valid against it (the prompt says so). Raises: ChatTemplateError."""
+        is JSON valid against it (the prompt says so); ``may_answer``: the model may answer instead of calling
+        (``tool_choice`` auto). Raises: ChatTemplateError."""
 
     def text(self, messages: Sequence[Turn]) -> Prompt:
         """A free-text answer's prompt: the conversation and the model's turn. ``text_stop`` is the format's own end
@@ -98,8 +100,9 @@ class PlainPrompts:
     stats_format = ""  # the plain profiles' statistics keys carry no format
     text_stop = (PLAIN_TURN_START,)  # a base model runs on into the next heading: the answer ends before it
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, answers: bool = False):
         self.tokenizer = tokenizer
+        self.answers = answers  # under auto, offer a text answer beside a call (``ModelProfile.plain_answers``)
 
     def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
                    examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
@@ -109,9 +112,10 @@ class PlainPrompts:
         return Prompt(prompt, ids, shared)
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
-                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None) -> Prompt:
+                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None,
+                 may_answer: bool = False) -> Prompt:
         said = f"### Answer JSON Schema:\n{compact_json(answer_schema)}\n" if answer_schema is not None else ""
-        prompt = said + toolcall_prompt(tools, messages, examples)
+        prompt = said + toolcall_prompt(tools, messages, examples, answers=self.answers and may_answer)
         return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
 
     def text(self, messages: Sequence[Turn]) -> Prompt:
@@ -155,8 +159,10 @@ class ChatPrompts:
         return Prompt(prompt.text, prompt.ids, shared)
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
-                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None) -> Prompt:
-        """``answer_schema``: a final answer (instead of a call) is JSON valid against it; the system message says so."""
+                 examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None,
+                 may_answer: bool = False) -> Prompt:
+        """``answer_schema``: a final answer (instead of a call) is JSON valid against it; the system message says
+        so. ``may_answer`` changes nothing here: the template and the grammar already let the model answer."""
         listed = "" if self._renders_tools else "Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
         # the template's own instructions say its call format; only the generic JSON call is said here
         system = listed + (CALL_FORM if call_family(self.tool_template) == "json" else "")

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-PROMPT_FORMAT = "structspec-plain-v2"
+PROMPT_FORMAT = "structspec-plain-v3"
 
 
 @dataclass(frozen=True)
@@ -118,23 +118,45 @@ class ShownTurn(Protocol):
 Turn = tuple[str, str] | ShownTurn  # (role, content), or a message with ``tool_calls``
 
 
+# A finished exchange shown before the request when the model may answer (``tool_choice`` auto): a request a tool
+# serves -> a call, the tool's result -> a text answer, a request no tool serves -> a text answer. Its tool is no
+# request's (the grammar allows only the request's own), and it names no value a request's call could need.
+ANSWER_EPISODE = (
+    "### Tools:\n- get_time(zone): The current time in a time zone.\n"
+    "### User:\nWhat time is it in Tokyo?\n"
+    "### Assistant:\n{\"name\":\"get_time\",\"arguments\":{\"zone\":\"Asia/Tokyo\"}}\n"
+    "### Tool:\n{\"time\":\"09:30\"}\n"
+    "### Assistant:\nIt is 09:30 in Tokyo.\n"
+    "### User:\nThanks! Say hi to my friend Sam.\n"
+    "### Assistant:\nHi Sam, nice to meet you!\n\n"
+)
+
+
 def toolcall_prompt(
     tools: Sequence[ShownTool],
     messages: Sequence[Turn],
     examples: tuple[FewShotExample, ...] = (),
+    *,
+    answers: bool = False,
 ) -> str:
     """``### Tools:`` list + the conversation + the turn the model writes.
 
     ``messages`` are (role, content) pairs or messages (``api.ChatMessage``: an assistant turn's ``tool_calls``
     are shown as the call JSON, a tool result as ``### Tool:``); the last user turn is the request.
 
-    Worked examples come after the tool list, each a ``### User:`` / ``### Call:`` pair, a blank line apart: the
-    list is shown once (repeating it per example made prompts 2-3x longer and calls no better).
+    ``answers`` False (a call is forced, or the model was trained on call-only turns): the prompt ends in
+    ``### Call:``; worked examples are ``### User:`` / ``### Call:`` pairs, a blank line apart after the tool
+    list (shown once: repeating it per example made prompts 2-3x longer and calls no better).
+
+    ``answers`` True (``tool_choice`` auto): the model's turn is ``### Assistant:``, which holds either a call
+    (a JSON object ``{"name":...,"arguments":...}``) or a text answer (ending at EOS or before the next
+    ``\n###``); ``ANSWER_EPISODE`` first shows both, and worked calls are ``### User:`` / ``### Assistant:``.
     """
     tool_block = "### Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
-    shots = "".join(f"### User:\n{ex.text.strip()}\n### Call:\n{ex.output}\n\n" for ex in examples)
-    convo = "".join(_shown_turn(turn, "Call") for turn in messages)
-    return f"{tool_block}{shots}{convo}### Call:\n"
+    said = "Assistant" if answers else "Call"
+    shots = "".join(f"### User:\n{ex.text.strip()}\n### {said}:\n{ex.output}\n\n" for ex in examples)
+    convo = "".join(_shown_turn(turn, said) for turn in messages)
+    return f"{ANSWER_EPISODE if answers else ''}{tool_block}{shots}{convo}### {said}:\n"
 
 
 def _shown_turn(turn: Turn, said: str) -> str:

@@ -49,3 +49,24 @@ def test_a_schema_without_a_title_is_named_by_its_id_or_its_description():
     assert extraction_prompt(described, "Ada", "Names only.") == (
         "### Extract JSON.\nA person, named.\nNames only.\n### Input:\nAda\n### JSON:\n")
     assert extraction_prompt(SCHEMA, "Ada", schema_id="person").startswith("### Extract Contact as JSON.\n")
+
+
+def test_under_auto_the_plain_format_offers_an_answer_beside_a_call():
+    """``answers``: the model's turn is ``### Assistant:`` (a call or a text answer), after an exchange that shows
+    both; without it (a forced call, or a model trained on call-only turns) the prompt is the call-only one."""
+    tools = [ToolSpec("get_weather", "Weather for a city.", {"properties": {"city": {}}})]
+    shot = FewShotExample("Weather in Rome?", '{"name":"get_weather","arguments":{"city":"Rome"}}')
+    turns = [("user", "Say hello")]
+    answering = toolcall_prompt(tools, turns, (shot,), answers=True)
+    calling = toolcall_prompt(tools, turns, (shot,))
+    assert answering.endswith("### User:\nSay hello\n### Assistant:\n") and "### Call:" not in answering
+    assert "### Assistant:\nIt is 09:30 in Tokyo.\n" in answering  # a text answer is shown, not only calls
+    assert "get_weather" not in answering.split("### Tools:\n- get_weather")[0]  # the episode's tool is another
+    assert calling.endswith("### User:\nSay hello\n### Call:\n") and "### Assistant:" not in calling
+
+
+def test_only_models_not_trained_on_call_only_turns_are_offered_answers():
+    from structspec.models.profiles import profiles
+
+    assert profiles()["demo"].plain_answers is False  # the demo pair is trained on "### Call:" turns
+    assert profiles()["gemma-3-270m"].plain_answers is True

@@ -203,7 +203,8 @@ class Engine:
             # the whole conversation: an agent's earlier calls and the tools' results are turns of it
             # a final answer's schema is said where the format says one (the chat templates' system message)
             said = {"answer_schema": request.answer_schema} if request.answer_schema is not None else {}
-            prompt = self.prompts.toolcall(tools.tools, list(request.messages), examples, **said)
+            prompt = self.prompts.toolcall(tools.tools, list(request.messages), examples,
+                                           may_answer=tools.choice.mode == "auto", **said)
         except ChatTemplateError as exc:  # the caller's conversation (its roles' order) or the template itself
             raise InvalidRequest(str(exc), field="messages") from exc
         # a text answer ends where the format's next turn would begin (the plain format's "\n###"), as free text does;

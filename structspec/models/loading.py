@@ -67,6 +67,7 @@ class LoadedModels:
     # the chat template's text to render prompts with (``--chat-template`` file, else the tokenizer's own);
     # None: the model has none and prompts keep the plain format
     chat_template: str | None = None
+    plain_answers: bool = True  # ``ModelProfile.plain_answers``
 
     def parameter_count(self) -> int:
         if self.executor == "llamacpp":
@@ -370,7 +371,7 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
     log.info("loaded %s for llama.cpp (%s)", profile.name, target.info.path)
     return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
                         draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens,
-                        chat_template=chat_template_of(profile, tokenizer))
+                        chat_template=chat_template_of(profile, tokenizer), plain_answers=profile.plain_answers)
 
 
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
@@ -402,7 +403,8 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
         draft = load_draft(profile.draft, tokenizer, source, "transformers", dev, dt, load_format)
     log.info("loaded %s on %s (%s%s)", profile.name, dev, dt, ", dummy weights" if load_format == "dummy" else "")
     return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab,
-                        draft_context=draft.context_tokens, chat_template=chat_template_of(profile, tokenizer))
+                        draft_context=draft.context_tokens, chat_template=chat_template_of(profile, tokenizer),
+                        plain_answers=profile.plain_answers)
 
 
 def check_draft(profile: ModelProfile) -> None:

@@ -74,6 +74,9 @@ class ModelProfile:
     align_lr: float = 5e-4  # ``structspec draft align``'s default peak learning rate for this profile's draft
     chat_template: str | None = None  # a template file (``--chat-template``); None: the model's own, if any
     tokenizer_path: str | None = None  # a tokenizer folder given for this model (``--tokenizer``): wins over the rest
+    # Under tool_choice auto the plain format offers a text answer beside a call (``prompts.toolcall_prompt``);
+    # False for a model trained on the plain format's call-only turn (the demo pair)
+    plain_answers: bool = True
 
     def is_ready(self) -> bool:
         return _is_model(Path(self.target)) and (self.draft is None or _is_model(Path(self.draft)))
@@ -155,6 +158,7 @@ def profiles() -> dict[str, ModelProfile]:
         description="small target/draft pair trained on synthetic extraction data (structspec.demo.train)",
         target=str(DEMO_DIR / "target"),
         draft=str(DEMO_DIR / "draft"),
+        plain_answers=False,  # trained on "### Call:" turns only (structspec.demo.corpus)
     )
     gemma, smollm2 = _gemma_profile(), _smollm2_profile()
     return {demo.name: demo, gemma.name: gemma, smollm2.name: smollm2}

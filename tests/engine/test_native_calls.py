@@ -146,3 +146,21 @@ def test_the_plain_formats_text_answer_under_auto_stops_at_its_next_turn(demo_en
 @pytest.fixture(scope="module")
 def demo_engine_for_calls(demo_models):
     return assemble_engine(demo_models)
+
+
+def test_a_plain_format_model_is_offered_an_answer_under_auto_only(demo_models):
+    """A model without a template and not trained on call-only turns (``plain_answers``) is prompted for its own
+    turn under auto (a call or a text answer), and for a call where the call is forced; the demo pair, trained on
+    call-only turns, keeps ``### Call:``."""
+    import dataclasses
+
+    answering = assemble_engine(dataclasses.replace(demo_models, plain_answers=True))
+    trained = assemble_engine(demo_models)
+    asked = ToolCallRequest(messages=(ChatMessage("user", "Say hello"),), tools=(WEATHER,))
+
+    def ending(engine, request):
+        return engine.tokenizer.decode(engine.prepare_toolcall(request).prompt)[-40:]
+
+    assert ending(answering, asked).endswith("### User:\nSay hello\n### Assistant:\n")
+    assert ending(answering, dataclasses.replace(asked, tool_choice="required")).endswith("### Call:\n")
+    assert ending(trained, asked).endswith("### Call:\n")
