@@ -16,7 +16,7 @@
 
 Everything is seeded; torch runs deterministic CPU kernels with two threads,
 so a re-run reproduces the figures within noise (thread scheduling can move
-the last bits of a float reduction). Runtime of the whole script from nothing on
+the last bits of a float reduction); with ``--threads 1`` a re-run is bit-exact. Runtime of the whole script from nothing on
 a 2-vCPU CPU (2026-11-30): corpus and tokenizer ~1 min, phase 1 ~24 min, phase 2 ~18, phase 3
 ~89 min (stages of 17, 17, 28 and 27 min), draft ~2 min, evaluation ~2 min: 2 h 15 min in all; run nothing
 else meanwhile (a concurrent CPU job slows it 2-5x through OpenMP contention).
@@ -375,6 +375,8 @@ def main() -> None:
     ap.add_argument("--resume-stage", type=int, default=None,
                     help="run phase 3 from this stage (1-based) on the target in --resume-from")
     ap.add_argument("--resume-from", type=Path, default=None, help="target folder for --resume-stage")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads; with one, every float reduction runs in one order and a re-run is bit-exact")
     args = ap.parse_args()
     plan = TrainPlan()
     if args.quick:
@@ -385,7 +387,7 @@ def main() -> None:
                          stages=(Stage(3, 1e-3, recall=False), Stage(3, 1e-3, recall=True, cosine=True)))
     torch.manual_seed(plan.torch_seed)
     random.seed(plan.torch_seed)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     t_start = time.time()
 
