@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, Turn, compact_json, describe_tool,
                                 encode_prompt, extraction_prompt, extraction_template, toolcall_prompt)
 
-CHAT_FORMAT = "chat-v1"  # the wording of the messages below; a change of wording is a new version
+CHAT_FORMAT = "chat-v2"  # the wording of the messages below; a change of wording is a new version
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
 PLAIN_TURN_START = "\n###"  # where the plain format's next turn begins
 ANSWER_FORM = "Once the tools' results answer the request, answer with only a JSON object that follows this JSON Schema:"

@@ -210,7 +210,7 @@ def test_a_chat_prompt_generates_valid_json(family_models, family):
 def test_the_template_hash_is_in_the_statistics_key(family_models):
     models = family_models["llama3"]
     digest = hashlib.sha256(LLAMA3.encode()).hexdigest()[:8]
-    assert assemble_engine(models).model_key == engine_model_key(models) == f"tiny+chat-v1:{digest}"
+    assert assemble_engine(models).model_key == engine_model_key(models) == f"tiny+chat-v2:{digest}"
     plain = loaded(models.tokenizer, models.target, None)
     assert engine_model_key(plain) == "tiny"  # the plain format's keys stay as they were
     assert assemble_engine(plain).model_key == "tiny"
@@ -336,7 +336,7 @@ def test_smollm2_served_from_its_gguf_extracts_a_contact_through_its_template(sm
     seq = engine.prepare_extraction(ExtractionRequest(schema=schema, text=DOCUMENT))
     messages = [{"role": "system", "content": extraction_system(schema, None)}, {"role": "user", "content": DOCUMENT}]
     assert seq.prompt == template_ids(tok, messages)
-    assert engine.model_key.endswith("+" + engine.prompts.format_id) and engine.prompts.format_id.startswith("chat-v1:")
+    assert engine.model_key.endswith("+" + engine.prompts.format_id) and engine.prompts.format_id.startswith("chat-v2:")
     result = asyncio.run(engine.extract(ExtractionRequest(schema=schema, text=DOCUMENT, sampling=SamplingParams(
         temperature=0.0, max_tokens=160))))
     assert result.outcome is Outcome.VALID and json.loads(result.text)["name"] == "Ada Lovelace"

@@ -31,7 +31,7 @@ def batch_bucket(batch_size: int) -> int:
 
 def model_key(profile: str, draft_version: str = "", prompt_format: str = "") -> str:
     """The model statistics are kept under: ``gemma-3-270m``, ``demo+draft:1a2b3c4d`` with a draft model, and
-    ``smollm2+chat-v1:5e6f7a8b+draft:1a2b3c4d`` where prompts are rendered in another format than the plain one
+    ``smollm2+chat-v2:5e6f7a8b+draft:1a2b3c4d`` where prompts are rendered in another format than the plain one
     (``prompt_format``: the chat template's ``chat_template.ChatPrompts.stats_format``; "" for the plain format,
     whose keys carry none): acceptance under one prompt is not mixed with another's."""
     key = f"{profile}+{prompt_format}" if prompt_format else profile
