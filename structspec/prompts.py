@@ -118,17 +118,24 @@ class ShownTurn(Protocol):
 Turn = tuple[str, str] | ShownTurn  # (role, content), or a message with ``tool_calls``
 
 
-# A finished exchange shown before the request when the model may answer (``tool_choice`` auto): a request a tool
-# serves -> a call, the tool's result -> a text answer, a request no tool serves -> a text answer. Its tool is no
-# request's (the grammar allows only the request's own), and it names no value a request's call could need.
+# A finished episode shown before the request when the model may answer (``tool_choice`` auto): two requests a
+# tool serves (one asked by the tool's name, one in plain words) -> a call, the tool's result -> a text answer, and
+# between them a request no tool serves -> a text answer. Its tools are no request's (the grammar allows only the
+# request's own). Measured on Gemma 3 270M (``bench.auto_calls``, 20 tool lists): an episode of one call and one
+# text answer made it call where a tool was needed 3 times in 20, this one 15 (text where none was: 20 and 18).
 ANSWER_EPISODE = (
     "### Tools:\n- get_time(zone): The current time in a time zone.\n"
-    "### User:\nWhat time is it in Tokyo?\n"
-    "### Assistant:\n{\"name\":\"get_time\",\"arguments\":{\"zone\":\"Asia/Tokyo\"}}\n"
-    "### Tool:\n{\"time\":\"09:30\"}\n"
-    "### Assistant:\nIt is 09:30 in Tokyo.\n"
-    "### User:\nThanks! Say hi to my friend Sam.\n"
-    "### Assistant:\nHi Sam, nice to meet you!\n\n"
+    "- convert(amount, unit): Converts an amount to another unit.\n"
+    "### User:\nUse get_time with zone Europe/Oslo.\n"
+    "### Assistant:\n{\"name\":\"get_time\",\"arguments\":{\"zone\":\"Europe/Oslo\"}}\n"
+    "### Tool:\n{\"time\":\"14:05\"}\n"
+    "### Assistant:\nIt is 14:05 in Oslo.\n"
+    "### User:\nHi! Say hello to my friend Sam.\n"
+    "### Assistant:\nHello Sam, nice to meet you!\n"
+    "### User:\nHow many km are 3 miles?\n"
+    "### Assistant:\n{\"name\":\"convert\",\"arguments\":{\"amount\":3,\"unit\":\"km\"}}\n"
+    "### Tool:\n{\"result\":4.83}\n"
+    "### Assistant:\n3 miles is 4.83 km.\n\n"
 )
 
 

@@ -60,7 +60,7 @@ def test_under_auto_the_plain_format_offers_an_answer_beside_a_call():
     answering = toolcall_prompt(tools, turns, (shot,), answers=True)
     calling = toolcall_prompt(tools, turns, (shot,))
     assert answering.endswith("### User:\nSay hello\n### Assistant:\n") and "### Call:" not in answering
-    assert "### Assistant:\nIt is 09:30 in Tokyo.\n" in answering  # a text answer is shown, not only calls
+    assert "### Assistant:\nHello Sam, nice to meet you!\n" in answering  # a text answer is shown, not only calls
     assert "get_weather" not in answering.split("### Tools:\n- get_weather")[0]  # the episode's tool is another
     assert calling.endswith("### User:\nSay hello\n### Call:\n") and "### Assistant:" not in calling
 
