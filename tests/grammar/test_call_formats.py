@@ -1,5 +1,7 @@
 """Call formats: each family's grammar allows text then calls to declared tools with valid arguments under auto,
-forces the trigger under required and a named tool, refuses it under none; its parser reads outputs back.
+forces the trigger under required and a named tool, refuses it under none; its parser reads outputs back. Every
+family takes a tool list through the same intake as the generic JSON call: it accepts and refuses the same
+parameters schemas, with the same errors pointing into the tool list, and enforces the same bounds.
 
 The tokenizer is the demo one with the family's markers added as special tokens (Qwen's ``<tool_call>``, Llama's
 ``<|python_tag|>``, Mistral's ``[TOOL_CALLS]``), and once without (Mistral's older vocabulary: a text trigger)."""
@@ -174,3 +176,111 @@ def test_the_format_is_in_the_cache_key(compilers):
     native = compiler.compile_tools(tools, call_format=cf.HERMES)
     generic = compiler.compile_tools(tools)
     assert native is not generic and compiler.compile_tools(tools, call_format=cf.HERMES) is native
+
+
+# -- the intake: every family as the generic JSON call -----------------------------------------------------------
+
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+def obj(**properties) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+# parameters the intake takes: (schema, arguments the grammar writes, arguments it must not)
+TAKEN = {
+    "integer-valued float counts": (obj(s={"type": "string", "minLength": 1.0, "maxLength": 2.0}),
+                                    {"s": "ab"}, {"s": "abc"}),
+    "a maximum no float holds": (obj(n={"type": "integer", "maximum": 2**62 - 1}), {"n": 2**62 - 512}, {"n": 2**62}),
+    "a minimum no float holds": (obj(n={"type": "integer", "minimum": -(2**62) + 1}),
+                                 {"n": -(2**62) + 512}, {"n": -(2**62)}),
+    "a class escape in a pattern": (obj(s={"type": "string", "pattern": "^\\d+$"}), {"s": "12"}, {"s": "1a"}),
+    "a float count behind a reference": ({**obj(c={"$ref": "#/$defs/c"}), "$defs": {"c": {"type": "string",
+                                                                                          "maxLength": 3.0}}},
+                                         {"c": "abc"}, {"c": "abcd"}),
+    "a post-checked keyword": (obj(x={"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
+                               {"x": [1, 2]}, {"x": "no"}),
+}
+# parameters it refuses: (schema, kind, [(pointer under the tool's parameters, keyword)])
+REFUSED = {
+    "a misspelt type": (obj(x={"type": "int"}), "metaschema", [("/properties/x/type", "type")]),
+    "a const past 2^53": (obj(n={"const": 2**53 + 1}), "unsupported", [("/properties/n/const", "const")]),
+    "a bound past the float range": (obj(n={"type": "integer", "exclusiveMinimum": 10**400}), "unsupported",
+                                     [("/properties/n/exclusiveMinimum", "exclusiveMinimum")]),
+    "a count past 2^64": (obj(s={"type": "string", "maxLength": 2**64}), "unsupported",
+                          [("/properties/s/maxLength", "maxLength")]),
+    "a back-reference": (obj(s={"type": "string", "pattern": "(a)\\1"}), "unsupported",
+                         [("/properties/s/pattern", "pattern")]),
+    "a reference to nothing": (obj(x={"$ref": "#/$defs/nope"}), "invalid_schema", [("/properties/x/$ref", "$ref")]),
+    # refused by the grammar engine itself, not by the intake
+    "overlapping patternProperties": ({"type": "object", "patternProperties": {"^a": {"type": "string"},
+                                                                               "^ab": {"type": "integer"}}},
+                                      "unsupported", [("/patternProperties", "patternProperties")]),
+}
+# every family and answer schema that compiles a native grammar (the json family without one is the generic call)
+NATIVE = [(f, None) for f in FAMILIES if f != "json"] + [(f, ANSWER) for f in FAMILIES]
+AT = "/tools/1/function/parameters"  # the tool under test, behind get_weather
+
+
+def compile_family(compilers, family: str, tools: list, choice="auto", parallel=False, answer_schema=None):
+    tok, compiler = compilers[family]
+    fmt = fmt_of(family) if answer_schema is not None or family != "json" else cf.JSON
+    return compiler.compile_tools(ToolSet.parse(tools, choice, parallel), call_format=fmt, answer_schema=answer_schema)
+
+
+def takes(compilers, family: str, grammar, text: str) -> bool:
+    tok, _ = compilers[family]
+    matcher = grammar.matcher()
+    return matcher.consume(tok.encode(text, add_special_tokens=False)) and matcher.consume([tok.eos_token_id])
+
+
+def refusal(compile) -> SchemaError:
+    with pytest.raises(SchemaError) as err:
+        compile()
+    return err.value
+
+
+def issues(err: SchemaError) -> list[tuple[str, str]]:
+    return [(i.pointer, i.keyword) for i in err.issues]
+
+
+@pytest.mark.parametrize("case", list(TAKEN))
+@pytest.mark.parametrize("family, answer", NATIVE, ids=[f"{f}-{'answer' if a else 'text'}" for f, a in NATIVE])
+def test_a_family_takes_what_the_generic_call_takes_and_enforces_its_bounds(compilers, family, answer, case):
+    parameters, good, bad = TAKEN[case]
+    tools = [WEATHER, {"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    generic = compile_family(compilers, "json", tools)
+    native = compile_family(compilers, family, tools, answer_schema=answer)
+    assert takes(compilers, "json", generic, call_text("json", "f", good))
+    assert not takes(compilers, "json", generic, call_text("json", "f", bad))
+    assert takes(compilers, family, native, call_text(family, "f", good))
+    assert not takes(compilers, family, native, call_text(family, "f", bad))
+    warned = [(w.pointer, w.keyword) for w in generic.info.warnings]
+    assert [(w.pointer, w.keyword) for w in native.info.warnings] == warned
+    assert native.info.post_check_keywords == generic.info.post_check_keywords
+    assert all(pointer.startswith(AT) for pointer, _ in warned)
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+@pytest.mark.parametrize("family, answer", NATIVE, ids=[f"{f}-{'answer' if a else 'text'}" for f, a in NATIVE])
+def test_a_family_refuses_what_the_generic_call_refuses_naming_the_tool(compilers, family, answer, case):
+    parameters, kind, where = REFUSED[case]
+    tools = [WEATHER, {"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    generic = refusal(lambda: compile_family(compilers, "json", tools))
+    assert (generic.kind, issues(generic)) == (kind, [(AT + pointer, keyword) for pointer, keyword in where])
+    native = refusal(lambda: compile_family(compilers, family, tools, answer_schema=answer))
+    assert (native.kind, issues(native)) == (generic.kind, issues(generic))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_answer_schema_goes_through_the_intake_as_a_schema_does(compilers, family):
+    answer = obj(n={"type": "integer", "maximum": 2**62 - 1}, s={"type": "string", "maxLength": 2.0})
+    grammar = compile_family(compilers, family, TOOLS, answer_schema=answer)
+    assert takes(compilers, family, grammar, json.dumps({"n": 2**62 - 512, "s": "ab"}, separators=(",", ":")))
+    assert not takes(compilers, family, grammar, json.dumps({"n": 2**62, "s": "ab"}, separators=(",", ":")))
+    assert not takes(compilers, family, grammar, json.dumps({"n": 1, "s": "abc"}, separators=(",", ":")))
+    overlapping = REFUSED["overlapping patternProperties"][0]
+    alone = refusal(lambda: compilers[family][1].compile_schema(overlapping))
+    beside = refusal(lambda: compile_family(compilers, family, TOOLS, answer_schema=overlapping))
+    assert (beside.kind, issues(beside)) == (alone.kind, [("/answer_schema" + p, k) for p, k in issues(alone)])
