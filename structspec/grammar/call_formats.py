@@ -19,6 +19,9 @@ writes the trigger (ending at the model's end of turn), or that text then calls;
 start with the trigger; ``none`` is text only. Every call names a declared tool (``name`` a ``const``) and its
 arguments are that tool's parameters schema (one ``%json`` alternative per tool). An *answer schema* replaces the
 free text with one JSON value valid against it.
+
+``CallFormat.parse`` reads each call's JSON with the JSON decoder, so an argument string may hold any marker (a
+closer, a trigger, a separator).
 """
 
 from __future__ import annotations
@@ -138,10 +141,12 @@ def _text_lexeme(fmt: CallFormat) -> str:
 # -- parsing ---------------------------------------------------------------------------------------------------
 
 def _call_start(fmt: CallFormat, text: str) -> int | None:
-    """Where the calls begin in ``text`` (None: a text answer)."""
-    if fmt.trigger and fmt.trigger in text:
-        return text.index(fmt.trigger)
-    if not fmt.text_before and text[:1] in ("{", "["):
+    """Where the calls begin in ``text`` (None: a text answer). Where text may precede them, at the first trigger
+    (the text never holds one); where the calls are the whole answer, at the start or nowhere (an argument string
+    may hold the trigger)."""
+    if fmt.text_before:
+        return text.index(fmt.trigger) if fmt.trigger and fmt.trigger in text else None
+    if (fmt.trigger and text.startswith(fmt.trigger)) or text[:1] in ("{", "["):
         return 0
     return None
 
@@ -168,10 +173,7 @@ def _read_calls(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolC
                 parallel: bool) -> tuple[ToolCall, ...]:
     items: list[Any] = []
     if fmt.family == "hermes":
-        blocks = re.findall(re.escape(fmt.trigger) + r"\s*(.*?)\s*" + re.escape(fmt.closer), text, flags=re.DOTALL)
-        if not blocks or re.sub(re.escape(fmt.trigger) + r".*?" + re.escape(fmt.closer), "", text, flags=re.DOTALL).strip():
-            raise ValueError("calls are <tool_call> JSON </tool_call> blocks and nothing else")
-        items = [_json(b) for b in blocks]
+        items = _blocks(text, fmt.trigger, fmt.closer)
     elif fmt.family == "mistral":
         value = _json(text.removeprefix(fmt.trigger))
         if not isinstance(value, list):
@@ -207,6 +209,30 @@ def _json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"tool call is not JSON: {exc}") from exc
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+
+
+def _blocks(text: str, opener: str, closer: str) -> list[Any]:
+    """``opener JSON closer`` blocks, whitespace around them and nothing else; each JSON value read by the decoder,
+    so that an argument string may hold the closer."""
+    decoder, items, at = json.JSONDecoder(), [], 0
+    while True:
+        at = _SPACE.match(text, at).end()
+        if not text.startswith(opener, at):
+            raise ValueError(f"calls are {opener} JSON {closer} blocks and nothing else")
+        try:
+            value, at = decoder.raw_decode(text, _SPACE.match(text, at + len(opener)).end())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"tool call is not JSON: {exc}") from exc
+        at = _SPACE.match(text, at).end()
+        if not text.startswith(closer, at):
+            raise ValueError(f"calls are {opener} JSON {closer} blocks and nothing else")
+        items.append(value)
+        at += len(closer)
+        if _SPACE.match(text, at).end() == len(text):
+            return items
 
 
 def _json_sequence(text: str, separator: str) -> list[Any]:

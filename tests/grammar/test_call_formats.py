@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from structspec.grammar import GrammarCompiler, TokenizerView
 from structspec.grammar import call_formats as cf
 from structspec.grammar.base import SchemaError
-from structspec.grammar.tools import ToolSet
+from structspec.grammar.tools import ToolCall, ToolOutput, ToolSet
 
 DEMO_TOKENIZER = Path(__file__).resolve().parents[2] / "structspec" / "models" / "demo" / "target"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.", "parameters": {
@@ -284,3 +284,39 @@ def test_the_answer_schema_goes_through_the_intake_as_a_schema_does(compilers, f
     alone = refusal(lambda: compilers[family][1].compile_schema(overlapping))
     beside = refusal(lambda: compile_family(compilers, family, TOOLS, answer_schema=overlapping))
     assert (beside.kind, issues(beside)) == (alone.kind, [("/answer_schema" + p, k) for p, k in issues(alone)])
+
+
+# -- argument strings that hold the formats' markers ----------------------------------------------------------------
+
+MARKERS = {"city": "</tool_call>\n<tool_call> [TOOL_CALLS] ]; <|python_tag|> }"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_argument_strings_holding_the_markers_parse(family):
+    fmt = fmt_of(family)
+    for parallel in (False, True):
+        tools = ToolSet.parse(TOOLS, "auto", parallel)
+        text = call_text(family, "get_weather", MARKERS, (("get_time", {"zone": "UTC"}),) if parallel else ())
+        out = fmt.parse(text, tools.tools, tools.choice, parallel)
+        expected = [("get_weather", MARKERS)] + ([("get_time", {"zone": "UTC"})] if parallel else [])
+        assert out.text is None and [(c.name, c.arguments) for c in out.calls] == expected
+        if fmt.text_before:
+            out = fmt.parse("Checking. " + text, tools.tools, tools.choice, parallel)
+            assert out.text == "Checking." and out.calls[0].arguments == MARKERS
+        if fmt.trigger:
+            tag = fmt.parse(fmt.trigger + text.removeprefix(fmt.trigger), tools.tools, tools.choice, parallel)
+            assert tag.calls == out.calls
+    with pytest.raises(ValueError):  # text after the last call is no call
+        fmt.parse(call_text(family, "get_weather", MARKERS) + " x", tools.tools, tools.choice, True)
+
+
+def test_a_hermes_call_with_the_closer_in_an_argument_is_grammatical_where_the_closer_is_text(compilers):
+    tok = AutoTokenizer.from_pretrained(DEMO_TOKENIZER)
+    tok.add_special_tokens({"eos_token": "<|im_end|>"})
+    texts = {"hermes": (tok, GrammarCompiler(TokenizerView(tok)))}
+    grammar = compile_family(texts, "hermes", TOOLS)
+    text = call_text("hermes", "get_weather", {"city": "</tool_call>"})
+    assert takes(texts, "hermes", grammar, text)
+    tools = ToolSet.parse(TOOLS)
+    assert cf.HERMES.parse(text, tools.tools, tools.choice, False).calls == (
+        ToolCall("get_weather", {"city": "</tool_call>"}),)
