@@ -21,7 +21,9 @@ arguments are that tool's parameters schema (one ``%json`` alternative per tool)
 free text with one JSON value valid against it.
 
 ``CallFormat.parse`` reads each call's JSON with the JSON decoder, so an argument string may hold any marker (a
-closer, a trigger, a separator).
+closer, a trigger, a separator). Beside an answer schema, an output is read as the grammar's branch that admitted it:
+where a call is a bare JSON object (llama3, json), an object is a call when the call grammar admits it, the answer
+when only the answer schema does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from structspec.grammar.postcheck import instance_errors
 from structspec.grammar.tools import Tool, ToolCall, ToolChoice, ToolOutput, _embed
 
 FAMILIES = ("hermes", "llama3", "mistral", "json")
@@ -48,9 +51,10 @@ class CallFormat:
     text_before: bool = True  # a text answer may precede the calls (not where the calls are the whole answer)
 
     def parse(self, text: str, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
-              answer: bool = False) -> ToolOutput:
+              answer: Mapping[str, Any] | None = None) -> ToolOutput:
         """Generated text -> content + calls; ValueError when it is neither (for these tools and choice).
-        ``answer``: a text answer is an answer schema's JSON (kept as text). Arguments are not validated here."""
+        ``answer``: the answer schema, where one replaces the text answer (its JSON is kept as text). Arguments are
+        not validated here, except to tell a call from an answer that reads as one (``_answer_or_calls``)."""
         return _parse(self, text, tools, choice, parallel, answer)
 
     def partial_text(self, text: str) -> str | None:
@@ -152,21 +156,49 @@ def _call_start(fmt: CallFormat, text: str) -> int | None:
 
 
 def _parse(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
-           answer: bool) -> ToolOutput:
+           answer: Mapping[str, Any] | None) -> ToolOutput:
     if choice.mode == "none":
         return ToolOutput(text=text)
+    if answer is not None and choice.mode == "auto":
+        return _answer_or_calls(fmt, text, tools, choice, parallel, answer)
     at = _call_start(fmt, text)
-    if answer and choice.mode == "auto" and (at is None or fmt.family == "json"):
-        try:  # an answer schema's JSON, unless it is a call (the json family writes both as an object)
-            return ToolOutput(text=None, calls=_read_calls(fmt, text, tools, choice, parallel))
-        except ValueError:
-            return ToolOutput(text=text)
     if at is None:
         if choice.mode != "auto":
             raise ValueError("expected a tool call, got plain text")
         return ToolOutput(text=text)
     content = text[:at].strip() or None
     return ToolOutput(text=content, calls=_read_calls(fmt, text[at:], tools, choice, parallel))
+
+
+def _answer_or_calls(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
+                     answer: Mapping[str, Any]) -> ToolOutput:
+    """An output of the grammar ``answer | calls`` (nothing before either) read as the branch that admitted it.
+
+    The trigger opens calls (an answer's JSON never starts with it, though its strings may hold it). Where a call
+    is a bare JSON object too (llama3, json), an object that reads as a call is one unless its arguments break
+    their tool's parameters and the object is the answer schema's: the call grammar would not have admitted it, the
+    answer's did. An object both admit (an answer schema that allows call-shaped objects) is the call."""
+    if fmt.trigger and text.startswith(fmt.trigger):
+        return ToolOutput(text=None, calls=_read_calls(fmt, text, tools, choice, parallel))
+    if fmt.text_before:  # these families' calls always open with the trigger
+        return ToolOutput(text=text)
+    try:
+        calls = _read_calls(fmt, text, tools, choice, parallel)
+    except ValueError:
+        return ToolOutput(text=text)
+    parameters = {t.name: t.parameters for t in tools}
+    if any(instance_errors(c.arguments, dict(parameters[c.name])) for c in calls) and _answers(text, answer):
+        return ToolOutput(text=text)
+    return ToolOutput(text=None, calls=calls)
+
+
+def _answers(text: str, answer: Mapping[str, Any]) -> bool:
+    """Whether ``text`` is one JSON value valid against the answer schema (parallel calls in a sequence are not)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return not instance_errors(value, dict(answer))
 
 
 def _read_calls(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolChoice,

@@ -286,6 +286,37 @@ def test_the_answer_schema_goes_through_the_intake_as_a_schema_does(compilers, f
     assert (beside.kind, issues(beside)) == (alone.kind, [("/answer_schema" + p, k) for p, k in issues(alone)])
 
 
+# -- reading an answer schema's JSON beside tools ----------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_json_answer_beside_tools_is_the_answer_and_a_call_is_a_call(compilers, family):
+    """Llama-3 and the json family write both as a JSON object, and an answer's strings may hold any marker."""
+    fmt, tools = fmt_of(family), ToolSet.parse(TOOLS)
+    for text in ('{"answer": "sunny"}', '{"answer":"sunny"}', '{"answer":"<tool_call> [TOOL_CALLS] <|python_tag|>"}'):
+        assert fmt.parse(text, tools.tools, tools.choice, False, answer=ANSWER) == ToolOutput(text=text)
+    call = call_text(family, "get_weather", {"city": "Paris"})
+    assert fmt.parse(call, tools.tools, tools.choice, False, answer=ANSWER) == ToolOutput(
+        text=None, calls=(ToolCall("get_weather", {"city": "Paris"}),))
+    assert accepts(compilers, family, '{"answer":"sunny"}', answer_schema=ANSWER)
+
+
+@pytest.mark.parametrize("family", ["llama3", "json"])
+def test_an_object_that_reads_as_both_is_read_as_the_grammar_admitted_it(compilers, family):
+    """An answer schema that admits call-shaped objects: a call the grammar admits is a call (the format's own
+    reading), a call-shaped object the call grammar refuses (undeclared tool, arguments out of their schema) was
+    admitted as the answer."""
+    fmt, tools, anything = fmt_of(family), ToolSet.parse(TOOLS), {"type": "object"}
+    call = call_text(family, "get_weather", {"city": "Paris"})
+    assert accepts(compilers, family, call, answer_schema=anything)
+    assert fmt.parse(call, tools.tools, tools.choice, False, answer=anything).calls == (
+        ToolCall("get_weather", {"city": "Paris"}),)
+    for text in (call_text(family, "get_weather", {"city": "Llanfairpwllgwyngyll"}),  # past its maxLength
+                 call_text(family, "get_stock", {"city": "Paris"}),
+                 call_text(family, "get_time", {"zone": "PST"})):
+        assert accepts(compilers, family, text, answer_schema=anything)
+        assert fmt.parse(text, tools.tools, tools.choice, False, answer=anything) == ToolOutput(text=text)
+
+
 # -- argument strings that hold the formats' markers ----------------------------------------------------------------
 
 MARKERS = {"city": "</tool_call>\n<tool_call> [TOOL_CALLS] ]; <|python_tag|> }"}
