@@ -224,9 +224,9 @@ AT = "/tools/1/function/parameters"  # the tool under test, behind get_weather
 
 
 def compile_family(compilers, family: str, tools: list, choice="auto", parallel=False, answer_schema=None):
-    tok, compiler = compilers[family]
-    fmt = fmt_of(family) if answer_schema is not None or family != "json" else cf.JSON
-    return compiler.compile_tools(ToolSet.parse(tools, choice, parallel), call_format=fmt, answer_schema=answer_schema)
+    _, compiler = compilers[family]
+    return compiler.compile_tools(ToolSet.parse(tools, choice, parallel), call_format=fmt_of(family),
+                                  answer_schema=answer_schema)
 
 
 def takes(compilers, family: str, grammar, text: str) -> bool:
