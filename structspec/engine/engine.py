@@ -228,7 +228,7 @@ class Engine:
             if deep is not None:
                 return deep
             try:
-                out = fmt.parse(text, tools.tools, tools.choice, tools.parallel, answer=answer is not None)
+                out = fmt.parse(text, tools.tools, tools.choice, tools.parallel, answer=answer)
             except ValueError as exc:
                 return CheckResult(Outcome.INTERNAL_ERROR, None, f"tool output failed its check: {exc}")
             parsed["out"] = out

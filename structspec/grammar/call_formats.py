@@ -19,6 +19,11 @@ writes the trigger (ending at the model's end of turn), or that text then calls;
 start with the trigger; ``none`` is text only. Every call names a declared tool (``name`` a ``const``) and its
 arguments are that tool's parameters schema (one ``%json`` alternative per tool). An *answer schema* replaces the
 free text with one JSON value valid against it.
+
+``CallFormat.parse`` reads each call's JSON with the JSON decoder, so an argument string may hold any marker (a
+closer, a trigger, a separator). Beside an answer schema, an output is read as the grammar's branch that admitted it:
+where a call is a bare JSON object (llama3, json), an object is a call when the call grammar admits it, the answer
+when only the answer schema does.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from structspec.grammar.postcheck import instance_errors
 from structspec.grammar.tools import Tool, ToolCall, ToolChoice, ToolOutput, _embed
 
 FAMILIES = ("hermes", "llama3", "mistral", "json")
@@ -45,9 +51,10 @@ class CallFormat:
     text_before: bool = True  # a text answer may precede the calls (not where the calls are the whole answer)
 
     def parse(self, text: str, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
-              answer: bool = False) -> ToolOutput:
+              answer: Mapping[str, Any] | None = None) -> ToolOutput:
         """Generated text -> content + calls; ValueError when it is neither (for these tools and choice).
-        ``answer``: a text answer is an answer schema's JSON (kept as text). Arguments are not validated here."""
+        ``answer``: the answer schema, where one replaces the text answer (its JSON is kept as text). Arguments are
+        not validated here, except to tell a call from an answer that reads as one (``_answer_or_calls``)."""
         return _parse(self, text, tools, choice, parallel, answer)
 
     def partial_text(self, text: str) -> str | None:
@@ -138,24 +145,23 @@ def _text_lexeme(fmt: CallFormat) -> str:
 # -- parsing ---------------------------------------------------------------------------------------------------
 
 def _call_start(fmt: CallFormat, text: str) -> int | None:
-    """Where the calls begin in ``text`` (None: a text answer)."""
-    if fmt.trigger and fmt.trigger in text:
-        return text.index(fmt.trigger)
-    if not fmt.text_before and text[:1] in ("{", "["):
+    """Where the calls begin in ``text`` (None: a text answer). Where text may precede them, at the first trigger
+    (the text never holds one); where the calls are the whole answer, at the start or nowhere (an argument string
+    may hold the trigger)."""
+    if fmt.text_before:
+        return text.index(fmt.trigger) if fmt.trigger and fmt.trigger in text else None
+    if (fmt.trigger and text.startswith(fmt.trigger)) or text[:1] in ("{", "["):
         return 0
     return None
 
 
 def _parse(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
-           answer: bool) -> ToolOutput:
+           answer: Mapping[str, Any] | None) -> ToolOutput:
     if choice.mode == "none":
         return ToolOutput(text=text)
+    if answer is not None and choice.mode == "auto":
+        return _answer_or_calls(fmt, text, tools, choice, parallel, answer)
     at = _call_start(fmt, text)
-    if answer and choice.mode == "auto" and (at is None or fmt.family == "json"):
-        try:  # an answer schema's JSON, unless it is a call (the json family writes both as an object)
-            return ToolOutput(text=None, calls=_read_calls(fmt, text, tools, choice, parallel))
-        except ValueError:
-            return ToolOutput(text=text)
     if at is None:
         if choice.mode != "auto":
             raise ValueError("expected a tool call, got plain text")
@@ -164,14 +170,42 @@ def _parse(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolChoice
     return ToolOutput(text=content, calls=_read_calls(fmt, text[at:], tools, choice, parallel))
 
 
+def _answer_or_calls(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
+                     answer: Mapping[str, Any]) -> ToolOutput:
+    """An output of the grammar ``answer | calls`` (nothing before either) read as the branch that admitted it.
+
+    The trigger opens calls (an answer's JSON never starts with it, though its strings may hold it). Where a call
+    is a bare JSON object too (llama3, json), an object that reads as a call is one unless its arguments break
+    their tool's parameters and the object is the answer schema's: the call grammar would not have admitted it, the
+    answer's did. An object both admit (an answer schema that allows call-shaped objects) is the call."""
+    if fmt.trigger and text.startswith(fmt.trigger):
+        return ToolOutput(text=None, calls=_read_calls(fmt, text, tools, choice, parallel))
+    if fmt.text_before:  # these families' calls always open with the trigger
+        return ToolOutput(text=text)
+    try:
+        calls = _read_calls(fmt, text, tools, choice, parallel)
+    except ValueError:
+        return ToolOutput(text=text)
+    parameters = {t.name: t.parameters for t in tools}
+    if any(instance_errors(c.arguments, dict(parameters[c.name])) for c in calls) and _answers(text, answer):
+        return ToolOutput(text=text)
+    return ToolOutput(text=None, calls=calls)
+
+
+def _answers(text: str, answer: Mapping[str, Any]) -> bool:
+    """Whether ``text`` is one JSON value valid against the answer schema (parallel calls in a sequence are not)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return not instance_errors(value, dict(answer))
+
+
 def _read_calls(fmt: CallFormat, text: str, tools: Sequence[Tool], choice: ToolChoice,
                 parallel: bool) -> tuple[ToolCall, ...]:
     items: list[Any] = []
     if fmt.family == "hermes":
-        blocks = re.findall(re.escape(fmt.trigger) + r"\s*(.*?)\s*" + re.escape(fmt.closer), text, flags=re.DOTALL)
-        if not blocks or re.sub(re.escape(fmt.trigger) + r".*?" + re.escape(fmt.closer), "", text, flags=re.DOTALL).strip():
-            raise ValueError("calls are <tool_call> JSON </tool_call> blocks and nothing else")
-        items = [_json(b) for b in blocks]
+        items = _blocks(text, fmt.trigger, fmt.closer)
     elif fmt.family == "mistral":
         value = _json(text.removeprefix(fmt.trigger))
         if not isinstance(value, list):
@@ -207,6 +241,30 @@ def _json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"tool call is not JSON: {exc}") from exc
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+
+
+def _blocks(text: str, opener: str, closer: str) -> list[Any]:
+    """``opener JSON closer`` blocks, whitespace around them and nothing else; each JSON value read by the decoder,
+    so that an argument string may hold the closer."""
+    decoder, items, at = json.JSONDecoder(), [], 0
+    while True:
+        at = _SPACE.match(text, at).end()
+        if not text.startswith(opener, at):
+            raise ValueError(f"calls are {opener} JSON {closer} blocks and nothing else")
+        try:
+            value, at = decoder.raw_decode(text, _SPACE.match(text, at + len(opener)).end())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"tool call is not JSON: {exc}") from exc
+        at = _SPACE.match(text, at).end()
+        if not text.startswith(closer, at):
+            raise ValueError(f"calls are {opener} JSON {closer} blocks and nothing else")
+        items.append(value)
+        at += len(closer)
+        if _SPACE.match(text, at).end() == len(text):
+            return items
 
 
 def _json_sequence(text: str, separator: str) -> list[Any]:

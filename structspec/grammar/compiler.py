@@ -86,19 +86,16 @@ class GrammarCompiler:
 
     def _compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions) -> CompiledGrammar:
         start = time.perf_counter()
-        self._check_tools(tools, options)
-        spec = toolcalls.call_grammar(tools.tools, tools.choice, tools.parallel)
-        compiled = None if spec.schema is None else intake.for_backends(spec.schema)
+        spec = toolcalls.call_grammar(self._checked_tools(tools, options), tools.choice, tools.parallel)
         try:
             grammar = run_with_deadline(
-                lambda: self.backend.compile_text_or_json(compiled, spec.allow_text, options),
+                lambda: self.backend.compile_text_or_json(spec.schema, spec.allow_text, options),
                 options.compile_timeout_s,
             )
         except SchemaError as exc:  # point into the request's tool list, not into the combined schema
             raise SchemaError([_moved(i, spec) for i in exc.issues], kind=exc.kind) from None
         grammar.info = dataclasses.replace(grammar.info, warnings=tuple(_moved(w, spec) for w in grammar.info.warnings))
         return _stamped(grammar, start)
-
 
     def _compile_call_format(self, tools: toolcalls.ToolSet, options: GrammarOptions, fmt: call_formats.CallFormat,
                              answer_schema: dict[str, Any] | None) -> CompiledGrammar:
@@ -109,13 +106,17 @@ class GrammarCompiler:
             raise SchemaError([SchemaIssue("/tools", "", f"the {self.backend.name} grammar backend writes only the "
                                                          f"generic JSON call; {what} need the llguidance backend")],
                               kind="unsupported")
-        self._check_tools(tools, options)
-        if answer_schema is not None:
-            intake.check_schema(answer_schema, options, at="/answer_schema")
-        # the combined call schema, for pointing warnings and errors into the request's tool list
-        spec = toolcalls.call_grammar(tools.tools, toolcalls.ToolChoice("required"), tools.parallel)
-        lark = call_formats.lark_grammar(fmt, tools.tools, tools.choice, tools.parallel,
-                                         json_overrides(options), self.backend.special_token, answer_schema)
+        checked = self._checked_tools(tools, options)
+        answer = None
+        if answer_schema is not None:  # through the intake as ``compile_schema`` takes a schema
+            answer = intake.for_backends(answer_schema, intake.check_schema(answer_schema, options, at="/answer_schema"))
+        # the combined call schema (and the answer's), for pointing warnings and errors into the request
+        spec = toolcalls.call_grammar(checked, toolcalls.ToolChoice("required"), tools.parallel)
+        if answer is not None:
+            spec = dataclasses.replace(spec, schema={**spec.schema, "$defs": {**spec.schema["$defs"], "answer": answer}},
+                                       placements=(*spec.placements, ("/$defs/answer", "/answer_schema")))
+        lark = call_formats.lark_grammar(fmt, checked, tools.choice, tools.parallel,
+                                         json_overrides(options), self.backend.special_token, answer)
         try:
             grammar = run_with_deadline(lambda: compile_lark(lark, spec.schema, options), options.compile_timeout_s)
         except SchemaError as exc:
@@ -123,12 +124,20 @@ class GrammarCompiler:
         grammar.info = dataclasses.replace(grammar.info, warnings=tuple(_moved(w, spec) for w in grammar.info.warnings))
         return _stamped(grammar, start)
 
-    def _check_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions) -> None:
+    @staticmethod
+    def _checked_tools(tools: toolcalls.ToolSet, options: GrammarOptions) -> tuple[toolcalls.Tool, ...]:
+        """The tool list through the intake, the one way every call format's grammar takes it: the size budget,
+        each parameters schema checked where it sits in the request, then spelled as the backends compile it
+        (``intake.for_backends``: integer-valued counts as integers, bounds no float holds rounded inward). The
+        output is read and post-checked against the caller's own schemas (``tools``)."""
         if tools.size > options.max_schema_bytes:
             raise SchemaError([SchemaIssue("/tools", "", f"{tools.size} bytes, over the budget of "
                                                          f"{options.max_schema_bytes}")], kind="too_large")
+        checked = []
         for tool in tools.tools:
-            intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
+            text = intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
+            checked.append(dataclasses.replace(tool, parameters=intake.for_backends(tool.parameters, text)))
+        return tuple(checked)
 
 
 def _moved(issue: SchemaIssue, spec: toolcalls.CallGrammar) -> SchemaIssue:

@@ -1,11 +1,14 @@
 """Tool calls in the model's own format, end to end: a tiny random model whose template is Qwen's (Hermes
 ``<tool_call>`` blocks, the markers special tokens) writes only calls to declared tools with valid arguments under
 auto, a forced call from the first token, an answer schema's JSON in place of text, and a call cut at max_tokens
-is neither a call nor text; SmolLM2 (ChatML, no tools in its template: the generic JSON call) under auto."""
+is neither a call nor text; a Llama-3 template (calls are bare JSON objects) with an answer schema beside its tools
+reads each final answer as the answer and each call as a call; SmolLM2 (ChatML, no tools in its template: the generic
+JSON call) under auto."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import jsonschema
 import pytest
@@ -17,7 +20,7 @@ from structspec.engine.api import ChatMessage, ToolCallRequest
 from structspec.engine.types import Outcome, SamplingParams, ToolCall
 from structspec.models.loading import load_profile
 from tests.conftest import need_llamacpp, smollm2_gguf
-from tests.test_chat_template import DEMO_TOKENIZER, QWEN, loaded, tiny_model
+from tests.test_chat_template import DEMO_TOKENIZER, LLAMA3, QWEN, loaded, tiny_model
 
 # Qwen2.5's template, shortened, with the call format its own instructions say
 HERMES = QWEN.replace("'\n</tools><|im_end|>\n'", "'\n</tools>\n\nFor each function call, return a json object "
@@ -92,6 +95,45 @@ def test_an_answer_schema_replaces_the_text_answer(hermes_engine):
     res = call(hermes_engine, tool_choice="none", answer_schema=schema, sampling=SamplingParams(max_tokens=64))
     assert res.result.outcome is Outcome.VALID, res.result.error
     assert res.calls == [] and set(res.result.value) == {"answer"}
+
+
+# -- Llama 3.1's template: a call is a bare JSON object, as an answer schema's answer is ------------------------------
+
+@pytest.fixture(scope="module")
+def llama3_engine(tmp_path_factory):
+    template = LLAMA3.replace("'You have access to the following functions.", "'<|python_tag|> opens calls. "
+                              "You have access to the following functions.")
+    tok = AutoTokenizer.from_pretrained(DEMO_TOKENIZER)
+    tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "additional_special_tokens": [
+        "<|start_header_id|>", "<|end_header_id|>", "<|python_tag|>"]})
+    tok.chat_template = template
+    folder = tmp_path_factory.mktemp("llama3")
+    tok.save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    engine = assemble_engine(loaded(tok, tiny_model(tok, "llama"), template))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def test_a_llama3_answer_beside_tools_is_the_answer_and_a_call_a_call(llama3_engine):
+    assert llama3_engine.call_format.family == "llama3"
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 8}}, "required": ["answer"],
+              "additionalProperties": False}
+    answers = calls = 0
+    for seed in range(8):
+        res = call(llama3_engine, answer_schema=schema, sampling=SamplingParams(temperature=1.0, seed=seed,
+                                                                                max_tokens=48))
+        assert res.result.outcome in (Outcome.VALID, Outcome.TRUNCATED), res.result.error
+        if res.result.outcome is Outcome.VALID and res.calls:
+            calls += 1
+            assert res.calls[0].name == "get_weather" and res.text is None
+            jsonschema.validate(res.calls[0].arguments, WEATHER["function"]["parameters"])
+        elif res.result.outcome is Outcome.VALID:
+            answers += 1
+            jsonschema.validate(res.result.value, schema)
+            assert json.loads(res.text) == res.result.value
+    assert answers and calls  # a random model: over these seeds it writes both
 
 
 # -- SmolLM2-135M-Instruct on llama.cpp: ChatML renders no tools, so the generic JSON call --------------------------
