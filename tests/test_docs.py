@@ -14,8 +14,8 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "structspec" / "s
          ROOT / "deploy" / "k8s" / "README.md"]
 MAX_README_LINES = 260
 
-FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
-INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
@@ -92,7 +92,7 @@ def test_the_readme_stays_a_front_page() -> None:
 
 
 def bash_blocks(text: str) -> list[list[str]]:
-    return [block.strip().splitlines() for block in re.findall(r"```bash\n(.*?)```", text, re.S)]
+    return [block.strip().splitlines() for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL)]
 
 
 def quick_start() -> str:
@@ -118,7 +118,7 @@ def test_the_quick_start_serve_command_installs_as_ci_does() -> None:
 def shown_commands(text: str) -> list[list[str]]:
     """`structspec ...` command lines a page shows: in its code blocks and inline code."""
     found = []
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, re.S):
+    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, re.DOTALL):
         for line in block.splitlines():
             for part in re.split(r"&&|\|\||;", line.split(" #", 1)[0]):
                 part = part.strip()
