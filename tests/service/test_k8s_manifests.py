@@ -28,9 +28,9 @@ MANIFESTS = [p for p in MANIFESTS if not p.name.startswith(".")]
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # the oldest targeted (gRPC probes, autoscaling/v2, policy/v1) and newest
 NOT_SETTINGS = {"STRUCTSPEC_CACHE_DIR"}  # read by structspec.models.profiles.cache_dir, not a server setting
 
-# The documented memory bound (README, "Memory is bounded by configuration"): weights + kv_budget_tokens x bytes
-# per token; the weights are the converted float32 folder (structspec/models/gemma.py: ~1.1 GB); the runtime
-# (interpreter, torch, tokenizer, grammar engine) is what the README's measurement shows beside them after the
+# The documented memory bound (docs/decode-loop.md, "Memory is bounded by configuration"): weights +
+# kv_budget_tokens x bytes per token; the weights are the converted float32 folder (structspec/models/gemma.py:
+# ~1.1 GB); the runtime (interpreter, torch, tokenizer, grammar engine) is what that page's measurement shows beside them after the
 # first request (1.53 GB resident in all).
 WEIGHTS_BYTES = 1.1e9
 RUNTIME_BYTES = 0.45e9
@@ -169,7 +169,7 @@ def test_the_model_cache_and_its_preparation(k8s) -> None:
 
 
 def test_the_memory_request_covers_the_documented_bound(k8s) -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "decode-loop.md").read_text()
     per_token = int(re.search(r"gemma-3-270m in float32: (\d+) KB per token", readme).group(1)) * 1024  # type: ignore[union-attr]
     budget = int(environment(k8s)["STRUCTSPEC_KV_BUDGET_TOKENS"])
     resources = server_container(k8s)["resources"]

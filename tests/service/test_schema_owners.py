@@ -223,7 +223,7 @@ def test_the_grafana_dashboard_queries_only_series_the_server_exports(served):
 
 def test_the_service_readme_documents_every_series(served):
     srv, _, _ = served
-    readme = (Path(__file__).resolve().parents[2] / "structspec" / "service" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(structspec_[a-z_]+)` \|", section, re.M))
     families = {f.name + ("_total" if f.type == "counter" else "") for f in srv.server.metrics.registry.collect()
