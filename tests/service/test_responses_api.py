@@ -1,7 +1,8 @@
 """``POST /v1/responses``, called with the openai SDK's ``responses.create`` and ``responses.stream``: free text,
-``text.format`` json_schema and json_object, function calls and a ``function_call_output`` round trip, a cut output
-(incomplete), the streamed events, and the refusals (``previous_response_id``). The fake engine covers the wire;
-the demo models (the ``real`` server of ``test_openai_http``) a schema and a call decoded by a real model.
+``text.format`` json_schema and json_object, function calls and a ``function_call_output`` round trip,
+``tools: []`` (no tools), a cut output (incomplete), the streamed events, and the refusals
+(``previous_response_id``, a tool named like a ``tool_choice`` mode chosen by name). The fake engine covers the
+wire; the demo models (the ``real`` server of ``test_openai_http``) a schema and a call decoded by a real model.
 """
 
 from __future__ import annotations
@@ -133,6 +134,26 @@ def test_streamed_text_and_calls(sdk: OpenAI, served: tuple[ServerThread, TextFa
                       json={"model": MODEL, "input": "hi", "stream": True}) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[0] == "event: response.created" and lines[1].startswith("data: {")
+
+
+def test_no_tools_as_an_empty_list(sdk: OpenAI, served: tuple[ServerThread, TextFake]) -> None:
+    assert create(sdk, tools=[]).output_text == REPLY
+    assert isinstance(served[1].last_request, TextRequest)
+    out = create(sdk, input=CARD, tools=[], text=CONTACT_FORMAT)
+    jsonschema.validate(json.loads(out.output_text), CONTACT)
+    assert isinstance(served[1].last_request, ExtractionRequest)
+    for choice in ("required", "auto", {"type": "function", "name": "get_weather"}):
+        with pytest.raises(openai.BadRequestError) as exc:
+            create(sdk, tools=[], tool_choice=choice)
+        assert error_of(exc)["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("mode", ["none", "auto", "required"])
+def test_a_tool_named_like_a_mode_is_not_chosen_by_name(sdk: OpenAI, mode: str) -> None:
+    tools = [*TOOLS, {"type": "function", "name": mode, "parameters": {"type": "object"}}]
+    with pytest.raises(openai.BadRequestError) as exc:
+        create(sdk, tools=tools, tool_choice={"type": "function", "name": mode})
+    assert error_of(exc)["param"] == "tool_choice.name" and "mode" in error_of(exc)["message"]
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [

@@ -10,7 +10,9 @@ Terms:
 
 ``plan`` turns a body into the same ``translate.ChatPlan`` a chat completion gets (free text, an extraction for
 ``text.format`` json_schema/json_object, or tool calls for ``tools``, with the format as the answer schema), so
-the engine calls are the chat path's. ``instructions`` is the first, system, message.
+the engine calls are the chat path's, and so are the rules on tools (``tools: []`` is no tools; a ``tool_choice``
+without tools, and a tool named like a ``tool_choice`` mode chosen by name, are refused). ``instructions`` is the
+first, system, message.
 
 Stateless: ``store`` is accepted and ignored, and ``previous_response_id`` is refused with a 400 naming it (no
 response is kept to continue from: send the conversation as ``input``). Fields that would change the output and
@@ -149,19 +151,15 @@ def plan(body: ResponsesRequest) -> translate.ChatPlan:
     schema = None if fmt is None or fmt.type == "text" else (
         dict(translate.ANY_OBJECT) if fmt.type == "json_object" else fmt.schema_)
     target: translate.Target
-    if body.tools is not None:
-        if not body.tools:
-            raise invalid("tools", "must not be empty (leave it out for no tools)")
+    if body.tools:  # left out or []: no tools
         choice = body.tool_choice
-        tool_choice = choice.name if isinstance(choice, NamedFunction) else (choice or "auto")
+        tool_choice = translate.named_tool(choice.name, "tool_choice.name") if isinstance(choice, NamedFunction) \
+            else (choice or "auto")
         parallel = bool(body.parallel_tool_calls)  # unset: one call, as on chat completions
         target = translate.tool_target(messages, [(t.name, t.description, t.parameters) for t in body.tools],
                                        tool_choice, parallel, schema, sampling, speculation)
     else:
-        if body.tool_choice is not None:
-            raise invalid("tool_choice", "only with tools")
-        if body.parallel_tool_calls is not None:
-            raise invalid("parallel_tool_calls", "only with tools")
+        translate.refuse_tool_options(body.tool_choice, body.parallel_tool_calls)
         if schema is None:
             target = translate.TextTarget(translate.text_input(messages, (), sampling, speculation))
         else:
