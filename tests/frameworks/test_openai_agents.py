@@ -2,7 +2,8 @@
 agent on the chat-completions model to a final text answer, an agent whose ``output_type`` is a Pydantic model, and
 the SDK's default model (the Responses API, through the default client it is given), each within 4 model requests.
 The first request forces a call (``tool_choice`` "required"); the SDK's ``reset_tool_choice`` (on by default) sets
-``auto`` after a tool ran.
+``auto`` after a tool ran. An agent with an ``output_type`` and no tools on the default model is one request, which
+the SDK sends with ``tools: []`` (no tools, as on OpenAI's API).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from agents import (
 from openai import AsyncOpenAI
 
 from tests.frameworks.conftest import MAX_TURNS, Served
-from tests.frameworks.tools import MAX_TOKENS, QUESTION, Weather, get_time, get_weather
+from tests.frameworks.tools import CARD, MAX_TOKENS, QUESTION, Contact, Weather, get_time, get_weather
 
 TOOLS = [function_tool(get_weather), function_tool(get_time)]
 SETTINGS = ModelSettings(max_tokens=MAX_TOKENS, temperature=0.0, tool_choice="required")
@@ -66,3 +67,13 @@ def test_default_responses_model_answers_in_text(served: Served) -> None:
     assert isinstance(result.final_output, str) and result.final_output.strip()
     assert {route for route, _, _ in turns.since()} == {"POST /v1/responses"}
     turns.assert_loop()
+
+
+def test_default_responses_model_with_an_output_type_and_no_tools(served: Served) -> None:
+    set_default_openai_client(client(served), use_for_tracing=False)
+    agent = Agent(name="extractor", instructions="Extract the contact card's fields.", output_type=Contact,
+                  model_settings=ModelSettings(max_tokens=120, temperature=0.0), model=served.model)
+    turns = served.turns()
+    result = Runner.run_sync(agent, CARD, max_turns=MAX_TURNS)
+    assert isinstance(result.final_output, Contact)
+    assert dict(turns.since()) == {("POST /v1/responses", "OK", "stop"): 1}

@@ -20,6 +20,7 @@ in the text (or last message):
     ``[stopped]``     EngineStopped
     ``[over-budget]`` OverBudget (the request alone needs more KV cache than the server has)
     ``[slow]``        0.1 s per token;  ``[slow=0.5]`` 0.5 s per token
+    ``[preamble]``    a tool request's calls come after ``PREAMBLE`` (text a native format writes before its calls)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from structspec.engine.types import (
 from structspec.grammar.base import SchemaError, SchemaIssue
 
 MAGIC_KEYWORD = "x-fake-unsupported"
+PREAMBLE = "Let me look that up."
 _SLOW_RE = re.compile(r"\[slow(?:=([0-9.]+))?\]")
 
 
@@ -189,9 +191,11 @@ class FakeEngine:
             chosen = tools[:2] if request.parallel_calls else tools[:1]
             calls = [ToolCall(t["name"], instance_for(t.get("parameters", {}))) for t in chosen]
             text = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], separators=(",", ":"))
+            if "[preamble]" in prompt:  # the engine's text beside its calls (the raw output stays the calls' JSON)
+                answer = PREAMBLE
         result = None
         async for item in self._decode(request.request_id, prompt, text, request.sampling.max_tokens, request.deadline,
-                                       answer is None, decision=decision_for(request)):
+                                       bool(calls), decision=decision_for(request)):
             if isinstance(item, GenerationResult):
                 result = item
         assert result is not None

@@ -1,6 +1,7 @@
 """Chat completions beyond a schema, called with the openai SDK: free text (stop, max_tokens, streaming), tool calls
-streamed per index, a cut call, an answer schema beside tools, a conversation's calls kept structured, and the
-lenient and refused fields.
+streamed per index, text a model writes before its calls (the message's content), a cut call, ``tools: []`` (no
+tools), an answer schema beside tools, a conversation's calls kept structured, and the lenient and refused fields
+(a tool named like a ``tool_choice`` mode chosen by name among them).
 
 The engine is the fake one with a free-text turn (``TextFake``): what matters here is the wire, not the words.
 """
@@ -15,10 +16,10 @@ import openai
 import pytest
 from openai import OpenAI
 
-from structspec.engine.api import TextRequest, ToolCallRequest
+from structspec.engine.api import ExtractionRequest, TextRequest, ToolCallRequest
 from structspec.engine.types import GenerationResult, TextDelta
 from structspec.service.settings import ServiceSettings
-from tests.service.fakes import FakeEngine
+from tests.service.fakes import PREAMBLE, FakeEngine
 from tests.service.harness import ServerThread, settings_for
 from tests.service.test_openai_http import TOOLS, base_url, contact_format, error_of, real  # noqa: F401
 
@@ -127,6 +128,37 @@ def test_tool_calls_streamed_per_index_and_a_cut_call(sdk: OpenAI) -> None:
     streamed = list(ask(sdk, "[length] Weather in Oslo?", tools=TOOLS, stream=True))
     assert streamed[-1].choices[0].finish_reason == "length"
     assert not any(c.choices[0].delta.content or c.choices[0].delta.tool_calls for c in streamed)
+
+
+def test_text_before_the_calls_is_the_messages_content(sdk: OpenAI) -> None:
+    out = ask(sdk, "[preamble] Weather in Oslo?", tools=TOOLS)
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls" and message.content == PREAMBLE
+    assert [c.function.name for c in message.tool_calls] == ["get_weather"]
+    chunks = list(ask(sdk, "[preamble] Weather in Oslo?", tools=TOOLS, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == PREAMBLE
+    first_call = next(i for i, d in enumerate(deltas) if d.tool_calls)
+    assert all(not d.content for d in deltas[first_call:])  # the text comes before the calls
+
+
+def test_no_tools_as_an_empty_list(sdk: OpenAI, served: tuple[ServerThread, TextFake]) -> None:
+    out = ask(sdk, tools=[])
+    assert out.choices[0].message.content == REPLY and isinstance(served[1].last_request, TextRequest)
+    ask(sdk, tools=[], response_format=contact_format())
+    assert isinstance(served[1].last_request, ExtractionRequest)
+    for choice in ("required", "none", {"type": "function", "function": {"name": "get_weather"}}):
+        with pytest.raises(openai.BadRequestError) as exc:
+            ask(sdk, tools=[], tool_choice=choice)
+        assert error_of(exc)["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("mode", ["none", "auto", "required"])
+def test_a_tool_named_like_a_mode_is_not_chosen_by_name(sdk: OpenAI, mode: str) -> None:
+    tools = [*TOOLS, {"type": "function", "function": {"name": mode, "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as exc:
+        ask(sdk, tools=tools, tool_choice={"type": "function", "function": {"name": mode}})
+    assert error_of(exc)["param"] == "tool_choice.function.name" and "mode" in error_of(exc)["message"]
 
 
 def test_a_conversation_keeps_its_calls_and_an_answer_schema_beside_tools(

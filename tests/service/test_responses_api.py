@@ -1,7 +1,9 @@
 """``POST /v1/responses``, called with the openai SDK's ``responses.create`` and ``responses.stream``: free text,
-``text.format`` json_schema and json_object, function calls and a ``function_call_output`` round trip, a cut output
-(incomplete), the streamed events, and the refusals (``previous_response_id``). The fake engine covers the wire;
-the demo models (the ``real`` server of ``test_openai_http``) a schema and a call decoded by a real model.
+``text.format`` json_schema and json_object, function calls and a ``function_call_output`` round trip, text a model
+writes before its calls (a message item before the function_call items), ``tools: []`` (no tools), a cut output
+(incomplete), the streamed events, and the refusals (``previous_response_id``, a tool named like a ``tool_choice``
+mode chosen by name). The fake engine covers the wire; the demo models (the ``real`` server of
+``test_openai_http``) a schema and a call decoded by a real model.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from openai import OpenAI
 from pydantic import BaseModel
 
 from structspec.engine.api import TextRequest, ToolCallRequest, ExtractionRequest
+from tests.service.fakes import PREAMBLE
 from tests.service.harness import ServerThread, settings_for
 from tests.service.test_http_free_text import MODEL, REPLY, TextFake
 from tests.service.test_openai_http import CARD, CONTACT, PARAMETERS, base_url, error_of, real  # noqa: F401
@@ -133,6 +136,52 @@ def test_streamed_text_and_calls(sdk: OpenAI, served: tuple[ServerThread, TextFa
                       json={"model": MODEL, "input": "hi", "stream": True}) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[0] == "event: response.created" and lines[1].startswith("data: {")
+
+
+def test_text_before_the_calls_is_a_message_item_before_them(
+        sdk: OpenAI, served: tuple[ServerThread, TextFake]) -> None:
+    out = create(sdk, input="[preamble] Weather in Oslo?", tools=TOOLS)
+    assert [item.type for item in out.output] == ["message", "function_call"]
+    assert out.output_text == PREAMBLE and out.output[0].status == "completed"
+    assert out.output[1].name == "get_weather" and out.status == "completed"
+    sent_back = [{"role": "user", "content": "Weather in Oslo?"},
+                 *(item.model_dump(exclude_none=True) for item in out.output),
+                 {"type": "function_call_output", "call_id": out.output[1].call_id, "output": '{"temp": 3}'}]
+    create(sdk, input=sent_back, tools=TOOLS)
+    turn = served[1].last_request.messages[1]  # the text and its call: one assistant turn, as the model wrote it
+    assert (turn.role, turn.content, [c.name for c in turn.tool_calls]) == ("assistant", PREAMBLE, ["get_weather"])
+
+    with sdk.responses.stream(model=MODEL, input="[preamble] Weather in Oslo?", tools=TOOLS,
+                              parallel_tool_calls=True) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [item.type for item in final.output] == ["message", "function_call", "function_call"]
+    assert final.output_text == PREAMBLE
+    added = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
+    done = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.done"]
+    assert added == done == [(0, "message"), (1, "function_call"), (2, "function_call")]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == PREAMBLE
+    assert {e.output_index for e in events if e.type.startswith("response.function_call_arguments.")} == {1, 2}
+
+
+def test_no_tools_as_an_empty_list(sdk: OpenAI, served: tuple[ServerThread, TextFake]) -> None:
+    assert create(sdk, tools=[]).output_text == REPLY
+    assert isinstance(served[1].last_request, TextRequest)
+    out = create(sdk, input=CARD, tools=[], text=CONTACT_FORMAT)
+    jsonschema.validate(json.loads(out.output_text), CONTACT)
+    assert isinstance(served[1].last_request, ExtractionRequest)
+    for choice in ("required", "auto", {"type": "function", "name": "get_weather"}):
+        with pytest.raises(openai.BadRequestError) as exc:
+            create(sdk, tools=[], tool_choice=choice)
+        assert error_of(exc)["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("mode", ["none", "auto", "required"])
+def test_a_tool_named_like_a_mode_is_not_chosen_by_name(sdk: OpenAI, mode: str) -> None:
+    tools = [*TOOLS, {"type": "function", "name": mode, "parameters": {"type": "object"}}]
+    with pytest.raises(openai.BadRequestError) as exc:
+        create(sdk, tools=tools, tool_choice={"type": "function", "name": mode})
+    assert error_of(exc)["param"] == "tool_choice.name" and "mode" in error_of(exc)["message"]
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [

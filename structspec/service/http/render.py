@@ -4,7 +4,8 @@
   (``max_tokens`` reached: the content is a truncated prefix, never a complete object, so clients that
   check it, like the openai SDK's ``parse``, do not take it for one) or ``tool_calls`` (the message
   carries complete calls). Cancelled and failed requests are errors, never choices.
-- A tool call has an id (``call_<24 hex>``) and its arguments as JSON text. A truncated tool output has
+- A tool call has an id (``call_<24 hex>``) and its arguments as JSON text; text the model wrote before its
+  calls (``preamble``) is the message's content beside them, else the content is null. A truncated tool output has
   no ``tool_calls`` (``finish_reason: "length"``); its content is the engine's cut text answer, if it was one,
   else null: never a call envelope cut midway as text.
   Streamed, each call is deltas keyed by its ``index``: the id and name first, then the arguments.
@@ -153,10 +154,15 @@ def tool_message(res: ToolCallResult) -> tuple[dict[str, Any], str]:
     if res.calls:
         calls = [{"id": tool_call_id(), "type": "function",
                   "function": {"name": c.name, "arguments": arguments_text(c.arguments)}} for c in res.calls]
-        # text the model wrote before its calls (a native format's preamble) is the message's content, as OpenAI's
-        content = res.text if res.text and res.text.strip() else None
-        return {"role": "assistant", "content": content, "refusal": None, "tool_calls": calls}, "tool_calls"
+        return {"role": "assistant", "content": preamble(res), "refusal": None, "tool_calls": calls}, "tool_calls"
     return {"role": "assistant", "content": res.text if res.text is not None else r.text, "refusal": None}, "stop"
+
+
+def preamble(res: ToolCallResult) -> str | None:
+    """The text a model wrote before its calls (a native format's preamble), or None where it wrote none (or only
+    whitespace): the message's content beside ``tool_calls``, as OpenAI's, and the Responses API's message item
+    before its ``function_call`` items."""
+    return res.text if res.calls and res.text and res.text.strip() else None
 
 
 def arguments_text(arguments: Any) -> str:

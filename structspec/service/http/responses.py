@@ -6,11 +6,14 @@ Terms:
   ``input_text``/``output_text`` parts), a ``function_call`` the model made earlier (``call_id``, ``name``,
   ``arguments`` as JSON text) or a ``function_call_output`` (the tool's ``output`` for a ``call_id``).
 - An *output item* is one entry of the response's ``output``: a ``message`` holding one ``output_text`` part, or
-  a ``function_call`` (``call_id``, ``name``, ``arguments`` as JSON text).
+  a ``function_call`` (``call_id``, ``name``, ``arguments`` as JSON text). Text the model wrote before its calls
+  (``render.preamble``) is a message item before the ``function_call`` items, in the order it was written.
 
 ``plan`` turns a body into the same ``translate.ChatPlan`` a chat completion gets (free text, an extraction for
 ``text.format`` json_schema/json_object, or tool calls for ``tools``, with the format as the answer schema), so
-the engine calls are the chat path's. ``instructions`` is the first, system, message.
+the engine calls are the chat path's, and so are the rules on tools (``tools: []`` is no tools; a ``tool_choice``
+without tools, and a tool named like a ``tool_choice`` mode chosen by name, are refused). ``instructions`` is the
+first, system, message.
 
 Stateless: ``store`` is accepted and ignored, and ``previous_response_id`` is refused with a 400 naming it (no
 response is kept to continue from: send the conversation as ``input``). Fields that would change the output and
@@ -149,19 +152,15 @@ def plan(body: ResponsesRequest) -> translate.ChatPlan:
     schema = None if fmt is None or fmt.type == "text" else (
         dict(translate.ANY_OBJECT) if fmt.type == "json_object" else fmt.schema_)
     target: translate.Target
-    if body.tools is not None:
-        if not body.tools:
-            raise invalid("tools", "must not be empty (leave it out for no tools)")
+    if body.tools:  # left out or []: no tools
         choice = body.tool_choice
-        tool_choice = choice.name if isinstance(choice, NamedFunction) else (choice or "auto")
+        tool_choice = translate.named_tool(choice.name, "tool_choice.name") if isinstance(choice, NamedFunction) \
+            else (choice or "auto")
         parallel = bool(body.parallel_tool_calls)  # unset: one call, as on chat completions
         target = translate.tool_target(messages, [(t.name, t.description, t.parameters) for t in body.tools],
                                        tool_choice, parallel, schema, sampling, speculation)
     else:
-        if body.tool_choice is not None:
-            raise invalid("tool_choice", "only with tools")
-        if body.parallel_tool_calls is not None:
-            raise invalid("parallel_tool_calls", "only with tools")
+        translate.refuse_tool_options(body.tool_choice, body.parallel_tool_calls)
         if schema is None:
             target = translate.TextTarget(translate.text_input(messages, (), sampling, speculation))
         else:
@@ -284,9 +283,11 @@ class ResponsesRendering:
         """(output items, incomplete)."""
         r = fin.result
         if fin.calls is not None and fin.calls.calls and not r.truncated:
-            return [{"type": "function_call", "id": _item_id("fc"), "call_id": render.tool_call_id(), "name": c.name,
-                     "arguments": render.arguments_text(c.arguments), "status": "completed"}
-                    for c in fin.calls.calls], False
+            before = render.preamble(fin.calls)  # generation order, as OpenAI's: the text, then the calls
+            return [*([self._message(before, "completed")] if before is not None else []),
+                    *({"type": "function_call", "id": _item_id("fc"), "call_id": render.tool_call_id(),
+                       "name": c.name, "arguments": render.arguments_text(c.arguments), "status": "completed"}
+                      for c in fin.calls.calls)], False
         if fin.calls is not None and r.truncated and not fin.calls.text:
             return [], True  # a cut call is no call, and its envelope is no text
         text = fin.calls.text if fin.calls is not None and fin.calls.text is not None else r.text
@@ -313,7 +314,7 @@ class ResponsesRendering:
                 self._event("response.in_progress", response=self._response("in_progress", [], None))]
 
     def _open_message(self) -> list[bytes]:
-        self._text = []
+        self._text = []  # the message is always the first output item (a preamble comes before its calls)
         item = {**self._message("", "in_progress"), "content": []}
         return [self._event("response.output_item.added", output_index=0, item=item),
                 self._event("response.content_part.added", item_id=self._message_id, output_index=0,

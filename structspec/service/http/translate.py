@@ -9,7 +9,8 @@ INVALID_ARGUMENT ``FrontError`` naming the body's own field (``param``):
   instruction; a single remaining user message is the text to extract from, several messages are
   passed as the conversation.
 - **Tool calls** (a ``ToolCallInput``): ``tools`` with ``tool_choice`` ``auto`` (a text answer or
-  calls), ``none`` (a text answer), ``required`` (calls) or a named function (a call to it), and
+  calls), ``none`` (a text answer), ``required`` (calls) or a named function (a call to it; a tool named
+  ``auto``, ``none`` or ``required`` cannot be chosen by name, ``named_tool``), and
   ``parallel_tool_calls``: true, one or more calls (a JSON list); false or unset, exactly one call.
   Unset is OpenAI's "may call several", and one call is a valid answer to it: the models structspec
   serves write one call per turn (their worked examples show one), and a list they were never shown
@@ -21,11 +22,14 @@ INVALID_ARGUMENT ``FrontError`` naming the body's own field (``param``):
   ``name`` stay on the ``ChatMessage``, so the prompt renders them the model's own way.
 - **Free text** (a ``TextInput``): no ``response_format`` (or ``text``), no tools, no registered schema;
   ``stop`` (a string or up to 4) ends the text.
+- No tools is ``tools`` left out or ``[]``: clients send ``[]`` for an agent without tools, and OpenAI's
+  Responses API takes it so.
 - **Lenient** (``LENIENT_FIELDS``): fields that do not change the output are accepted and logged once
   per field per process (``note_lenient``).
 - Refused: ``n`` other than 1, ``stop`` on a JSON output (an output ends where its grammar ends;
   cutting a JSON document at a stop sequence would make it invalid), penalties, log-probabilities,
-  logit biases, non-text content parts, and a ``tool_choice`` or ``parallel_tool_calls`` without tools.
+  logit biases, non-text content parts, and a ``tool_choice`` or ``parallel_tool_calls`` without tools
+  (``refuse_tool_options``).
 
 Unset sampling fields stay unset: the front gives them the engine's defaults (greedy, ``max_tokens``
 256 within the server's cap), as on gRPC; their ranges are checked by the engine's request types.
@@ -107,7 +111,7 @@ def plan(body: ChatCompletionRequest) -> ChatPlan:
         raise invalid("structspec.schema_version", "needs structspec.schema_id")
     fmt = body.response_format
     target: Target
-    if body.tools is not None:
+    if body.tools:  # left out or []: no tools
         target = _tool_target(body)
     elif (fmt is None or fmt.type == "text") and (ext is None or ext.schema_id is None):
         target = _text_target(body)
@@ -149,11 +153,25 @@ def _refuse_unimplemented(body: ChatCompletionRequest) -> None:
 # -- what the request asks for -----------------------------------------------------------------------
 
 
+def refuse_tool_options(tool_choice: object, parallel_tool_calls: bool | None) -> None:
+    """Without tools, a ``tool_choice`` or ``parallel_tool_calls`` has nothing to apply to: refused, never ignored."""
+    if tool_choice is not None:
+        raise invalid("tool_choice", "only with tools (a non-empty tools list)")
+    if parallel_tool_calls is not None:
+        raise invalid("parallel_tool_calls", "only with tools (a non-empty tools list)")
+
+
+def named_tool(name: str, param: str) -> str:
+    """A tool chosen by name, as the engine's ``tool_choice``: one string that is a mode or a tool's name, so a tool
+    named like a mode cannot be told from that mode and is refused rather than run as the mode."""
+    if name in _MODES:
+        raise invalid(param, f"a tool named {name!r} cannot be chosen by name: {name!r} is also a tool_choice "
+                             "mode (rename the tool, or choose it with tool_choice required and only that tool)")
+    return name
+
+
 def _text_target(body: ChatCompletionRequest) -> TextTarget:
-    if body.tool_choice is not None:
-        raise invalid("tool_choice", "only with tools")
-    if body.parallel_tool_calls is not None:
-        raise invalid("parallel_tool_calls", "only with tools")
+    refuse_tool_options(body.tool_choice, body.parallel_tool_calls)
     if body.response_format is not None and body.response_format.json_schema is not None:
         raise invalid("response_format.json_schema", "only with type json_schema (never ignored)")
     stop = body.stop
@@ -170,10 +188,7 @@ def text_input(messages: tuple[ChatMessage, ...], stop: tuple[str, ...], samplin
 
 
 def _extraction_target(body: ChatCompletionRequest) -> ExtractionTarget:
-    if body.tool_choice is not None:
-        raise invalid("tool_choice", "only with tools")
-    if body.parallel_tool_calls is not None:
-        raise invalid("parallel_tool_calls", "only with tools")
+    refuse_tool_options(body.tool_choice, body.parallel_tool_calls)
     fmt, ext = body.response_format, body.structspec
     description: str | None = None
     name: str | None = None
@@ -222,9 +237,7 @@ def extraction_target(messages: tuple[ChatMessage, ...], schema: dict[str, Any] 
 
 
 def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
-    assert body.tools is not None
-    if not body.tools:
-        raise invalid("tools", "must not be empty (leave it out for no tools)")
+    assert body.tools
     fmt = body.response_format
     answer_schema: dict[str, Any] | None = None
     if fmt is not None and fmt.type == "json_object":
@@ -241,13 +254,8 @@ def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
         raise invalid("structspec.schema_id", "not with tools")
     tools = [(t.function.name, t.function.description, t.function.parameters) for t in body.tools]
     choice = body.tool_choice
-    if choice is None or isinstance(choice, str):
-        tool_choice = choice or "auto"
-    else:
-        tool_choice = choice.function.name
-        if tool_choice in _MODES:
-            raise invalid("tool_choice.function.name", f"a tool named {tool_choice!r} cannot be chosen by name "
-                                                       "(the name is also a tool_choice mode)")
+    tool_choice = (choice or "auto") if choice is None or isinstance(choice, str) \
+        else named_tool(choice.function.name, "tool_choice.function.name")
     parallel = bool(body.parallel_tool_calls)  # unset: one call (see the module's docstring)
     return tool_target(_messages(body.messages), tools, tool_choice, parallel, answer_schema, _sampling(body),
                        _speculation(body))
