@@ -40,6 +40,7 @@ from structspec.prompts import FewShotExample
 MAX_EXAMPLES = 8  # worked examples per request (each costs prompt tokens on every request that carries it)
 INLINE_FIELD = "json_schema"  # the field an inline schema's errors name
 REGISTERED_FIELD = "schema_id"  # ... and a registered one's, where the registry does not name its own
+TOOL_CHOICE_MODES = ("auto", "none", "required")  # the tool_choice strings that are no tool's name
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,15 @@ async def extraction(inp: ExtractionInput, schema: ResolvedSchema, caller: Calle
     if inp.examples:
         return await asyncio.to_thread(extraction_request, inp, schema, caller, limits)
     return extraction_request(inp, schema, caller, limits)
+
+
+def tool_by_name(name: str, param: str) -> str:
+    """A tool chosen by name, as the engine's ``tool_choice``: one string that is a mode or a tool's name, so a tool
+    named like a mode cannot be told from that mode and is refused rather than run as the mode."""
+    if name in TOOL_CHOICE_MODES:
+        raise invalid(param, f"a tool named {name!r} cannot be chosen by name: {name!r} is also a tool_choice "
+                             "mode (rename the tool, or choose it with tool_choice required and only that tool)")
+    return name
 
 
 def extraction_request(inp: ExtractionInput, schema: ResolvedSchema, caller: Caller, limits: Limits) -> ExtractionRequest:

@@ -31,7 +31,7 @@ from structspec.engine.types import (
 from structspec.front.errors import invalid, schema_too_deep
 from structspec.front.registry import parse_schema_json
 from structspec.front.requests import (Example, ExtractionInput, Sampling, SchemaRef, SchemaSource, TextInput,
-                                     ToolCallInput)
+                                     ToolCallInput, tool_by_name)
 from structspec.grammar import json_text
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.store.base import SchemaRecord
@@ -177,7 +177,7 @@ def tools(items: Sequence[pb.Tool]) -> tuple[dict[str, Any], ...]:
 
 def tool_choice(choice: pb.ToolChoice) -> str:
     if choice.WhichOneof("choice") == "tool_name":
-        return choice.tool_name
+        return tool_by_name(choice.tool_name, "tool_choice.tool_name")
     return _TOOL_CHOICE.get(choice.mode, "auto")
 
 

@@ -148,3 +148,14 @@ def test_speculation_report_model_and_schema_override() -> None:
     rec = SchemaRecord("inv", 1, "{}", "h", "", 1.0, "api", "off")
     assert convert.schema_version(rec).speculation == pb.SCHEMA_SPECULATION_OFF
     assert convert.schema_version(replace(rec, speculation="auto")).speculation == pb.SCHEMA_SPECULATION_AUTO
+
+
+@pytest.mark.parametrize("mode", ["auto", "none", "required"])
+def test_a_tool_named_like_a_mode_chosen_by_name_is_refused(mode: str) -> None:
+    # The engine's tool_choice is one string, a mode or a tool's name: ToolChoice.tool_name "auto" must not run
+    # as the mode auto (the HTTP paths refuse it alike, front.requests.tool_by_name).
+    with pytest.raises(FrontError) as err:
+        convert.tool_choice(pb.ToolChoice(tool_name=mode))
+    assert err.value.code is Code.INVALID_ARGUMENT
+    assert err.value.violations[0].field == "tool_choice.tool_name"
+    assert convert.tool_choice(pb.ToolChoice(tool_name=f"{mode}_x")) == f"{mode}_x"

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from structspec.engine.api import ChatMessage
 from structspec.engine.types import SpeculationMode
 from structspec.front.errors import invalid
-from structspec.front.requests import Sampling
+from structspec.front.requests import Sampling, tool_by_name
 from structspec.service.http import render, translate
 from structspec.service.http.body import SCHEMA_NAME_PATTERN, StructspecOptions
 
@@ -154,7 +154,7 @@ def plan(body: ResponsesRequest) -> translate.ChatPlan:
     target: translate.Target
     if body.tools:  # left out or []: no tools
         choice = body.tool_choice
-        tool_choice = translate.named_tool(choice.name, "tool_choice.name") if isinstance(choice, NamedFunction) \
+        tool_choice = tool_by_name(choice.name, "tool_choice.name") if isinstance(choice, NamedFunction) \
             else (choice or "auto")
         parallel = bool(body.parallel_tool_calls)  # unset: one call, as on chat completions
         target = translate.tool_target(messages, [(t.name, t.description, t.parameters) for t in body.tools],

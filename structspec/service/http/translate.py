@@ -10,7 +10,7 @@ INVALID_ARGUMENT ``FrontError`` naming the body's own field (``param``):
   passed as the conversation.
 - **Tool calls** (a ``ToolCallInput``): ``tools`` with ``tool_choice`` ``auto`` (a text answer or
   calls), ``none`` (a text answer), ``required`` (calls) or a named function (a call to it; a tool named
-  ``auto``, ``none`` or ``required`` cannot be chosen by name, ``named_tool``), and
+  ``auto``, ``none`` or ``required`` cannot be chosen by name, ``front.requests.tool_by_name``), and
   ``parallel_tool_calls``: true, one or more calls (a JSON list); false or unset, exactly one call.
   Unset is OpenAI's "may call several", and one call is a valid answer to it: the models structspec
   serves write one call per turn (their worked examples show one), and a list they were never shown
@@ -44,7 +44,7 @@ from typing import Any
 
 from structspec.engine.api import ChatMessage
 from structspec.engine.types import SpeculationMode, ToolCall
-from structspec.front.requests import ExtractionInput, Sampling, SchemaRef, TextInput, ToolCallInput
+from structspec.front.requests import ExtractionInput, Sampling, SchemaRef, TextInput, ToolCallInput, tool_by_name
 from structspec.grammar import json_text
 from structspec.front.errors import invalid
 from structspec.service.http.body import ChatCompletionRequest, Message
@@ -55,7 +55,6 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}  # response_format json_object
 # is honoured, ``user`` is logged at debug)
 LENIENT_FIELDS = ("store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier")
 _noted: set[str] = set()
-_MODES = ("auto", "none", "required")
 
 # where an extraction's schema came from, as the body's field
 SCHEMA_PARAM = "response_format.json_schema.schema"
@@ -161,15 +160,6 @@ def refuse_tool_options(tool_choice: object, parallel_tool_calls: bool | None) -
         raise invalid("parallel_tool_calls", "only with tools (a non-empty tools list)")
 
 
-def named_tool(name: str, param: str) -> str:
-    """A tool chosen by name, as the engine's ``tool_choice``: one string that is a mode or a tool's name, so a tool
-    named like a mode cannot be told from that mode and is refused rather than run as the mode."""
-    if name in _MODES:
-        raise invalid(param, f"a tool named {name!r} cannot be chosen by name: {name!r} is also a tool_choice "
-                             "mode (rename the tool, or choose it with tool_choice required and only that tool)")
-    return name
-
-
 def _text_target(body: ChatCompletionRequest) -> TextTarget:
     refuse_tool_options(body.tool_choice, body.parallel_tool_calls)
     if body.response_format is not None and body.response_format.json_schema is not None:
@@ -255,7 +245,7 @@ def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
     tools = [(t.function.name, t.function.description, t.function.parameters) for t in body.tools]
     choice = body.tool_choice
     tool_choice = (choice or "auto") if choice is None or isinstance(choice, str) \
-        else named_tool(choice.function.name, "tool_choice.function.name")
+        else tool_by_name(choice.function.name, "tool_choice.function.name")
     parallel = bool(body.parallel_tool_calls)  # unset: one call (see the module's docstring)
     return tool_target(_messages(body.messages), tools, tool_choice, parallel, answer_schema, _sampling(body),
                        _speculation(body))
