@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, Turn, compact_json, describe_tool,
-                                encode_prompt, extraction_prompt, extraction_template, toolcall_prompt)
+from structspec.prompts import (ANSWER_TURN, PROMPT_FORMAT, TURN_STOPS, FewShotExample, ShownTool, Turn, compact_json,
+                                describe_tool, encode_prompt, extraction_prompt, extraction_template, heading,
+                                toolcall_prompt)
 
 CHAT_FORMAT = "chat-v2"  # the wording of the messages below; a change of wording is a new version
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
-PLAIN_TURN_START = "\n###"  # where the plain format's next turn begins
 ANSWER_FORM = "Once the tools' results answer the request, answer with only a JSON object that follows this JSON Schema:"
 CALL_FORM = 'To call a tool, answer with only a JSON object: {"name": <tool name>, "arguments": <its arguments>}.'
 # A template that renders tools and writes calls in one of these families says that form in its own words, so the
@@ -98,7 +98,7 @@ class PlainPrompts:
 
     format_id = PROMPT_FORMAT
     stats_format = ""  # the plain profiles' statistics keys carry no format
-    text_stop = (PLAIN_TURN_START,)  # a base model runs on into the next heading: the answer ends before it
+    text_stop = TURN_STOPS  # a base model runs on into the format's next turn: the answer ends before its heading
 
     def __init__(self, tokenizer: Any, answers: bool = False):
         self.tokenizer = tokenizer
@@ -235,8 +235,8 @@ def plain_conversation(messages: Sequence[Turn]) -> str:
         content = str(message.get("content") or "").strip()
         calls = [compact_json({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
                  for c in message.get("tool_calls", ())]
-        lines.append(f"### {message['role'].capitalize()}:\n" + "\n".join(x for x in [content, *calls] if x) + "\n")
-    return "".join(lines) + "### Assistant:\n"
+        lines.append(heading(message["role"].capitalize()) + "\n".join(x for x in [content, *calls] if x) + "\n")
+    return "".join(lines) + heading(ANSWER_TURN)
 
 
 def extraction_system(schema: dict[str, Any], instruction: str | None, schema_id: str = "") -> str:

@@ -70,3 +70,34 @@ def test_only_models_not_trained_on_call_only_turns_are_offered_answers():
 
     assert profiles()["demo"].plain_answers is False  # the demo pair is trained on "### Call:" turns
     assert profiles()["gemma-3-270m"].plain_answers is True
+
+
+def test_a_plain_answer_ends_at_the_formats_own_headings_not_at_a_markdown_heading():
+    """A base model's answer may hold Markdown headings; it ends where it runs on into a turn of the format."""
+    from structspec.chat_template import PlainPrompts
+    from structspec.engine.stop import cut_at_stop
+
+    answer = "Findings:\n### Results\n- dry\n## Notes\nnone"
+    stops = PlainPrompts.text_stop
+    assert cut_at_stop(answer, stops) == (answer, False)
+    for heading in ("### User:", "### Assistant:", "### Call:", "### Tool:", "### Tools:", "### System:"):
+        assert cut_at_stop(f"{answer}\n{heading}\nmore", stops) == (answer, True), heading
+
+
+def test_every_heading_a_plain_conversation_renders_ends_an_answer():
+    """The stop strings are the renderer's own headings: each turn heading a tool prompt or a free-text prompt
+    writes (every role, a call, the tool list), after a newline."""
+    import re
+
+    from structspec.chat_template import PlainPrompts, plain_conversation
+    from structspec.engine.api import ChatMessage
+    from structspec.engine.types import ToolCall
+
+    turns = [ChatMessage("system", "Be brief."), ChatMessage("user", "Rain in Oslo?"),
+             ChatMessage("assistant", "", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)),
+             ChatMessage("tool", "rain"), ChatMessage("assistant", "Rain."), ChatMessage("user", "And Rome?")]
+    rendered = [toolcall_prompt(TOOLS, turns), toolcall_prompt(TOOLS, turns, answers=True),
+                plain_conversation(turns)]
+    headings = {h for text in rendered for h in re.findall(r"^### [^\n]*:$", text, flags=re.MULTILINE)}
+    assert {"### System:", "### User:", "### Assistant:", "### Call:", "### Tool:", "### Tools:"} <= headings
+    assert set(PlainPrompts.text_stop) == {"\n" + h for h in headings}

@@ -207,8 +207,8 @@ class Engine:
                                            may_answer=tools.choice.mode == "auto", **said)
         except ChatTemplateError as exc:  # the caller's conversation (its roles' order) or the template itself
             raise InvalidRequest(str(exc), field="messages") from exc
-        # a text answer ends where the format's next turn would begin (the plain format's "\n###"), as free text does;
-        # a call's JSON never holds it (a newline in a JSON string is escaped)
+        # a text answer ends where the format's next turn would begin (the plain format's turn headings), as free
+        # text does; a call's JSON never holds one (a newline in a JSON string is escaped)
         stop = tuple(self.prompts.text_stop) if tools.choice.mode in ("auto", "none") else ()
         return self._sequence(request, prompt, grammar, tools.statistics_key, None, stop=stop), tools
 

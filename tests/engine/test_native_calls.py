@@ -6,6 +6,7 @@ is neither a call nor text; SmolLM2 (ChatML, no tools in its template: the gener
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import jsonschema
 import pytest
@@ -137,7 +138,7 @@ def test_an_agents_earlier_call_and_the_tools_result_are_turns_of_the_prompt(her
 
 def test_the_plain_formats_text_answer_under_auto_stops_at_its_next_turn(demo_engine_for_calls):
     seq = demo_engine_for_calls.prepare_toolcall(ToolCallRequest(messages=ASK, tools=(WEATHER,)))
-    assert seq.stop == ("\n###",)
+    assert seq.stop == demo_engine_for_calls.prompts.text_stop and "\n### User:" in seq.stop
     forced = demo_engine_for_calls.prepare_toolcall(ToolCallRequest(messages=ASK, tools=(WEATHER,),
                                                                     tool_choice="required"))
     assert forced.stop == ()
@@ -152,8 +153,6 @@ def test_a_plain_format_model_is_offered_an_answer_under_auto_only(demo_models):
     """A model without a template and not trained on call-only turns (``plain_answers``) is prompted for its own
     turn under auto (a call or a text answer), and for a call where the call is forced; the demo pair, trained on
     call-only turns, keeps ``### Call:``."""
-    import dataclasses
-
     answering = assemble_engine(dataclasses.replace(demo_models, plain_answers=True))
     trained = assemble_engine(demo_models)
     asked = ToolCallRequest(messages=(ChatMessage("user", "Say hello"),), tools=(WEATHER,))
@@ -164,3 +163,4 @@ def test_a_plain_format_model_is_offered_an_answer_under_auto_only(demo_models):
     assert ending(answering, asked).endswith("### User:\nSay hello\n### Assistant:\n")
     assert ending(answering, dataclasses.replace(asked, tool_choice="required")).endswith("### Call:\n")
     assert ending(trained, asked).endswith("### Call:\n")
+
