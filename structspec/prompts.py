@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-PROMPT_FORMAT = "structspec-plain-v3"
+PROMPT_FORMAT = "structspec-plain-v4"
 
 ROLES = ("system", "user", "assistant", "tool")  # the roles of a conversation's turns (``engine.api.ChatMessage``)
 TOOLS_HEADING = "Tools"  # the tool list's heading
@@ -161,6 +161,7 @@ def toolcall_prompt(
     examples: tuple[FewShotExample, ...] = (),
     *,
     answers: bool = False,
+    may_call: bool = True,
 ) -> str:
     """``### Tools:`` list + the conversation + the turn the model writes.
 
@@ -175,9 +176,16 @@ def toolcall_prompt(
     (a JSON object ``{"name":...,"arguments":...}``) or a text answer (ending at EOS or at the next turn's
     heading, ``TURN_STOPS``); ``ANSWER_EPISODE`` first shows both, and worked calls are ``### User:`` /
     ``### Assistant:``.
+
+    ``may_call`` False (``tool_choice`` none): the model's turn is ``### Assistant:`` and holds a text answer; the
+    tools are listed (the conversation may name them) but no worked call is shown, nor the episode (both call).
+    Earlier calls keep the heading ``answers`` gives them.
     """
     tool_block = heading(TOOLS_HEADING) + "\n".join(describe_tool(t) for t in tools) + "\n"
     said = ANSWER_TURN if answers else CALL_TURN
+    if not may_call:
+        convo = "".join(_shown_turn(turn, said) for turn in messages)
+        return f"{tool_block}{convo}{heading(ANSWER_TURN)}"
     shots = "".join(f"{heading('User')}{ex.text.strip()}\n{heading(said)}{ex.output}\n\n" for ex in examples)
     convo = "".join(_shown_turn(turn, said) for turn in messages)
     return f"{ANSWER_EPISODE if answers else ''}{tool_block}{shots}{convo}{heading(said)}"

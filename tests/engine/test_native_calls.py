@@ -164,3 +164,23 @@ def test_a_plain_format_model_is_offered_an_answer_under_auto_only(demo_models):
     assert ending(answering, dataclasses.replace(asked, tool_choice="required")).endswith("### Call:\n")
     assert ending(trained, asked).endswith("### Call:\n")
 
+
+def test_under_none_a_plain_format_model_is_asked_for_an_answer_and_cannot_call(demo_models):
+    """The demo pair, trained on ``### Call:`` turns, is the model that would call: under none its prompt ends at the
+    answer heading and the grammar refuses the call heading and call JSON, so what it writes is text, not a call."""
+    engine = assemble_engine(demo_models)
+    none = ToolCallRequest(messages=ASK, tools=(WEATHER,), tool_choice="none", sampling=SamplingParams(max_tokens=48))
+    seq = engine.prepare_toolcall(none)
+    assert engine.tokenizer.decode(seq.prompt).endswith("### User:\nWhat is the weather in Paris?\n### Assistant:\n")
+    assert seq.stop == engine.prompts.text_stop
+    refused = seq.matcher
+    assert not refused.consume(engine.tokenizer.encode("### Call:", add_special_tokens=False))
+    engine.start()
+    try:
+        for seed in (None, 1, 2):
+            sampling = SamplingParams(max_tokens=48, temperature=0.0 if seed is None else 1.0, seed=seed)
+            res = asyncio.run(engine.call_tool(dataclasses.replace(none, sampling=sampling)))
+            assert res.calls == [] and res.result.outcome in (Outcome.TEXT, Outcome.TRUNCATED), res.result
+            assert res.text is not None and res.text[:1] not in ("{", "[") and "### Call:" not in res.result.text
+    finally:
+        engine.stop()
