@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from structspec.prompts import (PROMPT_FORMAT, FewShotExample, ShownTool, Turn, compact_json, describe_tool,
-                                encode_prompt, extraction_prompt, extraction_template, toolcall_prompt)
+from structspec.prompts import (ANSWER_TURN, CALL_TURN, PROMPT_FORMAT, TURN_STOPS, FewShotExample, ShownTool, Turn,
+                                compact_json, describe_tool, encode_prompt, extraction_prompt, extraction_template,
+                                heading, toolcall_prompt)
 
 CHAT_FORMAT = "chat-v2"  # the wording of the messages below; a change of wording is a new version
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
-PLAIN_TURN_START = "\n###"  # where the plain format's next turn begins
 ANSWER_FORM = "Once the tools' results answer the request, answer with only a JSON object that follows this JSON Schema:"
 CALL_FORM = 'To call a tool, answer with only a JSON object: {"name": <tool name>, "arguments": <its arguments>}.'
 # A template that renders tools and writes calls in one of these families says that form in its own words, so the
@@ -74,6 +74,7 @@ class PromptFormat(Protocol):
     format_id: str
     stats_format: str
     text_stop: tuple[str, ...]
+    call_headings: tuple[str, ...]  # text that opens a call turn in this format: under ``none`` no answer holds it
 
     def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
                    examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
@@ -83,10 +84,11 @@ class PromptFormat(Protocol):
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
                  examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None,
-                 may_answer: bool = False) -> Prompt:
+                 may_answer: bool = False, may_call: bool = True) -> Prompt:
         """``tools``: the request's tools, parsed; ``messages``: the conversation; ``answer_schema``: a final answer
         is JSON valid against it (the prompt says so); ``may_answer``: the model may answer instead of calling
-        (``tool_choice`` auto). Raises: ChatTemplateError."""
+        (``tool_choice`` auto); ``may_call`` False: the model answers and never calls (``tool_choice`` none).
+        Raises: ChatTemplateError."""
 
     def text(self, messages: Sequence[Turn]) -> Prompt:
         """A free-text answer's prompt: the conversation and the model's turn. ``text_stop`` is the format's own end
@@ -98,7 +100,8 @@ class PlainPrompts:
 
     format_id = PROMPT_FORMAT
     stats_format = ""  # the plain profiles' statistics keys carry no format
-    text_stop = (PLAIN_TURN_START,)  # a base model runs on into the next heading: the answer ends before it
+    text_stop = TURN_STOPS  # a base model runs on into the format's next turn: the answer ends before its heading
+    call_headings = (heading(CALL_TURN).rstrip("\n"),)  # a model trained on call turns would open one
 
     def __init__(self, tokenizer: Any, answers: bool = False):
         self.tokenizer = tokenizer
@@ -113,9 +116,10 @@ class PlainPrompts:
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
                  examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None,
-                 may_answer: bool = False) -> Prompt:
+                 may_answer: bool = False, may_call: bool = True) -> Prompt:
         said = f"### Answer JSON Schema:\n{compact_json(answer_schema)}\n" if answer_schema is not None else ""
-        prompt = said + toolcall_prompt(tools, messages, examples, answers=self.answers and may_answer)
+        prompt = said + toolcall_prompt(tools, messages, examples, answers=self.answers and may_answer,
+                                        may_call=may_call)
         return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
 
     def text(self, messages: Sequence[Turn]) -> Prompt:
@@ -142,6 +146,7 @@ class ChatPrompts:
         self._renders_tools = "tools" in self.tool_template  # a template that never reads them: tools in words
         self._folds_system: set[str] = set()  # templates that refused a system message once: later renders fold it
         self.text_stop: tuple[str, ...] = ()  # the template's end of turn is the model's EOS
+        self.call_headings: tuple[str, ...] = ()  # the call format's trigger opens its calls (``call_formats``)
 
     def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
                    examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
@@ -160,9 +165,10 @@ class ChatPrompts:
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],
                  examples: tuple[FewShotExample, ...] = (), *, answer_schema: dict[str, Any] | None = None,
-                 may_answer: bool = False) -> Prompt:
+                 may_answer: bool = False, may_call: bool = True) -> Prompt:
         """``answer_schema``: a final answer (instead of a call) is JSON valid against it; the system message says
-        so. ``may_answer`` changes nothing here: the template and the grammar already let the model answer."""
+        so. ``may_answer`` and ``may_call`` change nothing here: the template renders the model's turn, and the
+        grammar lets it answer, or only answer."""
         listed = "" if self._renders_tools else "Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
         # the template's own instructions say its call format; only the generic JSON call is said here
         system = listed + (CALL_FORM if call_family(self.tool_template) == "json" else "")
@@ -235,8 +241,8 @@ def plain_conversation(messages: Sequence[Turn]) -> str:
         content = str(message.get("content") or "").strip()
         calls = [compact_json({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
                  for c in message.get("tool_calls", ())]
-        lines.append(f"### {message['role'].capitalize()}:\n" + "\n".join(x for x in [content, *calls] if x) + "\n")
-    return "".join(lines) + "### Assistant:\n"
+        lines.append(heading(message["role"].capitalize()) + "\n".join(x for x in [content, *calls] if x) + "\n")
+    return "".join(lines) + heading(ANSWER_TURN)
 
 
 def extraction_system(schema: dict[str, Any], instruction: str | None, schema_id: str = "") -> str:

@@ -13,7 +13,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-PROMPT_FORMAT = "structspec-plain-v3"
+PROMPT_FORMAT = "structspec-plain-v4"
+
+ROLES = ("system", "user", "assistant", "tool")  # the roles of a conversation's turns (``engine.api.ChatMessage``)
+TOOLS_HEADING = "Tools"  # the tool list's heading
+CALL_TURN = "Call"  # the heading of a turn that holds calls (a model trained on call-only turns writes them there)
+ANSWER_TURN = "Assistant"  # the model's own turn: a text answer, or under ``answers`` a call or a text answer
+
+
+def heading(name: str) -> str:
+    """A heading line of the plain format: ``### <name>:`` and its newline."""
+    return f"### {name}:\n"
+
+
+# Where a text answer ends besides the model's end of turn: a base model runs on into the format's next turn, whose
+# heading starts a line. Only the format's own headings: an answer's Markdown heading (``### Results``) is its text.
+TURN_STOPS = tuple("\n" + heading(name).rstrip("\n")
+                   for name in (TOOLS_HEADING, *(role.capitalize() for role in ROLES), CALL_TURN))
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,7 @@ def toolcall_prompt(
     examples: tuple[FewShotExample, ...] = (),
     *,
     answers: bool = False,
+    may_call: bool = True,
 ) -> str:
     """``### Tools:`` list + the conversation + the turn the model writes.
 
@@ -156,24 +173,32 @@ def toolcall_prompt(
     list (shown once: repeating it per example made prompts 2-3x longer and calls no better).
 
     ``answers`` True (``tool_choice`` auto): the model's turn is ``### Assistant:``, which holds either a call
-    (a JSON object ``{"name":...,"arguments":...}``) or a text answer (ending at EOS or before the next
-    ``\n###``); ``ANSWER_EPISODE`` first shows both, and worked calls are ``### User:`` / ``### Assistant:``.
+    (a JSON object ``{"name":...,"arguments":...}``) or a text answer (ending at EOS or at the next turn's
+    heading, ``TURN_STOPS``); ``ANSWER_EPISODE`` first shows both, and worked calls are ``### User:`` /
+    ``### Assistant:``.
+
+    ``may_call`` False (``tool_choice`` none): the model's turn is ``### Assistant:`` and holds a text answer; the
+    tools are listed (the conversation may name them) but no worked call is shown, nor the episode (both call).
+    Earlier calls keep the heading ``answers`` gives them.
     """
-    tool_block = "### Tools:\n" + "\n".join(describe_tool(t) for t in tools) + "\n"
-    said = "Assistant" if answers else "Call"
-    shots = "".join(f"### User:\n{ex.text.strip()}\n### {said}:\n{ex.output}\n\n" for ex in examples)
+    tool_block = heading(TOOLS_HEADING) + "\n".join(describe_tool(t) for t in tools) + "\n"
+    said = ANSWER_TURN if answers else CALL_TURN
+    if not may_call:
+        convo = "".join(_shown_turn(turn, said) for turn in messages)
+        return f"{tool_block}{convo}{heading(ANSWER_TURN)}"
+    shots = "".join(f"{heading('User')}{ex.text.strip()}\n{heading(said)}{ex.output}\n\n" for ex in examples)
     convo = "".join(_shown_turn(turn, said) for turn in messages)
-    return f"{ANSWER_EPISODE if answers else ''}{tool_block}{shots}{convo}### {said}:\n"
+    return f"{ANSWER_EPISODE if answers else ''}{tool_block}{shots}{convo}{heading(said)}"
 
 
 def _shown_turn(turn: Turn, said: str) -> str:
     """One turn as ``### Role:`` + its content; an assistant's calls as the call JSON under ``said`` (one a line)."""
     role, content = turn if isinstance(turn, tuple) else (turn.role, turn.content)
     calls = () if isinstance(turn, tuple) else tuple(getattr(turn, "tool_calls", ()) or ())
-    out = f"### {role.capitalize()}:\n{content.strip()}\n" if content.strip() or not calls else ""
+    out = f"{heading(role.capitalize())}{content.strip()}\n" if content.strip() or not calls else ""
     if calls:
         shown = "\n".join(compact_json({"name": c.name, "arguments": c.arguments}) for c in calls)
-        out += f"### {said}:\n{shown}\n"
+        out += f"{heading(said)}{shown}\n"
     return out
 
 

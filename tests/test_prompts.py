@@ -70,3 +70,54 @@ def test_only_models_not_trained_on_call_only_turns_are_offered_answers():
 
     assert profiles()["demo"].plain_answers is False  # the demo pair is trained on "### Call:" turns
     assert profiles()["gemma-3-270m"].plain_answers is True
+
+
+def test_under_none_the_plain_format_asks_for_an_answer_in_words():
+    """``may_call`` False (``tool_choice`` none): the tools are listed and the conversation shown, the model's turn is
+    the answer heading; no worked call is shown (not the episode's either), for either kind of model."""
+    from structspec.engine.api import ChatMessage
+    from structspec.engine.types import ToolCall
+
+    shot = FewShotExample("Rain in Rome?", '{"name":"get_weather","arguments":{"city":"Rome"}}')
+    turns = [("user", "Rain in Oslo?")]
+    for answers in (False, True):
+        prompt = toolcall_prompt(TOOLS, turns, (shot,), answers=answers, may_call=False)
+        assert prompt == ("### Tools:\n- get_weather(city): Weather for a city.\n- lookup_order(order_id): Order "
+                          "status.\n### User:\nRain in Oslo?\n### Assistant:\n")
+    called = [ChatMessage("user", "Rain in Oslo?"),
+              ChatMessage("assistant", "", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)),
+              ChatMessage("tool", "rain")]
+    after = toolcall_prompt(TOOLS, called, may_call=False)  # an earlier call keeps the call heading it was made under
+    assert after.endswith('### Call:\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n### Tool:\nrain\n'
+                          "### Assistant:\n")
+
+
+def test_a_plain_answer_ends_at_the_formats_own_headings_not_at_a_markdown_heading():
+    """A base model's answer may hold Markdown headings; it ends where it runs on into a turn of the format."""
+    from structspec.chat_template import PlainPrompts
+    from structspec.engine.stop import cut_at_stop
+
+    answer = "Findings:\n### Results\n- dry\n## Notes\nnone"
+    stops = PlainPrompts.text_stop
+    assert cut_at_stop(answer, stops) == (answer, False)
+    for heading in ("### User:", "### Assistant:", "### Call:", "### Tool:", "### Tools:", "### System:"):
+        assert cut_at_stop(f"{answer}\n{heading}\nmore", stops) == (answer, True), heading
+
+
+def test_every_heading_a_plain_conversation_renders_ends_an_answer():
+    """The stop strings are the renderer's own headings: each turn heading a tool prompt or a free-text prompt
+    writes (every role, a call, the tool list), after a newline."""
+    import re
+
+    from structspec.chat_template import PlainPrompts, plain_conversation
+    from structspec.engine.api import ChatMessage
+    from structspec.engine.types import ToolCall
+
+    turns = [ChatMessage("system", "Be brief."), ChatMessage("user", "Rain in Oslo?"),
+             ChatMessage("assistant", "", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)),
+             ChatMessage("tool", "rain"), ChatMessage("assistant", "Rain."), ChatMessage("user", "And Rome?")]
+    rendered = [toolcall_prompt(TOOLS, turns), toolcall_prompt(TOOLS, turns, answers=True),
+                toolcall_prompt(TOOLS, turns, may_call=False), plain_conversation(turns)]
+    headings = {h for text in rendered for h in re.findall(r"^### [^\n]*:$", text, flags=re.MULTILINE)}
+    assert {"### System:", "### User:", "### Assistant:", "### Call:", "### Tool:", "### Tools:"} <= headings
+    assert set(PlainPrompts.text_stop) == {"\n" + h for h in headings}

@@ -196,19 +196,22 @@ class Engine:
         request.validate(self.max_tokens_cap)
         # Parsed and keyed once: the grammar, the prompt, the worked examples, the statistics and the output read it
         tools = ToolSet.parse(request.tools, request.tool_choice, request.parallel_calls)
-        # the model's own call format (its chat template's), the generic JSON call for the plain format
-        grammar = self.compiler.compile_tools(tools, call_format=self.call_format, answer_schema=request.answer_schema)
+        none = tools.choice.mode == "none"
+        # the model's own call format (its chat template's), the generic JSON call for the plain format; under none
+        # the answer never opens a call, nor the format's own call turn
+        grammar = self.compiler.compile_tools(tools, call_format=self.call_format, answer_schema=request.answer_schema,
+                                              refused_text=tuple(self.prompts.call_headings) if none else ())
         examples = request.examples or self.examples.for_tools(tools.entries, tools.digest)
         try:
             # the whole conversation: an agent's earlier calls and the tools' results are turns of it
             # a final answer's schema is said where the format says one (the chat templates' system message)
             said = {"answer_schema": request.answer_schema} if request.answer_schema is not None else {}
             prompt = self.prompts.toolcall(tools.tools, list(request.messages), examples,
-                                           may_answer=tools.choice.mode == "auto", **said)
+                                           may_answer=tools.choice.mode == "auto", may_call=not none, **said)
         except ChatTemplateError as exc:  # the caller's conversation (its roles' order) or the template itself
             raise InvalidRequest(str(exc), field="messages") from exc
-        # a text answer ends where the format's next turn would begin (the plain format's "\n###"), as free text does;
-        # a call's JSON never holds it (a newline in a JSON string is escaped)
+        # a text answer ends where the format's next turn would begin (the plain format's turn headings), as free
+        # text does; a call's JSON never holds one (a newline in a JSON string is escaped)
         stop = tuple(self.prompts.text_stop) if tools.choice.mode in ("auto", "none") else ()
         return self._sequence(request, prompt, grammar, tools.statistics_key, None, stop=stop), tools
 

@@ -16,9 +16,10 @@ trigger is the answer's content. ``detect`` reads the family from a chat templat
 
 Grammars (``lark_grammar``, llguidance's Lark with ``%json``) per ``tool_choice``: ``auto`` is free text that never
 writes the trigger (ending at the model's end of turn), or that text then calls; ``required`` and a named tool
-start with the trigger; ``none`` is text only. Every call names a declared tool (``name`` a ``const``) and its
-arguments are that tool's parameters schema (one ``%json`` alternative per tool). An *answer schema* replaces the
-free text with one JSON value valid against it.
+start with the trigger; ``none`` is text only (for ``json``, text that does not open as a call would). Every call
+names a declared tool (``name`` a ``const``) and its arguments are that tool's parameters schema (one ``%json``
+alternative per tool). An *answer schema* replaces the free text with one JSON value valid against it. *Refused
+text* (a prompt format's own call heading) is never part of the free text.
 
 ``CallFormat.parse`` reads each call's JSON with the JSON decoder, so an argument string may hold any marker (a
 closer, a trigger, a separator). Beside an answer schema, an output is read as the grammar's branch that admitted it:
@@ -88,9 +89,10 @@ def call_schema(fmt: CallFormat, tool: Tool, overrides: Mapping[str, Any]) -> di
 
 def lark_grammar(fmt: CallFormat, tools: Sequence[Tool], choice: ToolChoice, parallel: bool,
                  overrides: Mapping[str, Any], special: Callable[[str], int | None],
-                 answer_schema: Mapping[str, Any] | None = None) -> str:
+                 answer_schema: Mapping[str, Any] | None = None, refused_text: Sequence[str] = ()) -> str:
     """The Lark grammar of ``fmt``'s outputs. ``special(text)``: the id of the special token spelling ``text``, or
-    None (then the grammar writes the text); ``overrides``: llguidance's JSON options for every ``%json``."""
+    None (then the grammar writes the text); ``overrides``: llguidance's JSON options for every ``%json``;
+    ``refused_text``: what the free text never holds."""
     chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     trigger_id = special(fmt.trigger) if fmt.trigger else None
     trigger = f"<[{trigger_id}]>" if trigger_id is not None else json.dumps(fmt.trigger)
@@ -128,17 +130,18 @@ def lark_grammar(fmt: CallFormat, tools: Sequence[Tool], choice: ToolChoice, par
         start = f"TEXT | TEXT? {opened}"
     else:
         start = f"TEXT | {opened}"
-    lines.append(f"TEXT: {_text_lexeme(fmt)}")
+    lines.append(f"TEXT: {_text_lexeme(fmt, refused_text)}")
     return "\n".join([f"start: {start}", *lines]) + "\n"
 
 
-def _text_lexeme(fmt: CallFormat) -> str:
-    """Free text: never the trigger's text (a special-token trigger is outside any text already); where calls are
-    the whole answer, not starting as a call would."""
+def _text_lexeme(fmt: CallFormat, refused: Sequence[str] = ()) -> str:
+    """Free text: never the trigger's text (a special-token trigger is outside any text already) nor ``refused``;
+    where calls are the whole answer, not starting as a call would."""
     first = "[^{\\[]" if not fmt.text_before else "."
     text = f"/(?s:{first})(?s:.)*/"
-    if fmt.trigger:
-        text += f" & ~/(?s:.)*{re.escape(fmt.trigger)}(?s:.)*/"
+    for never in (fmt.trigger, *refused):
+        if never:
+            text += f" & ~/(?s:.)*{re.escape(never)}(?s:.)*/"
     return text
 
 

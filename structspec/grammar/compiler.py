@@ -55,19 +55,26 @@ class GrammarCompiler:
 
     def compile_tools(self, tools: toolcalls.ToolSet, options: GrammarOptions | None = None, *,
                       call_format: call_formats.CallFormat = call_formats.JSON,
-                      answer_schema: dict[str, Any] | None = None) -> CompiledGrammar:
+                      answer_schema: dict[str, Any] | None = None,
+                      refused_text: tuple[str, ...] = ()) -> CompiledGrammar:
         """``tools``: a request's tool list as ``ToolSet.parse`` parsed and keyed it; ``call_format``: how the model
-        writes calls (``call_formats``); ``answer_schema``: a final answer is JSON valid against it, not text.
-        Raises: SchemaError (``unsupported`` where the backend compiles only the generic JSON form)."""
+        writes calls (``call_formats``); ``answer_schema``: a final answer is JSON valid against it, not text;
+        ``refused_text``: text a text answer never holds (a prompt format's call heading).
+        The generic JSON form's text under none opening no call, and ``refused_text``, need the llguidance backend
+        (on another, that text is any text). Raises: SchemaError (``unsupported`` where the backend compiles only
+        the generic JSON form)."""
         options = options or GrammarOptions()
-        if call_format.family == "json" and answer_schema is None:
+        lark = getattr(self.backend, "compile_lark", None) is not None
+        if call_format.family == "json" and answer_schema is None and not (
+                lark and (tools.choice.mode == "none" or refused_text)):
             key = self._key("tools", tools.grammar_digest, options)
             return self.cache.get_or_compile(key, lambda: self._compile_tools(tools, options))
         answer = "" if answer_schema is None else caller_canonical_json(answer_schema, at="/answer_schema")
-        said = canonical_json([tools.grammar_digest, call_format.family, text_digest(answer) if answer else ""])
-        key = self._key("tools-format", text_digest(said), options)
+        said = [tools.grammar_digest, call_format.family, text_digest(answer) if answer else ""]
+        key = self._key("tools-format", text_digest(canonical_json(said + ([list(refused_text)] if refused_text
+                                                                             else []))), options)
         return self.cache.get_or_compile(key, lambda: self._compile_call_format(tools, options, call_format,
-                                                                                answer_schema))
+                                                                                answer_schema, refused_text))
 
     @staticmethod
     def digest(value: Any) -> str:
@@ -98,7 +105,8 @@ class GrammarCompiler:
         return _stamped(grammar, start)
 
     def _compile_call_format(self, tools: toolcalls.ToolSet, options: GrammarOptions, fmt: call_formats.CallFormat,
-                             answer_schema: dict[str, Any] | None) -> CompiledGrammar:
+                             answer_schema: dict[str, Any] | None,
+                             refused_text: tuple[str, ...] = ()) -> CompiledGrammar:
         start = time.perf_counter()
         compile_lark = getattr(self.backend, "compile_lark", None)
         if compile_lark is None:
@@ -116,7 +124,8 @@ class GrammarCompiler:
             spec = dataclasses.replace(spec, schema={**spec.schema, "$defs": {**spec.schema["$defs"], "answer": answer}},
                                        placements=(*spec.placements, ("/$defs/answer", "/answer_schema")))
         lark = call_formats.lark_grammar(fmt, checked, tools.choice, tools.parallel,
-                                         json_overrides(options), self.backend.special_token, answer)
+                                         json_overrides(options), self.backend.special_token, answer,
+                                         refused_text)
         try:
             grammar = run_with_deadline(lambda: compile_lark(lark, spec.schema, options), options.compile_timeout_s)
         except SchemaError as exc:

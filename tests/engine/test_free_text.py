@@ -1,6 +1,6 @@
 """Free text: a chat turn without a schema or tools, through the engine (``Engine.chat`` / ``chat_stream``).
 
-Checked on the demo pair (the plain format: the answer ends at EOS or before the next ``###`` heading) and on
+Checked on the demo pair (the plain format: the answer ends at EOS or before the format's next turn heading) and on
 SmolLM2-135M-Instruct's GGUF (its ChatML template: the answer ends at ``<|im_end|>``, the model's EOS): how a text
 ends, stop strings (the text before the first one; a stream never shows a part of one), max_tokens, and drafting
 (n-gram, history and the draft model) leaving greedy outputs as they were.
@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from structspec.assembly import assemble_engine
-from structspec.engine.api import ChatMessage, TextRequest
+from structspec.engine.api import ChatMessage, TextRequest, ToolCallRequest
 from structspec.engine.types import FinishReason, InvalidRequest, Outcome, SamplingParams, SpeculationMode, TextDelta
 from structspec.models.loading import load_profile
 from structspec.speculation.configs import ProposerSet
@@ -58,7 +58,7 @@ def test_a_plain_format_answer_ends_by_itself_or_at_max_tokens_and_never_prints_
         res = asyncio.run(plain.chat(ask(text)))
         assert (res.finish_reason, res.outcome) in ((FinishReason.STOP, Outcome.TEXT),
                                                     (FinishReason.LENGTH, Outcome.TRUNCATED)), res
-        assert "\n###" not in res.text
+        assert not any(stop in res.text for stop in plain.prompts.text_stop)
 
 
 def test_a_stop_string_cuts_the_answer_and_a_stream_never_shows_it(engines):
@@ -104,6 +104,56 @@ def test_bad_stop_strings_are_refused_naming_the_field(engines):
     with pytest.raises(InvalidRequest) as exc:
         asyncio.run(plain.chat(ask("hi", stop=tuple("abcde"))))
     assert exc.value.field == "stop"
+
+
+class ScriptedModel:
+    """A base model that writes ``script`` after any prompt and would run on past it (then EOS): the logits prefer the
+    script's next token after the longest start of the script the context ends with."""
+
+    def __init__(self, tokenizer, script: str):
+        self.script = tokenizer.encode(script, add_special_tokens=False)
+        self.eos = tokenizer.eos_token_id
+
+    def __call__(self, context: tuple[int, ...]) -> int:
+        for k in range(min(len(self.script), len(context)), 0, -1):
+            if list(context[-k:]) == self.script[:k]:
+                return self.script[k] if k < len(self.script) else self.eos
+        return self.script[0]
+
+
+@pytest.fixture(scope="module")
+def scripted(demo_models):
+    """An engine over the demo tokenizer and the plain format whose model answers with a Markdown heading, then runs
+    on into the format's next turn."""
+    from structspec.chat_template import PlainPrompts
+    from structspec.engine.config import SchedulerLimits
+    from structspec.engine.core import EngineCore
+    from structspec.engine.engine import Engine
+    from structspec.grammar import GrammarCompiler, TokenizerView
+    from tests.engine.fakes import TableExecutor
+
+    tok = demo_models.tokenizer
+    model = ScriptedModel(tok, "Findings:\n### Results\n- dry\n### User:\nAnd Rome?\n### Assistant:\n")
+    vocab = len(tok)
+    executor = TableExecutor(model, vocab_size=vocab)
+    engine = Engine(EngineCore(executor, tok, tok.eos_token_id, SchedulerLimits()), tok,
+                    GrammarCompiler(TokenizerView(tok, n_vocab=vocab)), max_context=4096, prompts=PlainPrompts(tok))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def test_a_plain_answer_keeps_its_markdown_headings_and_ends_at_the_formats_next_turn(scripted):
+    whole = "Findings:\n### Results\n- dry"
+    res = asyncio.run(scripted.chat(ask("Rain in Oslo?")))
+    assert (res.text, res.finish_reason, res.outcome) == (whole, FinishReason.STOP, Outcome.TEXT)
+    deltas, final = asyncio.run(streamed(scripted, ask("Rain in Oslo?")))
+    assert "".join(deltas) == final.text == whole  # the heading split across tokens is never shown in part
+    tools = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},)
+    for choice in ("auto", "none"):  # a tool request's text answer ends the same way
+        answer = asyncio.run(scripted.call_tool(ToolCallRequest(messages=(ChatMessage("user", "Rain in Oslo?"),),
+                                                                tools=tools, tool_choice=choice)))
+        assert (answer.text, answer.calls, answer.result.outcome) == (whole, [], Outcome.TEXT), choice
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ JSON call) under auto."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import jsonschema
@@ -179,7 +180,7 @@ def test_an_agents_earlier_call_and_the_tools_result_are_turns_of_the_prompt(her
 
 def test_the_plain_formats_text_answer_under_auto_stops_at_its_next_turn(demo_engine_for_calls):
     seq = demo_engine_for_calls.prepare_toolcall(ToolCallRequest(messages=ASK, tools=(WEATHER,)))
-    assert seq.stop == ("\n###",)
+    assert seq.stop == demo_engine_for_calls.prompts.text_stop and "\n### User:" in seq.stop
     forced = demo_engine_for_calls.prepare_toolcall(ToolCallRequest(messages=ASK, tools=(WEATHER,),
                                                                     tool_choice="required"))
     assert forced.stop == ()
@@ -194,8 +195,6 @@ def test_a_plain_format_model_is_offered_an_answer_under_auto_only(demo_models):
     """A model without a template and not trained on call-only turns (``plain_answers``) is prompted for its own
     turn under auto (a call or a text answer), and for a call where the call is forced; the demo pair, trained on
     call-only turns, keeps ``### Call:``."""
-    import dataclasses
-
     answering = assemble_engine(dataclasses.replace(demo_models, plain_answers=True))
     trained = assemble_engine(demo_models)
     asked = ToolCallRequest(messages=(ChatMessage("user", "Say hello"),), tools=(WEATHER,))
@@ -206,3 +205,24 @@ def test_a_plain_format_model_is_offered_an_answer_under_auto_only(demo_models):
     assert ending(answering, asked).endswith("### User:\nSay hello\n### Assistant:\n")
     assert ending(answering, dataclasses.replace(asked, tool_choice="required")).endswith("### Call:\n")
     assert ending(trained, asked).endswith("### Call:\n")
+
+
+def test_under_none_a_plain_format_model_is_asked_for_an_answer_and_cannot_call(demo_models):
+    """The demo pair, trained on ``### Call:`` turns, is the model that would call: under none its prompt ends at the
+    answer heading and the grammar refuses the call heading and call JSON, so what it writes is text, not a call."""
+    engine = assemble_engine(demo_models)
+    none = ToolCallRequest(messages=ASK, tools=(WEATHER,), tool_choice="none", sampling=SamplingParams(max_tokens=48))
+    seq = engine.prepare_toolcall(none)
+    assert engine.tokenizer.decode(seq.prompt).endswith("### User:\nWhat is the weather in Paris?\n### Assistant:\n")
+    assert seq.stop == engine.prompts.text_stop
+    refused = seq.matcher
+    assert not refused.consume(engine.tokenizer.encode("### Call:", add_special_tokens=False))
+    engine.start()
+    try:
+        for seed in (None, 1, 2):
+            sampling = SamplingParams(max_tokens=48, temperature=0.0 if seed is None else 1.0, seed=seed)
+            res = asyncio.run(engine.call_tool(dataclasses.replace(none, sampling=sampling)))
+            assert res.calls == [] and res.result.outcome in (Outcome.TEXT, Outcome.TRUNCATED), res.result
+            assert res.text is not None and res.text[:1] not in ("{", "[") and "### Call:" not in res.result.text
+    finally:
+        engine.stop()

@@ -40,3 +40,16 @@ def test_held_back_text_is_shown_once_it_cannot_become_a_stop_string():
     assert f.feed(" EN") == " "
     assert f.feed("D and more") == ""
     assert f.finish("the Ex ") == ""
+
+
+def test_a_markdown_heading_is_shown_once_it_cannot_become_a_turn_heading():
+    """The plain format's stops share their start (``\\n### ``) with a Markdown heading: that start is held back
+    only until the text differs from every turn heading."""
+    from structspec.chat_template import PlainPrompts
+
+    f = StopFilter(PlainPrompts.text_stop)
+    assert f.feed("Findings:\n###") == "Findings:"
+    assert f.feed(" Res") == "\n### Res"
+    assert f.feed("ults\n- dry\n### Us") == "ults\n- dry"
+    assert f.feed("er:\nmore") == ""
+    assert f.finish("Findings:\n### Results\n- dry") == ""

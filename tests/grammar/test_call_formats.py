@@ -112,12 +112,28 @@ def test_required_and_named_force_the_call_from_the_first_token(compilers, famil
         assert forced.startswith("{")
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "mistral-text"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_none_refuses_the_trigger_and_calls(compilers, family):
     assert accepts(compilers, family, "Sunny, probably.", "none")
-    lead = "" if family == "llama3" else "Here: "  # Llama's calls are the whole answer: JSON after text is text
+    # Llama's and the generic calls are the whole answer: JSON after text is text
+    lead = "" if family in ("llama3", "json") else "Here: "
     assert not accepts(compilers, family, lead + call_text(family, "get_weather", {"city": "Paris"}), "none")
-    assert not accepts(compilers, family, fmt_of(family).trigger + " hi", "none")
+    opening = fmt_of(family).trigger or "["  # the generic call opens with "{" (one) or "[" (a list)
+    assert not accepts(compilers, family, opening + " hi", "none")
+
+
+def test_none_refuses_text_a_prompt_format_opens_a_call_with(compilers):
+    """``refused_text``: the plain format's call heading is never part of a text answer, anywhere in it."""
+    tok, compiler = compilers["json"]
+
+    def takes(text: str) -> bool:
+        matcher = compiler.compile_tools(ToolSet.parse(TOOLS, "none"), call_format=cf.JSON,
+                                         refused_text=("### Call:",)).matcher()
+        return matcher.consume(tok.encode(text, add_special_tokens=False)) and matcher.consume([tok.eos_token_id])
+
+    assert takes("Sunny.\n### Results\n- dry")
+    assert not takes("### Call:\n" + call_text("json", "get_weather", {"city": "Paris"}))
+    assert not takes("Let me look.\n### Call:\n")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
