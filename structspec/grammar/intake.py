@@ -238,8 +238,11 @@ def _check_patterns(schema: dict[str, Any], at: str) -> None:
             except Exception as exc:  # noqa: BLE001 - re2.error; its words go to the caller
                 words = exc.args[0] if exc.args else exc
                 words = words.decode("utf-8", "replace") if isinstance(words, bytes) else str(words)
-                issues.append(SchemaIssue(where, keyword, f"regex {pattern[:100]!r} needs backtracking "
-                                                          f"(back-references, look-arounds): {words[:120]}"))
+                if "\\p{" in words or "\\P{" in words:
+                    why = "uses a Unicode property RE2 has no name for (binary properties, script codes)"
+                else:
+                    why = "needs backtracking (back-references, look-arounds)"
+                issues.append(SchemaIssue(where, keyword, f"regex {pattern[:100]!r} {why}: {words[:120]}"))
     if issues:
         raise SchemaError(issues[:MAX_ISSUES], kind="unsupported")
 
