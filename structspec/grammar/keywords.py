@@ -47,8 +47,9 @@ REFUSED = {
     "$recursiveRef": "recursive references are not supported",
 }
 
-# Formats the post-check validator can verify (jsonschema's checkers available here).
-CHECKABLE_FORMATS = frozenset(jsonschema.FormatChecker().checkers)
+# Formats the post-check validator can verify: 2020-12's checkers available here (the post-check
+# uses each draft's own; the default draft's set names what is checked).
+CHECKABLE_FORMATS = frozenset(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
 
 
 @dataclass(frozen=True)
