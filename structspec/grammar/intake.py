@@ -2,15 +2,16 @@
 
 Backend-independent refusals, as plain data (``SchemaError`` with pointer + keyword):
 too_deep (nesting past ``json_text``'s limits), too_large, metaschema (against the draft named by ``$schema``, default 2020-12),
-external_ref (a ``$ref`` that leaves the document), unsupported (dynamic references, integers past
-2^53 in numeric keywords, const or enum), invalid_schema (neither an object nor ``true``, the schema
+external_ref (a ``$ref`` that leaves the document), unsupported (a dynamic reference whose target
+depends on the evaluation path, integers past 2^53 in numeric keywords, const or enum), invalid_schema (neither an object nor ``true``, the schema
 ``false``, a local ``$ref`` that resolves to nothing).
 
 ``for_backends`` spells a schema the way every backend reads it, with the same meaning in JSON
 Schema: ``true`` as ``{}`` (any JSON value), an integer-valued count such as ``"maxLength": 2.0``
-as ``2`` (JSON Schema counts 2.0 as an integer; the engines want an integer literal), and a
-pattern's class escapes as ECMA-262's explicit classes (``ecma_regex``). The post-check
-validates against the caller's own schema.
+as ``2`` (JSON Schema counts 2.0 as an integer; the engines want an integer literal), a
+pattern's class escapes as ECMA-262's explicit classes (``ecma_regex``), and a ``$dynamicRef`` or
+``$recursiveRef`` whose target is the same on every evaluation path as a ``$ref`` to that target
+(``static_references``). The post-check validates against the caller's own schema.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 import sys
 from functools import cache
 from typing import Any, Iterator
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import jsonschema
 from jsonschema.protocols import Validator
@@ -84,7 +85,8 @@ BOUND_KEYWORDS = {"minimum": math.inf, "exclusiveMinimum": math.inf, "maximum": 
 # A search over the text (microseconds) spares the walks (a Python loop over every subschema) for the
 # schemas that have none, nearly all of them.
 _BIG_NUMBER = re.compile(r"\d{16}|\de\+")
-_REWRITES = re.compile(r"\d{16}|\de\+|\"(?:max|min)(?:Length|Items|Properties|Contains)\":-?\d+\.|\\\\[dwsDWS]")
+_REWRITES = re.compile(r"\d{16}|\de\+|\"(?:max|min)(?:Length|Items|Properties|Contains)\":-?\d+\.|\\\\[dwsDWS]"
+                       r"|\"\$(?:dynamic|recursive)Ref\":")
 
 
 def for_backends(schema: Any, text: str | None = None) -> Any:
@@ -110,9 +112,17 @@ def for_backends(schema: Any, text: str | None = None) -> Any:
             changes.append((pointer, "pattern", ecma_regex.spell_out(node["pattern"])))
     # llguidance takes no integer past 64 bits, anywhere (a default, an example): those go as floats
     changes += [(pointer, None, None) for pointer, value in _past_64_bits(schema) if _fits_float(value)]
-    if not changes:
+    references, _ = static_references(schema)
+    if not changes and not references:
         return schema
     out = copy.deepcopy(schema)
+    for pointer, keyword, target in references:
+        node = schema_walk.resolve(out, pointer)
+        del node[keyword]
+        if "$ref" in node:  # beside a $ref of its own: both apply
+            node["allOf"] = [*node.get("allOf", []), {"$ref": target}]
+        else:
+            node["$ref"] = target
     for pointer, keyword, value in changes:
         if keyword is not None:
             schema_walk.resolve(out, pointer)[keyword] = value
@@ -238,8 +248,11 @@ def _check_patterns(schema: dict[str, Any], at: str) -> None:
             except Exception as exc:  # noqa: BLE001 - re2.error; its words go to the caller
                 words = exc.args[0] if exc.args else exc
                 words = words.decode("utf-8", "replace") if isinstance(words, bytes) else str(words)
-                issues.append(SchemaIssue(where, keyword, f"regex {pattern[:100]!r} needs backtracking "
-                                                          f"(back-references, look-arounds): {words[:120]}"))
+                if "\\p{" in words or "\\P{" in words:
+                    why = "uses a Unicode property RE2 has no name for (binary properties, script codes)"
+                else:
+                    why = "needs backtracking (back-references, look-arounds)"
+                issues.append(SchemaIssue(where, keyword, f"regex {pattern[:100]!r} {why}: {words[:120]}"))
     if issues:
         raise SchemaError(issues[:MAX_ISSUES], kind="unsupported")
 
@@ -282,13 +295,10 @@ def _metaschema_issue(error: jsonschema.ValidationError, at: str) -> SchemaIssue
 def _check_references(schema: dict[str, Any], at: str) -> None:
     own_ids = {str(schema[k]).rstrip("#") for k in ("$id", "id") if isinstance(schema.get(k), str)}
     anchors = _anchors(schema)
-    refused: list[SchemaIssue] = []
+    _, refused = static_references(schema, at)
     external: list[SchemaIssue] = []
     broken: list[SchemaIssue] = []
     for pointer, node in schema_walk.iter_schemas(schema):
-        for keyword, why in REFUSED.items():
-            if keyword in node:
-                refused.append(SchemaIssue(schema_walk.join(at + pointer, keyword), keyword, why))
         ref = node.get("$ref")
         if not isinstance(ref, str):
             continue
@@ -330,3 +340,85 @@ def _resolves(schema: dict[str, Any], ref_site: str, fragment: str) -> bool:
         except KeyError:
             continue
     return False
+
+
+def static_references(schema: Any, at: str = "") -> tuple[list[tuple[str, str, str]], list[SchemaIssue]]:
+    """``$dynamicRef`` and ``$recursiveRef`` uses with one target on every evaluation path: (pointer of the
+    schema using it, keyword, the ``$ref`` to write instead); and an issue for each of the others.
+
+    A ``$dynamicRef`` to ``#name`` first resolves in its own schema resource (the subschema under the
+    nearest ``$id``); when that finds a ``$dynamicAnchor``, the outermost resource on the evaluation
+    path that declares the same ``$dynamicAnchor`` wins. Evaluation starts at the root, so the target
+    is static when the root's resource declares it, or when no other resource does. A ``$recursiveRef``
+    is static from the root's resource, or from a resource whose root has no ``$recursiveAnchor``.
+    A ``$dynamicRef`` to a JSON pointer is a plain ``$ref``.
+    """
+    if not isinstance(schema, dict):
+        return [], []
+    nodes = list(schema_walk.iter_schemas(schema))
+    if not any(k in node for _, node in nodes for k in REFUSED):
+        return [], []
+    roots = [""] + [p for p, node in nodes if p and isinstance(node.get("$id"), str) and not node["$id"].startswith("#")]
+
+    def resource(pointer: str) -> str:
+        return max((r for r in roots if pointer == r or pointer.startswith(r + "/")), key=len)
+
+    dynamic: dict[tuple[str, str], str] = {}
+    plain: dict[tuple[str, str], str] = {}
+    for pointer, node in nodes:
+        if isinstance(node.get("$dynamicAnchor"), str):
+            dynamic.setdefault((resource(pointer), node["$dynamicAnchor"]), pointer)
+        if isinstance(node.get("$anchor"), str):
+            plain.setdefault((resource(pointer), node["$anchor"]), pointer)
+    resolved: list[tuple[str, str, str]] = []
+    issues: list[SchemaIssue] = []
+    for pointer, node in nodes:
+        for keyword in REFUSED.keys() & node.keys():
+            target = _static_target(schema, keyword, node[keyword], resource(pointer), dynamic, plain)
+            if target is None:
+                issues.append(SchemaIssue(schema_walk.join(at + pointer, keyword), keyword, REFUSED[keyword]))
+            else:
+                resolved.append((pointer, keyword, target))
+    return resolved, issues
+
+
+def _static_target(schema: dict[str, Any], keyword: str, ref: Any, own: str,
+                   dynamic: dict[tuple[str, str], str], plain: dict[tuple[str, str], str]) -> str | None:
+    """The ``$ref`` one dynamic reference always means (see ``static_references``), or None."""
+    if not isinstance(ref, str):
+        return None
+    base, _, fragment = ref.partition("#")
+    node = schema_walk.resolve(schema, own) if own else schema
+    if base and base != node.get("$id"):
+        return None  # another resource by URI: not followed
+    if keyword == "$recursiveRef":
+        if fragment or (own and node.get("$recursiveAnchor") is True):
+            return None
+        return _pointer_ref(schema, own, own)
+    if not fragment or fragment.startswith("/"):
+        try:
+            schema_walk.resolve(node, unquote(fragment))
+        except KeyError:
+            return None
+        return _pointer_ref(schema, own + unquote(fragment), own)
+    if (own, fragment) in plain and (own, fragment) not in dynamic:
+        return _pointer_ref(schema, plain[(own, fragment)], own)
+    if (own, fragment) not in dynamic:
+        return None
+    if ("", fragment) in dynamic:
+        return _pointer_ref(schema, dynamic[("", fragment)], own)
+    holders = {r for r, name in dynamic if name == fragment}
+    return _pointer_ref(schema, dynamic[(own, fragment)], own) if holders == {own} else None
+
+
+def _pointer_ref(schema: dict[str, Any], target: str, own: str) -> str | None:
+    """A ``$ref`` to the schema at ``target``, written in resource ``own`` (a ``$ref`` there is relative to
+    its ``$id``): a fragment within ``own``, else the root's absolute ``$id`` with the fragment; None
+    when the root has none to name it by."""
+    safe = "/~$!&'()*+,;=:@-._"
+    if target == own or target.startswith(own + "/"):
+        return "#" + quote(target[len(own):], safe=safe)
+    root_id = schema.get("$id")
+    if isinstance(root_id, str) and ":" in root_id:
+        return root_id.partition("#")[0] + "#" + quote(target, safe=safe)
+    return None

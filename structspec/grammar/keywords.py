@@ -41,14 +41,17 @@ ASSERTIONS = frozenset({
     "then", "else", "dependentSchemas", "dependencies", "$ref",
 })
 
-# Dropping these would drop whole subschemas (what the reference points to): refused by every backend.
+# Dropping these would drop whole subschemas (what the reference points to): resolved statically by
+# intake where every evaluation path gives one target, refused otherwise (by every backend).
 REFUSED = {
-    "$dynamicRef": "dynamic references are not supported",
-    "$recursiveRef": "recursive references are not supported",
+    "$dynamicRef": "a dynamic reference whose target depends on the evaluation path (another schema resource "
+                   "declares its $dynamicAnchor) is not supported",
+    "$recursiveRef": "a recursive reference whose target depends on the evaluation path is not supported",
 }
 
-# Formats the post-check validator can verify (jsonschema's checkers available here).
-CHECKABLE_FORMATS = frozenset(jsonschema.FormatChecker().checkers)
+# Formats the post-check validator can verify: 2020-12's checkers available here (the post-check
+# uses each draft's own; the default draft's set names what is checked).
+CHECKABLE_FORMATS = frozenset(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,20 @@ Compiled in llguidance's lenient mode when post-checks are allowed: what it cann
 enforce it ignores *and reports* as a grammar warning ("Unimplemented keys: [...]",
 "Unknown format: ...", oneOf approximated by anyOf, min/maxProperties); each report
 is mapped back to the schema's keyword uses (pointers) and settled by
-``keywords.settle``. Hard errors (unsupported regex features, overlapping
-patternProperties, unsatisfiable schemas) are refused with the same mapping.
+``keywords.settle``. Hard errors (unsupported regex features, unsatisfiable schemas)
+are refused with the same mapping.
+
+Two rewrites before llguidance reads a schema: formats whose llguidance grammar refuses values the
+post-check accepts are written as patterns (``formats``); and patternProperties whose patterns
+overlap, which llguidance refuses, are merged into one pattern per overlapping group
+(``merge_overlapping_patterns``), looser where their schemas differ, and then declared
+post-check-only.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import re
 import threading
@@ -20,7 +28,7 @@ import llguidance
 import numpy as np
 import torch
 
-from structspec.grammar import keywords, schema_walk
+from structspec.grammar import formats, keywords, schema_walk
 from structspec.grammar.base import (
     CompileInfo,
     GrammarOptions,
@@ -32,8 +40,8 @@ from structspec.grammar.base import (
 )
 from structspec.grammar.tokenizer_view import TokenizerView
 
-# Formats llguidance enforces with a regex that is looser than the format (found by testing).
-APPROXIMATE_FORMATS = {"date": "no leap-year check", "date-time": "no leap-year check"}
+# Formats the grammar enforces with a regex that is looser than the format (found by testing).
+APPROXIMATE_FORMATS = formats.APPROXIMATE
 
 # Plain text for tool_choice="auto" must not open JSON: "{" or "[" starts a call.
 _TEXT_NOT_JSON = r"/[^{\[](?s:.)*/"
@@ -83,8 +91,11 @@ class LLGuidanceBackend:
         self.limits = llguidance.LLParserLimits(verbose_errors=False, **self.limit_values)
 
     def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=json_overrides(options))
-        return self._build(grammar, schema, options)
+        def build(compiled: dict[str, Any], unenforced: list[keywords.Unenforced]) -> LLGuidanceGrammar:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(compiled, overrides=json_overrides(options))
+            return self._build(grammar, schema, options, unenforced)
+
+        return self._merging_overlaps(schema, build)
 
     def compile_text_or_json(
         self, schema: dict[str, Any] | None, allow_text: bool, options: GrammarOptions
@@ -94,9 +105,31 @@ class LLGuidanceBackend:
             return self._build(grammar, {}, options)
         if not allow_text:
             return self.compile_json_schema(schema, options)
-        inline = {**schema, "x-guidance": json_overrides(options)}  # %json reads its options from x-guidance
-        lark = f"start: TEXT | call\nTEXT: {_TEXT_NOT_JSON}\ncall: %json {json.dumps(inline)}\n"
-        return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options)
+
+        def build(compiled: dict[str, Any], unenforced: list[keywords.Unenforced]) -> LLGuidanceGrammar:
+            inline = {**compiled, "x-guidance": json_overrides(options)}  # %json reads its options from x-guidance
+            lark = f"start: TEXT | call\nTEXT: {_TEXT_NOT_JSON}\ncall: %json {json.dumps(inline)}\n"
+            return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options, unenforced)
+
+        return self._merging_overlaps(schema, build)
+
+    def _merging_overlaps(self, schema: dict[str, Any], build) -> LLGuidanceGrammar:
+        """``build(compiled schema, unenforced)``; again with overlapping patternProperties merged where
+        llguidance refuses them (only then: the check is a compile per pair of patterns)."""
+        compiled = formats.with_own_formats(schema)
+        try:
+            return build(compiled, [])
+        except SchemaError as exc:
+            if exc.kind != "unsupported" or not any(_NOT_DISJOINT.search(i.message) for i in exc.issues):
+                raise
+        merged, unenforced = merge_overlapping_patterns(compiled, self._disjoint)
+        return build(merged, unenforced)
+
+    def _disjoint(self, first: str, second: str) -> bool:
+        probe = {"type": "object", "patternProperties": {first: {}, second: {}}}
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(probe, overrides={"lenient": True})
+        matcher = llguidance.LLMatcher(self.view.ll_tokenizer, grammar, log_level=0, limits=self.limits)
+        return not (matcher.is_error() and _NOT_DISJOINT.search(matcher.get_error()))
 
     def compile_lark(self, lark: str, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
         """A Lark grammar's text (a call format's: ``call_formats.lark_grammar``); ``schema``: the JSON Schema its
@@ -108,12 +141,14 @@ class LLGuidanceBackend:
         found = self.view.tokenizer.get_added_vocab().get(text)
         return found if found is not None and self.view.ll_tokenizer.is_special_token(found) else None
 
-    def _build(self, grammar: str, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
+    def _build(self, grammar: str, schema: dict[str, Any], options: GrammarOptions,
+               unenforced: Sequence[keywords.Unenforced] = ()) -> LLGuidanceGrammar:
+        """``schema``: the caller's (warnings and errors point into it; the approximated formats are its)."""
         matcher = llguidance.LLMatcher(self.view.ll_tokenizer, grammar, log_level=0, limits=self.limits)
         if matcher.is_error():
             kind, issues = explain_error(matcher.get_error(), schema)
             raise SchemaError(issues, kind=kind)
-        unenforced = [u for w in matcher.get_grammar_warnings() for u in explain_warning(w, schema)]
+        unenforced = [*unenforced, *(u for w in matcher.get_grammar_warnings() for u in explain_warning(w, schema))]
         for pointer in schema_walk.keyword_pointers(schema, "format", lambda v: v in APPROXIMATE_FORMATS):
             fmt = schema_walk.resolve(schema, pointer)
             unenforced.append(keywords.approximate_format(pointer, fmt, self.name, APPROXIMATE_FORMATS[fmt]))
@@ -128,6 +163,53 @@ class LLGuidanceBackend:
         info = CompileInfo(warnings=warnings, post_check_keywords=post_check,
                            extra={"backend": self.name, "limits": dict(self.limit_values)})
         return LLGuidanceGrammar(self.view, matcher, info)
+
+
+def merge_overlapping_patterns(schema: dict[str, Any], disjoint) -> tuple[dict[str, Any], list[keywords.Unenforced]]:
+    """``schema`` with each group of overlapping patternProperties (``disjoint(a, b)`` False, joined
+    transitively) as one pattern, their alternation. A name matching several patterns must satisfy
+    all their schemas; merged, it is held to one: the schema itself where the group's schemas are
+    equal (exact), else their ``anyOf`` (looser, every valid instance still admitted), a
+    patternProperties use declared post-check-only. Which names fall to additionalProperties does
+    not change."""
+    out = copy.deepcopy(schema)
+    unenforced = []
+    for pointer, node in list(schema_walk.iter_schemas(out)):
+        patterns = node.get("patternProperties")
+        if not isinstance(patterns, dict) or len(patterns) < 2:
+            continue
+        names = list(patterns)
+        group = list(range(len(names)))  # union-find over the patterns
+
+        def root(i: int) -> int:
+            while group[i] != i:
+                i = group[i]
+            return i
+
+        for i, j in itertools.combinations(range(len(names)), 2):
+            if root(i) != root(j) and not disjoint(names[i], names[j]):
+                group[root(j)] = root(i)
+        groups: dict[int, list[str]] = {}
+        for i, name in enumerate(names):
+            groups.setdefault(root(i), []).append(name)
+        if all(len(g) == 1 for g in groups.values()):
+            continue
+        merged: dict[str, Any] = {}
+        loose = False
+        for members in groups.values():
+            if len(members) == 1:
+                merged[members[0]] = patterns[members[0]]
+                continue
+            schemas = [patterns[m] for m in members]
+            same = all(json.dumps(s, sort_keys=True) == json.dumps(schemas[0], sort_keys=True) for s in schemas)
+            loose = loose or not same
+            merged["|".join(f"(?:{m})" for m in members)] = schemas[0] if same else {"anyOf": schemas}
+        node["patternProperties"] = merged
+        if loose:
+            unenforced.append(keywords.keyword(
+                schema_walk.join(pointer, "patternProperties"), "patternProperties", "llguidance",
+                "overlapping patterns: a name matching several is held to one of their schemas"))
+    return out, unenforced
 
 
 TRIAL_STEPS = 16

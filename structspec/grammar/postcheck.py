@@ -33,8 +33,6 @@ import re2
 
 from structspec.grammar import ecma_regex, schema_walk
 
-_FORMATS = jsonschema.FormatChecker()
-
 
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a refused pattern is the caller's error, reported to them, not logged
@@ -113,10 +111,13 @@ def _post_check_class(cls: type) -> type:
 
 
 def validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    """The validator of the draft named by ``$schema`` (default 2020-12): formats checked, patterns on RE2,
+    """The validator of the draft named by ``$schema`` (default 2020-12): formats checked as that draft defines
+    them (the checkers jsonschema has here), patterns on RE2,
     ``multipleOf`` exact, ``if`` errors with their branch."""
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return _post_check_class(cls)(schema, format_checker=_FORMATS)
+    # the draft's own checker: jsonschema's default FormatChecker() holds every draft's checkers under one
+    # name each, and checks "time" as draft 3's %H:%M:%S, which refuses RFC 3339's offset
+    return _post_check_class(cls)(schema, format_checker=cls.FORMAT_CHECKER)
 
 
 def instance_errors(instance: Any, schema: dict[str, Any]) -> list[jsonschema.ValidationError]:

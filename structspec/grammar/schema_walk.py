@@ -17,6 +17,7 @@ _SINGLE = frozenset({
     "unevaluatedItems", "unevaluatedProperties", "contentSchema", "items",
 })
 SUBSCHEMA_KEYWORDS = _MAPS | _LISTS | _SINGLE
+_REFERENCES = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 
 
 def escape(token: str) -> str:
@@ -97,7 +98,7 @@ def path_keywords(path: Iterable[str | int]) -> list[str]:
             nxt = tokens[i + 1] if i + 1 < len(tokens) else None
             if token in _MAPS or token in _LISTS or (token == "items" and isinstance(nxt, int)):
                 expect = "name"
-            elif token in _SINGLE or token == "$ref":
+            elif token in _SINGLE or token in _REFERENCES:
                 expect = "keyword"  # jsonschema continues into the referenced schema
             else:
                 expect = "data"

@@ -37,3 +37,30 @@ def test_spelled_out(pattern, spelled):
 ])
 def test_post_check_reads_them_as_ecma(pattern, text, matches):
     assert bool(linear_regex(pattern).search(text)) is matches
+
+
+@pytest.mark.parametrize("pattern,spelled", [
+    ("\\p{Letter}", "\\p{L}"),
+    ("\\P{Uppercase_Letter}", "\\P{Lu}"),
+    ("[\\p{Decimal_Number}_]", "[\\p{Nd}_]"),
+    ("\\p{gc=Lowercase_Letter}", "\\p{Ll}"),
+    ("\\p{General_Category=Nd}", "\\p{Nd}"),
+    ("\\p{Script=Greek}\\p{sc=Latin}", "\\p{Greek}\\p{Latin}"),
+    ("\\p{L}\\p{Greek}", "\\p{L}\\p{Greek}"),  # names RE2 knows as they are
+    ("\\p{Alphabetic}", "\\p{Alphabetic}"),  # no RE2 spelling: left for intake to refuse
+    ("\\\\p{Letter}", "\\\\p{Letter}"),  # an escaped backslash, then plain text
+])
+def test_unicode_property_names_spelled_for_re2(pattern, spelled):
+    assert spell_out(pattern) == spelled
+
+
+@pytest.mark.parametrize("pattern,text,matches", [
+    ("^\\p{Letter}+$", "h\u00e9\u03bb", True),
+    ("^\\p{Letter}+$", "h1", False),
+    ("^\\P{Letter}$", "1", True),
+    ("^[\\p{Uppercase_Letter}\\d]+$", "A1\u00c9", True),
+    ("^\\p{Script=Greek}$", "\u03bb", True),
+    ("^\\p{sc=Greek}$", "l", False),
+])
+def test_long_property_names_match_on_re2(pattern, text, matches):
+    assert bool(linear_regex(pattern).search(text)) is matches

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import jsonschema
@@ -60,9 +61,88 @@ def test_local_refs_resolve_or_are_refused(compiler, view):
     assert error.kind == "invalid_schema" and where(error) == [("/items/$ref", "$ref")]
 
 
-def test_dynamic_refs_refused(compiler):
-    error = refusal(compiler, {"$dynamicAnchor": "n", "type": "object", "properties": {"c": {"$dynamicRef": "#n"}}})
-    assert error.kind == "unsupported" and where(error) == [("/properties/c/$dynamicRef", "$dynamicRef")]
+TREE = {"$dynamicAnchor": "node", "type": "object", "properties": {
+    "value": {"type": "integer"}, "children": {"type": "array", "items": {"$dynamicRef": "#node"}}},
+    "required": ["value"], "additionalProperties": False}
+
+
+def test_dynamic_refs_in_one_resource_resolve_statically(compiler, view):
+    """One schema resource: the dynamic scope holds no other ``$dynamicAnchor``, so ``#node`` is the root."""
+    grammar = compiler.compile_schema(TREE)
+    assert accepts(grammar, view, '{"value":1,"children":[{"value":2,"children":[]}]}')
+    assert not accepts(grammar, view, '{"value":1,"children":[{"value":"x"}]}')
+    defs = {"$defs": {"leaf": {"$dynamicAnchor": "leaf", "type": "string"}},
+            "type": "array", "items": {"$dynamicRef": "#leaf"}}
+    grammar = compiler.compile_schema(defs)
+    assert accepts(grammar, view, '["a"]') and not accepts(grammar, view, "[1]")
+    assert TREE["properties"]["children"]["items"] == {"$dynamicRef": "#node"}  # the caller's schema as it was
+
+
+def test_a_dynamic_anchor_the_root_declares_wins_from_every_resource(compiler, view):
+    """Evaluation starts at the root: its ``$dynamicAnchor`` is the outermost on every path."""
+    schema = {"$id": "https://example.com/root", "$dynamicAnchor": "n", "type": "object",
+              "properties": {"v": {"type": "integer"}, "x": {"$ref": "#/$defs/list"}}, "additionalProperties": False,
+              "$defs": {"list": {"$id": "list", "$dynamicAnchor": "n", "type": "array", "items": {"$dynamicRef": "#n"}}}}
+    grammar = compiler.compile_schema(schema)
+    for text in ('{"x":[{"v":1}]}', '{"x":[[1]]}', '{"x":[{"v":"a"}]}'):
+        assert accepts(grammar, view, text) is not instance_errors(json.loads(text), schema), text
+
+
+def test_recursive_refs_in_one_resource_resolve_statically(compiler, view):
+    schema = {"$schema": "https://json-schema.org/draft/2019-09/schema", "$recursiveAnchor": True,
+              "type": "object", "properties": {"next": {"$recursiveRef": "#"}}, "additionalProperties": False}
+    grammar = compiler.compile_schema(schema)
+    assert accepts(grammar, view, '{"next":{"next":{}}}') and not accepts(grammar, view, '{"next":1}')
+
+
+def test_dynamic_refs_whose_target_depends_on_the_path_are_refused(compiler):
+    """An embedded resource declares the anchor again: which one applies depends on how it was reached."""
+    schema = {"$id": "https://example.com/root", "$ref": "#/$defs/list", "$defs": {
+        "list": {"$id": "list", "$dynamicAnchor": "item", "type": "array", "items": {"$dynamicRef": "#item"}},
+        "strings": {"$id": "strings", "$dynamicAnchor": "item", "type": "string"}}}
+    error = refusal(compiler, schema)
+    assert error.kind == "unsupported" and where(error) == [("/$defs/list/items/$dynamicRef", "$dynamicRef")]
+    assert "evaluation path" in error.issues[0].message
+
+
+def test_unicode_property_long_names_compile(compiler, view):
+    schema = {"type": "string", "pattern": "^\\p{Letter}+$"}
+    grammar = compiler.compile_schema(schema)
+    assert accepts(grammar, view, '"h\u00e9llo"') and not accepts(grammar, view, '"h1"')
+    assert instance_errors("h1", schema) and not instance_errors("h\u00e9llo", schema)
+    error = refusal(compiler, {"type": "string", "pattern": "^\\p{Alphabetic}$"})  # a property RE2 lacks
+    assert error.kind == "unsupported" and "Unicode property" in error.issues[0].message
+    assert "backtracking" not in error.issues[0].message
+
+
+OVERLAPPING = {"type": "object", "patternProperties": {"^a": {"type": "integer"},
+                                                     "b$": {"type": "integer", "minimum": 5}},
+               "additionalProperties": False}
+
+
+def test_overlapping_pattern_properties_are_left_to_the_post_check(compilers, view):
+    """Every valid instance is admitted; a name matching both patterns is held to both by the post-check."""
+    grammar = compilers["llguidance"].compile_schema(OVERLAPPING)
+    assert grammar.info.post_check_keywords == ("patternProperties",)
+    assert [(w.pointer, w.keyword) for w in grammar.info.warnings] == [("/patternProperties", "patternProperties")]
+    for text in ('{"ax":1}', '{"xb":7}', '{"ab":6}'):
+        assert accepts(grammar, view, text) and not instance_errors(json.loads(text), OVERLAPPING)
+    assert not accepts(grammar, view, '{"ax":"s"}') and not accepts(grammar, view, '{"xb":"s"}')
+    assert not accepts(grammar, view, '{"c":1}')  # additionalProperties: as before
+    assert accepts(grammar, view, '{"ab":1}')  # only the post-check sees minimum here
+    errors = instance_errors({"ab": 1}, OVERLAPPING)
+    assert errors and all(is_post_check_error(e, grammar.info.post_check_keywords) for e in errors)
+    strict = refusal(compilers["llguidance"], OVERLAPPING, allow_post_check=False)
+    assert strict.kind == "unsupported" and where(strict) == [("/patternProperties", "patternProperties")]
+
+
+def test_overlapping_pattern_properties_with_one_schema_are_exact(compilers, view):
+    schema = {"type": "object", "patternProperties": {"^a": {"type": "integer"}, "b$": {"type": "integer"},
+                                                      "^z$": {"type": "string"}}, "additionalProperties": False}
+    grammar = compilers["llguidance"].compile_schema(schema, GrammarOptions(allow_post_check=False))
+    assert grammar.info.post_check_keywords == ()
+    assert accepts(grammar, view, '{"ab":1,"z":"s"}') and not accepts(grammar, view, '{"ab":"s"}')
+    assert not accepts(grammar, view, '{"z":1}')
 
 
 def test_too_large(compiler):

@@ -47,3 +47,20 @@ def test_if_passes_when_its_branch_allows():
 def test_draft_4_has_no_if():
     schema = {"$schema": "http://json-schema.org/draft-04/schema#", "if": {"const": 1}, "then": False}
     assert not instance_errors(1, schema)
+
+
+def test_formats_are_checked_as_the_schemas_draft_defines_them():
+    """2020-12's time is RFC 3339's (an offset required), not draft 3's ``%H:%M:%S``."""
+    schema = {"type": "string", "format": "time"}
+    assert not instance_errors("12:00:00Z", schema)
+    assert not instance_errors("23:59:60.5+01:00", schema)
+    assert not instance_errors("2024-02-30", {"$schema": "http://json-schema.org/draft-04/schema#", "format": "date"})
+    assert instance_errors("2024-02-30", {"format": "date"})
+
+
+def test_errors_under_a_dynamic_reference_name_the_keywords_below_it():
+    schema = {"$dynamicAnchor": "n", "type": "object",
+              "properties": {"c": {"$dynamicRef": "#n"}, "tags": {"type": "array", "uniqueItems": True}}}
+    (error,) = instance_errors({"c": {"tags": [1, 1]}}, schema)
+    assert error_keywords(error) == ["properties", "$dynamicRef", "properties", "uniqueItems"]
+    assert is_post_check_error(error, ["uniqueItems"])
