@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from structspec.grammar import call_formats, intake
@@ -118,16 +119,23 @@ class GrammarCompiler:
         answer = None
         if answer_schema is not None:  # through the intake as ``compile_schema`` takes a schema
             answer = intake.for_backends(answer_schema, intake.check_schema(answer_schema, options, at="/answer_schema"))
-        # the combined call schema (and the answer's), for pointing warnings and errors into the request
+        # the combined call schema (and the answer's), for pointing warnings and errors into the request: tool i's
+        # parameters sit at /$defs/tool<i> (every tool: the choice "required"), the answer at /$defs/answer
         spec = toolcalls.call_grammar(checked, toolcalls.ToolChoice("required"), tools.parallel)
         if answer is not None:
             spec = dataclasses.replace(spec, schema={**spec.schema, "$defs": {**spec.schema["$defs"], "answer": answer}},
                                        placements=(*spec.placements, ("/$defs/answer", "/answer_schema")))
-        lark = call_formats.lark_grammar(fmt, checked, tools.choice, tools.parallel,
-                                         json_overrides(options), self.backend.special_token, answer,
-                                         refused_text)
+
+        def lark_of(embed: Callable[[dict[str, Any], str], dict[str, Any]]) -> str:
+            spelled = tuple(dataclasses.replace(t, parameters=embed(dict(t.parameters), f"/$defs/tool{i}"))
+                            for i, t in enumerate(checked))
+            return call_formats.lark_grammar(fmt, spelled, tools.choice, tools.parallel, json_overrides(options),
+                                             self.backend.special_token,
+                                             embed(answer, "/$defs/answer") if answer is not None else None,
+                                             refused_text)
+
         try:
-            grammar = run_with_deadline(lambda: compile_lark(lark, spec.schema, options), options.compile_timeout_s)
+            grammar = run_with_deadline(lambda: compile_lark(lark_of, spec.schema, options), options.compile_timeout_s)
         except SchemaError as exc:
             raise SchemaError([_moved(i, spec) for i in exc.issues], kind=exc.kind) from None
         grammar.info = dataclasses.replace(grammar.info, warnings=tuple(_moved(w, spec) for w in grammar.info.warnings))

@@ -17,11 +17,12 @@ post-check-only.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llguidance
@@ -42,6 +43,8 @@ from structspec.grammar.tokenizer_view import TokenizerView
 
 # Formats the grammar enforces with a regex that is looser than the format (found by testing).
 APPROXIMATE_FORMATS = formats.APPROXIMATE
+# embed(part, at): a JSON Schema a Lark grammar embeds, spelled as the backend compiles it (``at``: where it sits)
+EmbedSchema = Callable[[dict[str, Any], str], dict[str, Any]]
 
 # Plain text for tool_choice="auto" must not open JSON: "{" or "[" starts a call.
 _TEXT_NOT_JSON = r"/[^{\[](?s:.)*/"
@@ -91,11 +94,12 @@ class LLGuidanceBackend:
         self.limits = llguidance.LLParserLimits(verbose_errors=False, **self.limit_values)
 
     def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
-        def build(compiled: dict[str, Any], unenforced: list[keywords.Unenforced]) -> LLGuidanceGrammar:
+        def build(merge: bool) -> LLGuidanceGrammar:
+            compiled, unenforced = self.embedded(schema, merge)
             grammar = llguidance.LLMatcher.grammar_from_json_schema(compiled, overrides=json_overrides(options))
             return self._build(grammar, schema, options, unenforced)
 
-        return self._merging_overlaps(schema, build)
+        return self._merging_overlaps(build)
 
     def compile_text_or_json(
         self, schema: dict[str, Any] | None, allow_text: bool, options: GrammarOptions
@@ -106,24 +110,31 @@ class LLGuidanceBackend:
         if not allow_text:
             return self.compile_json_schema(schema, options)
 
-        def build(compiled: dict[str, Any], unenforced: list[keywords.Unenforced]) -> LLGuidanceGrammar:
+        def build(merge: bool) -> LLGuidanceGrammar:
+            compiled, unenforced = self.embedded(schema, merge)
             inline = {**compiled, "x-guidance": json_overrides(options)}  # %json reads its options from x-guidance
             lark = f"start: TEXT | call\nTEXT: {_TEXT_NOT_JSON}\ncall: %json {json.dumps(inline)}\n"
             return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options, unenforced)
 
-        return self._merging_overlaps(schema, build)
+        return self._merging_overlaps(build)
 
-    def _merging_overlaps(self, schema: dict[str, Any], build) -> LLGuidanceGrammar:
-        """``build(compiled schema, unenforced)``; again with overlapping patternProperties merged where
-        llguidance refuses them (only then: the check is a compile per pair of patterns)."""
+    def embedded(self, schema: dict[str, Any], merge: bool) -> tuple[dict[str, Any], list[keywords.Unenforced]]:
+        """``schema`` spelled as this backend compiles it, alone or inside a Lark grammar: the formats it writes
+        as patterns of its own (``formats``); with ``merge``, overlapping patternProperties merged (what that
+        leaves to the post-check, pointed into ``schema``). Raises: Never."""
         compiled = formats.with_own_formats(schema)
+        return merge_overlapping_patterns(compiled, self._disjoint) if merge else (compiled, [])
+
+    @staticmethod
+    def _merging_overlaps(build: Callable[[bool], LLGuidanceGrammar]) -> LLGuidanceGrammar:
+        """``build(merge=False)``; again with overlapping patternProperties merged where llguidance refuses them
+        (only then: the check is a compile per pair of patterns)."""
         try:
-            return build(compiled, [])
+            return build(False)
         except SchemaError as exc:
             if exc.kind != "unsupported" or not any(_NOT_DISJOINT.search(i.message) for i in exc.issues):
                 raise
-        merged, unenforced = merge_overlapping_patterns(compiled, self._disjoint)
-        return build(merged, unenforced)
+        return build(True)
 
     def _disjoint(self, first: str, second: str) -> bool:
         probe = {"type": "object", "patternProperties": {first: {}, second: {}}}
@@ -131,10 +142,27 @@ class LLGuidanceBackend:
         matcher = llguidance.LLMatcher(self.view.ll_tokenizer, grammar, log_level=0, limits=self.limits)
         return not (matcher.is_error() and _NOT_DISJOINT.search(matcher.get_error()))
 
-    def compile_lark(self, lark: str, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
-        """A Lark grammar's text (a call format's: ``call_formats.lark_grammar``); ``schema``: the JSON Schema its
-        ``%json`` parts come from, where warnings and errors are pointed."""
-        return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options)
+    def compile_lark(self, lark_of: Callable[[EmbedSchema], str], schema: dict[str, Any],
+                     options: GrammarOptions) -> LLGuidanceGrammar:
+        """A Lark grammar (a call format's: ``call_formats.lark_grammar``), written by ``lark_of(embed)``, which
+        passes each JSON Schema it embeds in a ``%json`` through ``embed(part, at)`` (``at``: where the part sits
+        in ``schema``, the JSON Schema its parts come from, where warnings and errors are pointed). Each part is
+        spelled as ``compile_json_schema`` spells a schema, so a call format takes and refuses what the generic
+        JSON call does."""
+
+        def build(merge: bool) -> LLGuidanceGrammar:
+            unenforced: list[keywords.Unenforced] = []
+
+            def embed(part: dict[str, Any], at: str) -> dict[str, Any]:
+                compiled, found = self.embedded(part, merge)
+                unenforced.extend(dataclasses.replace(u, issue=dataclasses.replace(u.issue, pointer=at + u.issue.pointer))
+                                  for u in found)
+                return compiled
+
+            lark = lark_of(embed)
+            return self._build(llguidance.LLMatcher.grammar_from_lark(lark), schema, options, unenforced)
+
+        return self._merging_overlaps(build)
 
     def special_token(self, text: str) -> int | None:
         """The id of the special token spelled ``text`` in this tokenizer (None: not one; then text spells it)."""
@@ -428,7 +456,7 @@ def explain_error(message: str, schema: dict[str, Any]) -> tuple[str, list[Schem
         fmt = m.group(1)
         return "unsupported", [SchemaIssue(p, "format", f"format {fmt!r} is not supported")
                                for p in _uses(schema, "format", lambda v: v == fmt)]
-    if "regex parse error" in text:
+    if "regex parse error" in text or " in regex /" in text:  # a pattern llguidance cannot take, named by its text
         found = [p for k in ("pattern",) for p in schema_walk.keyword_pointers(
             schema, k, lambda v: isinstance(v, str) and v and v in text)]
         found += [p for p in schema_walk.keyword_pointers(

@@ -204,6 +204,7 @@ def obj(**properties) -> dict:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
+OVERLAPPING = {"type": "object", "patternProperties": {"^a": {"type": "string"}, "^ab": {"type": "integer"}}}
 # parameters the intake takes: (schema, arguments the grammar writes, arguments it must not)
 TAKEN = {
     "integer-valued float counts": (obj(s={"type": "string", "minLength": 1.0, "maxLength": 2.0}),
@@ -217,6 +218,10 @@ TAKEN = {
                                          {"c": "abc"}, {"c": "abcd"}),
     "a post-checked keyword": (obj(x={"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
                                {"x": [1, 2]}, {"x": "no"}),
+    # merged by the backend (a name matching both is held to one of their schemas, the rest post-checked)
+    "overlapping patternProperties": (OVERLAPPING, {"a": "x", "ab": 1}, {"a": None}),
+    "a format the backend writes as a pattern": (obj(ip={"type": "string", "format": "ipv6"}),
+                                                 {"ip": "::ffff:1.2.3.4"}, {"ip": "1.2.3.4"}),
 }
 # parameters it refuses: (schema, kind, [(pointer under the tool's parameters, keyword)])
 REFUSED = {
@@ -230,9 +235,8 @@ REFUSED = {
                          [("/properties/s/pattern", "pattern")]),
     "a reference to nothing": (obj(x={"$ref": "#/$defs/nope"}), "invalid_schema", [("/properties/x/$ref", "$ref")]),
     # refused by the grammar engine itself, not by the intake
-    "overlapping patternProperties": ({"type": "object", "patternProperties": {"^a": {"type": "string"},
-                                                                               "^ab": {"type": "integer"}}},
-                                      "unsupported", [("/patternProperties", "patternProperties")]),
+    "a lookaround in a pattern": (obj(s={"type": "string", "pattern": "^$a"}), "unsupported",
+                                  [("/properties/s/pattern", "pattern")]),
 }
 # every family and answer schema that compiles a native grammar (the json family without one is the generic call)
 NATIVE = [(f, None) for f in FAMILIES if f != "json"] + [(f, ANSWER) for f in FAMILIES]
@@ -296,10 +300,16 @@ def test_the_answer_schema_goes_through_the_intake_as_a_schema_does(compilers, f
     assert takes(compilers, family, grammar, json.dumps({"n": 2**62 - 512, "s": "ab"}, separators=(",", ":")))
     assert not takes(compilers, family, grammar, json.dumps({"n": 2**62, "s": "ab"}, separators=(",", ":")))
     assert not takes(compilers, family, grammar, json.dumps({"n": 1, "s": "abc"}, separators=(",", ":")))
-    overlapping = REFUSED["overlapping patternProperties"][0]
-    alone = refusal(lambda: compilers[family][1].compile_schema(overlapping))
-    beside = refusal(lambda: compile_family(compilers, family, TOOLS, answer_schema=overlapping))
+    refused = REFUSED["a lookaround in a pattern"][0]
+    alone = refusal(lambda: compilers[family][1].compile_schema(refused))
+    beside = refusal(lambda: compile_family(compilers, family, TOOLS, answer_schema=refused))
     assert (beside.kind, issues(beside)) == (alone.kind, [("/answer_schema" + p, k) for p, k in issues(alone)])
+    # what the backend leaves to the post-check in an answer schema is pointed there, as for a schema alone
+    alone = compilers[family][1].compile_schema(OVERLAPPING)
+    beside = compile_family(compilers, family, TOOLS, answer_schema=OVERLAPPING)
+    assert [(w.pointer, w.keyword) for w in beside.info.warnings] == [
+        ("/answer_schema" + w.pointer, w.keyword) for w in alone.info.warnings]
+    assert beside.info.post_check_keywords == alone.info.post_check_keywords != ()
 
 
 # -- reading an answer schema's JSON beside tools ----------------------------------------------------------------
