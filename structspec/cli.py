@@ -79,7 +79,7 @@ def models_prepare(profile: Optional[str] = typer.Argument(None, help=MODEL_HELP
         models = load_profile(spec, tokenizer=tokenizer, with_draft=True, executor=executor)
     except ModelLoadError as exc:
         console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     n = models.parameter_count()
     console.print(f"{models.profile}: ready for {models.executor} ({n / 1e6:.1f} M parameters, "
                   f"vocab {len(models.tokenizer)})")

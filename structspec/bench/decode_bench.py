@@ -693,9 +693,9 @@ def format_table(report: dict[str, Any]) -> str:
             continue
         acc = ", ".join(f"{k} {v:.2f} ({r['mean_accepted_length'].get(k, 0):.1f})"
                         for k, v in r["acceptance"].items()) or "-"
-        ratio = lambda key: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
+        ratio = lambda key, r=r: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
         ex = r.get("executor", {})
-        ms = lambda key: f"{ex[key]:.1f}" if key in ex else "-"  # noqa: E731
+        ms = lambda key, ex=ex: f"{ex[key]:.1f}" if key in ex else "-"  # noqa: E731
         ratios = (ratio("speedup_vs_llamacpp_grammar"), ratio("speedup_vs_llamacpp_generate")) if llamacpp else \
             (ratio("speedup_vs_hf_outlines"),)
         t.add_row(r["config"], str(r["concurrency"]), f"{r['tokens_per_s']:.1f}", ratio("speedup_vs_off"),

@@ -317,7 +317,7 @@ def _sync(replicas: list[Replica], store: SharedStore, t: float, deciding: Repli
     tick = deciding.tick_at(t)
     if tick > deciding.last_tick:
         due.append((tick * REFRESH_SECONDS + deciding.refresh_offset, 1, deciding))
-    for when, kind, r in sorted(due, key=lambda d: (d[0], d[1])):
+    for _when, kind, r in sorted(due, key=lambda d: (d[0], d[1])):
         if kind == 0:
             rows = r.book.take()
             store.write(rows, r.book.policy.take())
