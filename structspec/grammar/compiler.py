@@ -104,7 +104,8 @@ class GrammarCompiler:
                              answer_schema: dict[str, Any] | None) -> CompiledGrammar:
         start = time.perf_counter()
         compile_lark = getattr(self.backend, "compile_lark", None)
-        if compile_lark is None:
+        special_token = getattr(self.backend, "special_token", None)  # llguidance's, as compile_lark
+        if compile_lark is None or special_token is None:
             what = "an answer schema beside tools" if fmt.family == "json" else f"this model's {fmt.family} tool calls"
             raise SchemaError([SchemaIssue("/tools", "", f"the {self.backend.name} grammar backend writes only the "
                                                          f"generic JSON call; {what} need the llguidance backend")],
@@ -115,7 +116,7 @@ class GrammarCompiler:
         # the combined call schema, for pointing warnings and errors into the request's tool list
         spec = toolcalls.call_grammar(tools.tools, toolcalls.ToolChoice("required"), tools.parallel)
         lark = call_formats.lark_grammar(fmt, tools.tools, tools.choice, tools.parallel,
-                                         json_overrides(options), self.backend.special_token, answer_schema)
+                                         json_overrides(options), special_token, answer_schema)
         try:
             grammar = run_with_deadline(lambda: compile_lark(lark, spec.schema, options), options.compile_timeout_s)
         except SchemaError as exc:

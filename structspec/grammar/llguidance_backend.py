@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
@@ -31,6 +31,9 @@ from structspec.grammar.base import (
     set_bits,
 )
 from structspec.grammar.tokenizer_view import TokenizerView
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # its TypedDict, not exported at the top
 
 # Formats llguidance enforces with a regex that is looser than the format (found by testing).
 APPROXIMATE_FORMATS = {"date": "no leap-year check", "date-time": "no leap-year check"}
@@ -80,7 +83,8 @@ class LLGuidanceBackend:
         self.view = view
         self.limit_values = {**DEFAULT_LIMITS, **(limits or {})}
         # verbose_errors=False: error texts go to API clients; no parser dumps in them.
-        self.limits = llguidance.LLParserLimits(verbose_errors=False, **self.limit_values)
+        # ignore: mypy matches the **dict[str, int] against the bool parameters too (none of its keys is one)
+        self.limits = llguidance.LLParserLimits(verbose_errors=False, **self.limit_values)  # type: ignore[arg-type]
 
     def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=json_overrides(options))
@@ -151,7 +155,7 @@ def _trial_walk(matcher: llguidance.LLMatcher, scratch: np.ndarray, schema: dict
         raise SchemaError(issues, kind=kind)
 
 
-def json_overrides(options: GrammarOptions) -> dict[str, Any]:
+def json_overrides(options: GrammarOptions) -> JsonCompileOptions:
     """llguidance's JSON options for ``options`` (also what a raw llguidance reference compiles with)."""
     # Overrides, not defaults: a schema's own "x-guidance" cannot turn lenient mode on behind our back.
     return {"whitespace_flexible": options.whitespace == "flexible", "lenient": options.allow_post_check}
@@ -302,7 +306,7 @@ _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
 _NOT_DISJOINT = re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint")
 
 
-def _uses(schema: dict[str, Any], keyword: str, where=lambda _: True) -> list[str]:
+def _uses(schema: dict[str, Any], keyword: str, where: Callable[[Any], bool] = lambda _: True) -> list[str]:
     return schema_walk.keyword_pointers(schema, keyword, where) or [""]
 
 
@@ -348,7 +352,7 @@ def explain_error(message: str, schema: dict[str, Any]) -> tuple[str, list[Schem
                                for p in _uses(schema, "format", lambda v: v == fmt)]
     if "regex parse error" in text:
         found = [p for k in ("pattern",) for p in schema_walk.keyword_pointers(
-            schema, k, lambda v: isinstance(v, str) and v and v in text)]
+            schema, k, lambda v: isinstance(v, str) and bool(v) and v in text)]
         found += [p for p in schema_walk.keyword_pointers(
             schema, "patternProperties", lambda v: isinstance(v, dict) and any(k and k in text for k in v))]
         return "unsupported", [SchemaIssue(p, p.rsplit("/", 1)[-1], short) for p in found] or [
