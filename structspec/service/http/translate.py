@@ -242,7 +242,7 @@ def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
     tools = [(t.function.name, t.function.description, t.function.parameters) for t in body.tools]
     choice = body.tool_choice
     if choice is None or isinstance(choice, str):
-        tool_choice = choice or "auto"
+        tool_choice: str = choice or "auto"
     else:
         tool_choice = choice.function.name
         if tool_choice in _MODES:
