@@ -100,8 +100,8 @@ class PlainPrompts:
 
     format_id = PROMPT_FORMAT
     stats_format = ""  # the plain profiles' statistics keys carry no format
-    text_stop = TURN_STOPS  # a base model runs on into the format's next turn: the answer ends before its heading
-    call_headings = (heading(CALL_TURN).rstrip("\n"),)  # a model trained on call turns would open one
+    text_stop: tuple[str, ...] = TURN_STOPS  # a base model runs on into the format's next turn: the answer ends before its heading
+    call_headings: tuple[str, ...] = (heading(CALL_TURN).rstrip("\n"),)  # a model trained on call turns would open one
 
     def __init__(self, tokenizer: Any, answers: bool = False):
         self.tokenizer = tokenizer
@@ -194,7 +194,7 @@ class ChatPrompts:
         try:
             # a template known to refuse system messages is not made to raise again on every request
             folds = template in self._folds_system and folded is not None
-            text = self._apply(folded if folds else messages, tools, template)
+            text = self._apply(folded if folds and folded is not None else messages, tools, template)
         except Exception as first:  # noqa: BLE001 - a template may raise anything; retried once, then said
             if folded is None or template in self._folds_system:
                 raise ChatTemplateError(f"the model's chat template failed: {_reason(first)}") from first

@@ -28,7 +28,7 @@ app.add_typer(bench_app, name="bench")
 console = Console()
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -79,7 +79,7 @@ def models_prepare(profile: Optional[str] = typer.Argument(None, help=MODEL_HELP
         models = load_profile(spec, tokenizer=tokenizer, with_draft=True, executor=executor)
     except ModelLoadError as exc:
         console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     n = models.parameter_count()
     console.print(f"{models.profile}: ready for {models.executor} ({n / 1e6:.1f} M parameters, "
                   f"vocab {len(models.tokenizer)})")
@@ -187,14 +187,14 @@ class _request_progress:
 
     def __enter__(self):
         # rich.progress costs 7-25 ms to import (measured after this module's imports): only bench decode uses it
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
         self._time = time.perf_counter
         self._bars = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
                               TimeElapsedColumn(), TextColumn("{task.fields[rate]}"),
                               console=Console(stderr=True), transient=False)
         self._bars.__enter__()
-        self._tasks: dict[tuple[str, int], tuple[int, float]] = {}
+        self._tasks: dict[tuple[str, int], tuple[TaskID, float]] = {}
         return self
 
     def __call__(self, config: str, concurrency: int, done: int, total: int, tokens: int) -> None:

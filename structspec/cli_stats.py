@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -47,7 +46,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 class _DefaultShow(TyperGroup):
     """``structspec stats ARGS`` runs ``show ARGS`` unless ARGS start with another subcommand (or ask for help)."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # ctx: typer's own (vendored) click Context
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
             args = ["show", *args]
         return super().parse_args(ctx, args)
@@ -247,13 +246,13 @@ def schema_tables(entry: SchemaStats, window_seconds: int) -> list[Table]:
         tables.append(drafting)
     policy = Table("proposer", "state", "why", "since", "last switched off", "last switched on",
                    "acceptance read (threshold)", title=f"{title}: drafting policy")
-    for p in entry.policy:
-        read = f"{p.acceptance:.2f}" if p.acceptance is not None else "no evidence"
-        if p.threshold is not None:
-            read += f" ({p.threshold:.2f})"
-        policy.add_row(p.proposer, f"[green]{p.state}[/green]" if p.state == "on" else f"[red]{p.state}[/red]",
-                       p.reason, _when(p.since), _when(p.last_switch_off), _when(p.last_switch_on),
-                       f"{read} at batch \u2264{p.batch_bucket}")
+    for st in entry.policy:
+        read = f"{st.acceptance:.2f}" if st.acceptance is not None else "no evidence"
+        if st.threshold is not None:
+            read += f" ({st.threshold:.2f})"
+        policy.add_row(st.proposer, f"[green]{st.state}[/green]" if st.state == "on" else f"[red]{st.state}[/red]",
+                       st.reason, _when(st.since), _when(st.last_switch_off), _when(st.last_switch_on),
+                       f"{read} at batch \u2264{st.batch_bucket}")
     if policy.row_count:
         tables.append(policy)
     return tables

@@ -81,7 +81,7 @@ def load_cases(folder: str, n: int, seed: int = 0) -> list[Case]:
                 tools[_name(raw)] = {"type": "function", "function": {"name": _name(raw), "parameters": parameters}}
         if not tools:
             continue
-        truth = next((t["data"] for t in doc.get("tests", []) if t.get("valid")), {})
+        truth: dict[str, Any] = next((t["data"] for t in doc.get("tests", []) if t.get("valid")), {})
         asks = [f"Use {raw.replace('_', ' ')} with {', '.join(f'{k} {v}' for k, v in args.items())}."
                 for raw, args in truth.items() if isinstance(args, dict)]
         prompt = " ".join(asks) or f"Use {next(iter(tools))}."

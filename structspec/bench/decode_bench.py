@@ -45,7 +45,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from io import StringIO
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from rich.console import Console
@@ -261,6 +261,7 @@ def request_for(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: 
         return ToolCallRequest(messages=(ChatMessage("user", item.source),), tools=item.tools, tool_choice="required",
                                sampling=params, speculation=mode, fast_forward=fast_forward, request_id=rid,
                                examples=item.examples)
+    assert item.schema is not None  # an extraction item's (chat and tool call items are answered above)
     return ExtractionRequest(schema=item.schema, text=item.source, examples=item.examples, sampling=params,
                              speculation=mode, fast_forward=fast_forward, request_id=rid, schema_key=item.schema_name)
 
@@ -327,6 +328,7 @@ def _prompt(prompts: PromptFormat, item: WorkItem) -> Prompt:
         return prompts.toolcall([ToolSpec.from_openai(t) for t in item.tools], [("user", item.source)], item.examples)
     if item.kind == "chat":
         return prompts.text([("user", item.source)])
+    assert item.schema is not None  # an extraction item's
     return prompts.extraction(item.schema, item.source, None, item.examples)
 
 
@@ -359,7 +361,7 @@ def _run_hf(models, items: list[WorkItem], max_tokens: int, mode: str, progress:
     t_all = time.perf_counter()
     try:
         for item in items:
-            schema = item.schema if item.kind == "extract" else _tool_schema(item)
+            schema = item.schema if item.kind == "extract" and item.schema is not None else _tool_schema(item)
             prompt = _prompt(prompts, item)
             before = counter.calls
             t0 = time.perf_counter()
@@ -521,7 +523,7 @@ def _run_baseline(models, items: list[WorkItem], max_tokens: int, mode: str, pro
 
 
 def _run_config(name, models, items, warm, concurrency, max_tokens, compiler, save_outputs=False,
-                temperature=0.0, progress: Progress | None = None, extra_warm: list[WorkItem] = (),
+                temperature=0.0, progress: Progress | None = None, extra_warm: Sequence[WorkItem] = (),
                 policy: Any = None, data_dir: Any = None) -> dict[str, Any]:
     if name in BASELINES:  # on a thread that exits after, like everything that computes outside the engine
         run_in_worker(_run_baseline, models, warm, max_tokens, name)
@@ -693,9 +695,9 @@ def format_table(report: dict[str, Any]) -> str:
             continue
         acc = ", ".join(f"{k} {v:.2f} ({r['mean_accepted_length'].get(k, 0):.1f})"
                         for k, v in r["acceptance"].items()) or "-"
-        ratio = lambda key: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
+        ratio = lambda key, r=r: f"{r[key]:.2f}" if key in r else "-"  # noqa: E731
         ex = r.get("executor", {})
-        ms = lambda key: f"{ex[key]:.1f}" if key in ex else "-"  # noqa: E731
+        ms = lambda key, ex=ex: f"{ex[key]:.1f}" if key in ex else "-"  # noqa: E731
         ratios = (ratio("speedup_vs_llamacpp_grammar"), ratio("speedup_vs_llamacpp_generate")) if llamacpp else \
             (ratio("speedup_vs_hf_outlines"),)
         t.add_row(r["config"], str(r["concurrency"]), f"{r['tokens_per_s']:.1f}", ratio("speedup_vs_off"),

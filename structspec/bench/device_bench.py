@@ -73,7 +73,7 @@ def time_batches(executor, batches=BATCHES, prompt_len: int = 128, steps: int = 
             executor.step([StepInput(s, _prompt(prompt_len, executor.vocab_size, i)) for i, s in enumerate(seqs)])
             times = []
             for i in range(WARMUP_STEPS + steps):
-                ms = _timed_ms(lambda: executor.step([StepInput(s, [11 + i]) for s in seqs]), sync)
+                ms = _timed_ms(lambda: executor.step([StepInput(s, [11 + i]) for s in seqs]), sync)  # noqa: B023 (run here)
                 for s in seqs:
                     executor.rollback(s, 1)
                 if i >= WARMUP_STEPS:
@@ -98,7 +98,7 @@ def time_verification(executor, draft_lengths=DRAFT_LENGTHS, prompt_len: int = 1
             tokens = [11 + t for t in range(k + 1)]
             times = []
             for i in range(WARMUP_STEPS + steps):
-                ms = _timed_ms(lambda: executor.step([StepInput(seq, tokens, logits_at=tuple(range(k + 1)))]), sync)
+                ms = _timed_ms(lambda: executor.step([StepInput(seq, tokens, logits_at=tuple(range(k + 1)))]), sync)  # noqa: B023 (run here)
                 executor.rollback(seq, k + 1)
                 if i >= WARMUP_STEPS:
                     times.append(ms)

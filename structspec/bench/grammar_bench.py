@@ -73,7 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from io import StringIO
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import llguidance
 import numpy as np
@@ -89,7 +89,7 @@ from structspec.grammar import (
 )
 from structspec.grammar import schema_walk
 from structspec.grammar.base import GrammarBackend, Matcher, token_allowed
-from structspec.grammar.llguidance_backend import json_overrides
+from structspec.grammar.llguidance_backend import LLGuidanceBackend, json_overrides
 from structspec.grammar.postcheck import instance_errors, is_post_check_error
 
 MAX_FAILURES = 300  # examples kept in the report, per kind
@@ -152,7 +152,7 @@ class _Tally:
     raw_all_mask_us: array = field(default_factory=lambda: array("d"))
 
     def report(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
+        out: dict[str, Any] = {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
         ms, us = np.asarray(self.compile_ms), np.frombuffer(self.mask_us, dtype=np.float64)
         out.update(
             compile_ms_p50=_pct(ms, 50), compile_ms_p90=_pct(ms, 90), compile_ms_p99=_pct(ms, 99),
@@ -295,7 +295,7 @@ def run_grammar_bench(
             for test in tests:
                 text = json.dumps(test["data"], separators=(",", ":"), ensure_ascii=False)
                 walked = walk(grammar.matcher(), view, text, bitmask, words)
-                if raw_matcher is not None:
+                if raw is not None and raw_matcher is not None:
                     _raw_walks(raw, raw_matcher, walked, both)
                 if test["valid"] and not walked.accepted:
                     ordered = json.dumps(schema_ordered(test["data"], schema), separators=(",", ":"),
@@ -355,11 +355,11 @@ def schema_ordered(value: Any, schema: Any, root: Any = None, depth: int = 0) ->
     if depth > 64 or not isinstance(schema, dict):
         return value
     if isinstance(value, dict):
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        props = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
         keys = [k for k in props if k in value] + [k for k in value if k not in props]
         return {k: schema_ordered(value[k], props.get(k), root, depth + 1) for k in keys}
     if isinstance(value, list):
-        prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+        prefix = schema["prefixItems"] if isinstance(schema.get("prefixItems"), list) else []
         items = schema.get("items")
         return [schema_ordered(v, prefix[i] if i < len(prefix) else items, root, depth + 1) for i, v in enumerate(value)]
     return value
@@ -479,7 +479,7 @@ class RawLLGuidance:
 
     def __init__(self, view: TokenizerView, backend: GrammarBackend):
         self.tokenizer = view.ll_tokenizer
-        self.limits = backend.limits
+        self.limits = cast(LLGuidanceBackend, backend).limits  # (made for the llguidance backend only)
         self._overrides = json_overrides
         self.buffer = np.zeros(view.mask_words, dtype=np.int32)
         self._ptr, self._nbytes = self.buffer.ctypes.data, self.buffer.nbytes

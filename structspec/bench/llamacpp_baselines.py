@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from structspec.engine.postcheck import check_json_text
 from structspec.engine.types import Outcome
@@ -89,7 +89,7 @@ class LlamaCppBaseline:
             self.calls += 1
             return decode(batch)
 
-        self.llm._ctx.decode = counted
+        self.llm._ctx.decode = counted  # type: ignore[method-assign]  # counts llama.cpp's decode calls
         self._grammars: dict[str, Any] = {}
 
     def run(self, items: list, max_tokens: int, schema_of: Callable[[Any], dict], prompt_of: Callable[[Any], list[int]],
@@ -112,7 +112,7 @@ class LlamaCppBaseline:
                 if key not in self._grammars:
                     self._grammars[key] = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
                 kwargs["grammar"] = self._grammars[key]
-            out = self.llm.create_completion(ids, **kwargs)
+            out = cast(dict[str, Any], self.llm.create_completion(ids, **kwargs))  # not streamed: one response
             latency = time.perf_counter() - t0
             text = out["choices"][0]["text"].strip()
             n_out = int(out["usage"]["completion_tokens"])
@@ -144,6 +144,8 @@ def run_llamacpp_baseline(models, items: list, max_tokens: int, mode: str,
                           record: Callable[..., Any] | None = None) -> tuple[list, float]:
     """(records, wall seconds) for ``items`` on a fresh ``LlamaCppBaseline``; the callables come from
     ``decode_bench``."""
+    if schema_of is None or prompt_of is None or record is None:
+        raise ValueError("run_llamacpp_baseline needs schema_of, prompt_of and record")
     baseline = LlamaCppBaseline(models, mode, context_for(items, max_tokens, prompt_of))
     try:
         return baseline.run(items, max_tokens, schema_of, prompt_of, record, progress)

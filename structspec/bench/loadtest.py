@@ -76,7 +76,7 @@ def check_loopback(target: str) -> None:
         infos = socket.getaddrinfo(host, None)
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve {host!r}: {exc}") from None
-    addresses = {info[4][0] for info in infos}
+    addresses = {str(info[4][0]) for info in infos}
     if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
         raise ValueError(f"load tests run against loopback only; {host!r} resolves to {sorted(addresses)}")
 

@@ -43,11 +43,13 @@ import math
 import random
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from structspec.engine.config import PolicyConfig
+from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import SchemaSpeculation
 from structspec.speculation.configs import ProposerSet
+from structspec.speculation.draft_model import DraftModelProposer
 from structspec.speculation.policy import DRAFT_MODEL
 from structspec.speculation.router import Router
 from structspec.stats.book import Counters, Recorder, StatsBook
@@ -184,7 +186,7 @@ class Replica:
     def __init__(self, index: int, clock, config: PolicyConfig, seed: int):
         self.book = StatsBook(clock=clock)
         self.recorder = self.book.recorder(MODEL)
-        self.router = Router(None, ProposerSet(ngram=True, history=True, draft=True), 16, draft=_DraftStub(),
+        self.router = Router(None, ProposerSet(ngram=True, history=True, draft=True), 16, draft=cast(DraftModelProposer, _DraftStub()),
                              stats=self.recorder, policy=config, rng=random.Random(seed), draft_version="sim")
         self.refresh_offset = (7.0 * index) % REFRESH_SECONDS  # replicas refresh at their own moments
         self.last_tick = -1
@@ -242,7 +244,7 @@ def simulate(scenario: Scenario, config: PolicyConfig | None = None, cost: CostM
     fixed = {name: cost.fixed_speed(ps, config.max_draft, fixed_requests, scenario.seed + 1)
              for name, ps in FIXED.items()}
     arm_speed = cost.arm_speeds(config.max_draft, fixed_requests // 4, scenario.seed + 2)
-    slower = min(arm_speed, key=arm_speed.get)
+    slower = min(arm_speed, key=lambda arm: arm_speed[arm])
     whole, late = Tally(), Tally()
     bad = {"drafted_tokens": 0, "drafted_tokens_in_probes": 0, "first_off_hour": None,
            "requests_drafting_after_off_outside_probes": 0, "drafted_tokens_after_off_outside_probes": 0}
@@ -256,10 +258,10 @@ def simulate(scenario: Scenario, config: PolicyConfig | None = None, cost: CostM
         rep = replicas[rng.randrange(len(replicas))]
         _sync(replicas, store, t, rep)
         seq = SimSeq(f"req-{scenario.seed}-{i}", schema=SCHEMA)
-        report = rep.router.decide(seq, 1)
+        report = rep.router.decide(cast(EngineSequence, seq), 1)  # (a stand-in with the fields decide reads)
         seq.decision = report
         rows = _Rows(rep.book.clock)
-        rec = Recorder(rows, MODEL)
+        rec = Recorder(cast(StatsBook, rows), MODEL)  # (a stand-in that keeps the rows)
         rec.record_decision(SCHEMA_KEY, report.reason, report.reasons)
         steps, ms = cost.decode(dict(report.max_draft), random.Random(scenario.seed * 1_000_003 + i))
         for proposer, k, accepted in steps:
@@ -281,7 +283,7 @@ def simulate(scenario: Scenario, config: PolicyConfig | None = None, cost: CostM
             late.add(tokens, ms, in_slower, report)
         _tally_bad(bad, report, steps, (t - START) / HOUR)
         i += 1
-    best = max(fixed, key=fixed.get)
+    best = max(fixed, key=lambda arm: fixed[arm])
     floor_hours = getattr(config, "probe_interval_hours", 1.0)  # the configuration's stated floor
     requests_per_interval = scenario.rate_per_hour * floor_hours
     return {
@@ -317,7 +319,7 @@ def _sync(replicas: list[Replica], store: SharedStore, t: float, deciding: Repli
     tick = deciding.tick_at(t)
     if tick > deciding.last_tick:
         due.append((tick * REFRESH_SECONDS + deciding.refresh_offset, 1, deciding))
-    for when, kind, r in sorted(due, key=lambda d: (d[0], d[1])):
+    for _when, kind, r in sorted(due, key=lambda d: (d[0], d[1])):
         if kind == 0:
             rows = r.book.take()
             store.write(rows, r.book.policy.take())

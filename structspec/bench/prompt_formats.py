@@ -94,7 +94,7 @@ def _draw(kind: str, r: random.Random) -> tuple[str, dict[str, Any]]:
     """One (document, truth) of ``kind``."""
     if kind == "flight":
         origin, destination = r.sample(_CITIES, 2)
-        v = {"passenger": r.choice(_NAMES), "flight": f"{r.choice(['TP', 'SK', 'LH', 'KL'])}{r.randint(100, 9999)}",
+        v: dict[str, Any] = {"passenger": r.choice(_NAMES), "flight": f"{r.choice(['TP', 'SK', 'LH', 'KL'])}{r.randint(100, 9999)}",
              "origin": origin, "destination": destination, "date": f"2027-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}",
              "seats": r.randint(1, 4), "cabin": r.choice(["economy", "business", "first"])}
         return (f"Hello, this is {v['passenger']}. Please book {v['seats']} {v['cabin']} seat(s) on flight "
@@ -147,6 +147,7 @@ def run(model: str, workloads: dict[str, list[WorkItem]], variants: list[str], m
             for name, items in workloads.items():
                 t, start = Tally(), time.perf_counter()
                 for item in items:
+                    assert item.schema is not None  # extraction workloads only
                     res = asyncio.run(engine.extract(ExtractionRequest(
                         schema=item.schema, text=item.source, examples=item.examples,
                         sampling=SamplingParams(max_tokens=max_tokens), speculation=SpeculationMode.OFF)))

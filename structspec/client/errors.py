@@ -101,9 +101,9 @@ def _details(metadata: Any) -> pb.ErrorDetails | None:
 
 
 def error_from_rpc(exc: grpc.RpcError) -> StructSpecError:
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN  # type: ignore[attr-defined]
-    message = (exc.details() if hasattr(exc, "details") else str(exc)) or ""  # type: ignore[attr-defined]
-    details = _details(exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None)  # type: ignore[attr-defined]
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    message = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
+    details = _details(exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None)
     cls = _BY_CODE.get(code, StructSpecError)
     if details is None:
         return cls(code, message)
@@ -152,8 +152,8 @@ _CONNECT_FAILURES = ("failed to connect", "connection refused", "dns resolution"
 def may_have_started(exc: grpc.RpcError) -> bool:
     """Whether an UNAVAILABLE may have cut a request the server had started (a draining server cancels what is
     still running after its grace period): a retry then runs it again."""
-    details = _details(exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None)  # type: ignore[attr-defined]
+    details = _details(exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None)
     if details is not None and details.reason in NOT_STARTED_REASONS:
         return False
-    message = ((exc.details() if hasattr(exc, "details") else "") or "").lower()  # type: ignore[attr-defined]
+    message = ((exc.details() if hasattr(exc, "details") else "") or "").lower()
     return not any(text in message for text in _CONNECT_FAILURES)

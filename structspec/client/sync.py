@@ -39,12 +39,12 @@ def warn_if_restarted(exc: grpc.RpcError) -> None:
     """Say so when a retry may run a request a second time (never silently)."""
     if may_have_started(exc):
         log.warning("the server dropped a call that may already have started (UNAVAILABLE: %s); retrying it, so "
-                    "it may run twice", exc.details() if hasattr(exc, "details") else exc)  # type: ignore[attr-defined]
+                    "it may run twice", exc.details() if hasattr(exc, "details") else exc)
 
 
 def retry_delay(exc: grpc.RpcError, delays: Iterator[float], deadline: float | None) -> float | None:
     """The wait before the next attempt, or None when ``exc`` must be raised."""
-    if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return None
     delay = next(delays, None)
     if delay is None or (deadline is not None and time.monotonic() + delay >= deadline):

@@ -178,7 +178,7 @@ def gen_invoice(r: random.Random) -> tuple[dict[str, Any], str]:
     cur = r.choice(list(CURRENCIES))
     sym = CURRENCIES[cur][0]
     iso, shown = _date(r)
-    items = []
+    items: list[dict[str, Any]] = []
     for desc in r.sample(ITEMS, r.randint(1, 4)):
         items.append({"description": desc, "quantity": r.randint(1, 12), "unit_price": _money(r, 5, 900)})
     total = round(sum(i["quantity"] * i["unit_price"] for i in items), 2)

@@ -38,7 +38,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, cast
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -215,7 +215,7 @@ def train_stage(model: LlamaForCausalLM, tokenizer, stage: Stage, extraction: tu
                 seed: int, label: str) -> list[float]:
     """Each step: 8 extraction rows + copy drills (+ look-up drills), one optimizer step on the summed losses."""
     xc, yc, xr, yr = drill_rows(tokenizer, 7, 6000 if not stage.recall else 4000, stage.recall)
-    parts = [(xc, yc, 8 if not stage.recall else 5)] + ([(xr, yr, 5)] if stage.recall else [])
+    parts = [(xc, yc, 8 if not stage.recall else 5)] + ([(xr, yr, 5)] if xr is not None and yr is not None else [])
     parts.append((*extraction, 8))
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=stage.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -247,7 +247,8 @@ def make_model(shape: ModelShape, vocab: int, eos_id: int) -> LlamaForCausalLM:
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
                       num_attention_heads=shape.heads, num_key_value_heads=shape.heads,
                       intermediate_size=shape.intermediate, max_position_embeddings=1024, tie_word_embeddings=True,
-                      bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, rope_theta=10000.0)
+                      bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     return LlamaForCausalLM(cfg)
 
 
@@ -285,7 +286,7 @@ def greedy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, prompt: 
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
     out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return cast(str, tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))  # one sequence: one str
 
 
 def score_outputs(model, tokenizer, examples: list[Example]) -> dict[str, float]:
@@ -425,8 +426,8 @@ def main() -> None:
     t_trained = time.time()
 
     for model in (target, draft):  # the figures describe the weights that ship: bf16 on disk, run in fp32
-        model.to(torch.bfloat16).float()
-    figures = {
+        model.to(torch.bfloat16).float()  # type: ignore[arg-type]  # transformers types to() with @wraps(Module.to)
+    figures: dict[str, Any] = {
         "plan": asdict(plan),
         "params": {"target": sum(p.numel() for p in target.parameters()),
                    "draft": sum(p.numel() for p in draft.parameters())},
@@ -445,7 +446,7 @@ def main() -> None:
     if args.out.exists():
         shutil.rmtree(args.out)
     for name, model in (("target", target), ("draft", draft)):
-        model.to(torch.bfloat16).save_pretrained(args.out / name)
+        model.to(torch.bfloat16).save_pretrained(args.out / name)  # type: ignore[arg-type]  # (as above)
         tokenizer.save_pretrained(args.out / name)
     (args.out / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps({k: v for k, v in figures.items() if k != "plan"}, indent=2))

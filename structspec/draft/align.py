@@ -143,7 +143,8 @@ def split(traffic: Sequence[TrafficSample], holdout: float) -> tuple[list[Traffi
     seen: dict[tuple[int, ...], TrafficSample] = {}
     for t in traffic:
         seen.setdefault(t.ids, t)
-    train, held = [], []
+    train: list[TrafficSample] = []
+    held: list[TrafficSample] = []
     for t in seen.values():
         (held if request_hash(t) < holdout else train).append(t)
     return train, held
@@ -277,14 +278,14 @@ def align_draft(inputs: AlignInputs, config: AlignConfig, report: AlignReport, s
     log(f"after:  held-out top-1 {after.top1:.3f}, overlap {after.overlap:.3f}")
     report.heldout = Comparison(before, after)
     report.by_schema = {k: Comparison(per_before[k], per_after[k]) for k in per_before}
-    report.guard = Comparison(guard_before, guard_after) if guard_before is not None else None
+    report.guard = Comparison(guard_before, guard_after) if guard_before is not None and guard_after is not None else None
     problems = []
     if after.top1 < before.top1:
         problems.append(f"held-out top-1 agreement fell {before.top1:.3f} -> {after.top1:.3f}")
     if after.overlap < before.overlap:
         problems.append(f"held-out overlap fell {before.overlap:.3f} -> {after.overlap:.3f}")
     if report.guard is not None and report.guard.top1_gain < -config.max_forgetting:
-        problems.append(f"the kept traffic's held-out top-1 fell {guard_before.top1:.3f} -> {guard_after.top1:.3f} "
+        problems.append(f"the kept traffic's held-out top-1 fell {report.guard.before.top1:.3f} -> {report.guard.after.top1:.3f} "
                         f"(more than {config.max_forgetting})")
     report.verdict = "; ".join(problems) if problems else "held-out agreement did not drop"
     report.seconds["total"] = time.monotonic() - t0

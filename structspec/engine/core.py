@@ -55,7 +55,7 @@ class _Inbox:
     lock: threading.Lock = field(default_factory=threading.Lock)
     new: list[EngineSequence] = field(default_factory=list)
     aborts: set[str] = field(default_factory=set)
-    calls: list[tuple[Callable[[], Any], Future]] = field(default_factory=list)
+    calls: list[tuple[Callable[[], Any], Future[Any]]] = field(default_factory=list)
 
 
 # One plan of the step with its draft and masks (None: the plan does not score)
@@ -65,7 +65,7 @@ Planned = tuple[StepPlan, StepDraft | None]
 class EngineCore:
     """``serving``: what serves the sequences admitted first (its model key defaults to its statistics' model)."""
 
-    def __init__(self, executor: ForwardStep, tokenizer, eos_token_id: int, limits: SchedulerLimits = SchedulerLimits(),
+    def __init__(self, executor: ForwardStep, tokenizer: Any, eos_token_id: int, limits: SchedulerLimits = SchedulerLimits(),
                  speculator: Speculator | None = None, serving: Serving = Serving()):
         self.executor = executor
         self.tokenizer = tokenizer
@@ -119,10 +119,10 @@ class EngineCore:
             self._inbox.aborts.add(key)
         self.wakeup.set()
 
-    def call_between_steps(self, fn: Callable[[], Any]) -> Future:
+    def call_between_steps(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn()`` on the engine thread before the next step takes in and admits requests (engine state
         changes there only, never under a running step); the future holds its result or its exception."""
-        future: Future = Future()
+        future: Future[Any] = Future()
         with self._inbox.lock:
             self._inbox.calls.append((fn, future))
         self.wakeup.set()
@@ -264,14 +264,14 @@ class EngineCore:
                     return self._batch_failed(batch, exc)
                 log.warning("the model refused the inputs of requests %s: %s",
                             [p.seq.request_id for p in at_fault], exc)
-                for p in at_fault:
-                    self._finish(p.seq, FinishReason.ERROR, f"model input refused: {exc.reasons[p.seq.seq_id]}")
+                for fault in at_fault:
+                    self._finish(fault.seq, FinishReason.ERROR, f"model input refused: {exc.reasons[fault.seq.seq_id]}")
                 batch = [(p, x) for p, x in batch if x.seq_id not in exc.reasons]
             except Exception as exc:  # noqa: BLE001 - a model failure ends this batch's requests, not the engine
                 return self._batch_failed(batch, exc)
         return [], []
 
-    def _batch_failed(self, batch: list[tuple[Planned, StepInput]], exc: Exception) -> tuple[list, list]:
+    def _batch_failed(self, batch: list[tuple[Planned, StepInput]], exc: Exception) -> tuple[list[Planned], list[torch.Tensor]]:
         log.error("the forward pass failed for the whole batch, requests %s",
                   [p.seq.request_id for (p, _), _ in batch], exc_info=exc)
         for (p, _), _ in batch:

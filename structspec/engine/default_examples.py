@@ -55,10 +55,11 @@ class ExampleBook:
         key = digest or schema_digest(schema)
         if key in self._by_schema or not self.synthesize:
             return self._by_schema.get(key, ())
-        if self.foreign is None:
+        foreign = self.foreign
+        if foreign is None:
             return self._synthesized("s:" + key, lambda: synthesize_extraction_examples(schema, self.synthesize))
         return self._synthesized("s:" + key, lambda: (*synthesize_extraction_examples(schema, 1),
-                                                       _cut_to(self.foreign, schema)))
+                                                       _cut_to(foreign, schema)))
 
     def for_tools(self, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]],
                   digest: str | None = None) -> tuple[FewShotExample, ...]:
@@ -97,7 +98,8 @@ def build_example_book(shots: int) -> ExampleBook:
     if shots <= 0:
         return ExampleBook()
     shipped = json.loads(BUILTIN_EXAMPLES_FILE.read_text())
-    pick = lambda items: tuple(FewShotExample(e["text"], e["output"]) for e in items[:shots])  # noqa: E731
+    def pick(items: list[dict[str, Any]]) -> tuple[FewShotExample, ...]:
+        return tuple(FewShotExample(e["text"], e["output"]) for e in items[:shots])
     schemas = load_builtin_schemas()
     contact = shipped["schemas"]["contact"][0]  # short and every value copied from its document
     return ExampleBook(

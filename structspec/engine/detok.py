@@ -8,7 +8,7 @@ each time is O(n) per token but n is at most ``max_tokens`` and string work is c
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -25,8 +25,8 @@ class OutputText:
 
     def __call__(self, tokens: Sequence[int]) -> str:
         if len(tokens) != self._tokens:
-            self._text = self.tokenizer.decode(list(tokens), skip_special_tokens=False,
-                                               clean_up_tokenization_spaces=False)
+            self._text = cast(str, self.tokenizer.decode(list(tokens), skip_special_tokens=False,  # one id list: one str
+                                                         clean_up_tokenization_spaces=False))
             self._tokens = len(tokens)
         return self._text
 

@@ -17,7 +17,9 @@ Failures: a speculator that raises while deciding or proposing costs that reques
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,8 +28,9 @@ from structspec.engine.sequence import EngineSequence, Serving
 from structspec.engine.speculator import Draft, DraftVerdict, Speculator
 from structspec.engine.types import DraftsUnsupported, DraftUpdate, SpeculationReport
 from structspec.engine.verify import Verdict
-from structspec.grammar.base import allocate_bitmask, small_allowed_set, token_allowed
+from structspec.grammar.base import Matcher, allocate_bitmask, small_allowed_set, token_allowed
 from structspec.models.executor import ForwardStep
+from structspec.stats.book import Recorder
 from structspec.stats.counters import Reason, batch_bucket
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,7 @@ class Drafter:
         log.info("draft %s installed: requests admitted from now on are served by %s", update.version,
                  update.model_key)
 
-    def stats_of(self, seq: EngineSequence):
+    def stats_of(self, seq: EngineSequence) -> Recorder | None:
         """The statistics ``seq`` records into: those it was admitted under (a sequence never admitted: today's)."""
         served = seq.serving.stats if seq.serving is not None else None
         return served if served is not None else self.serving.stats
@@ -123,7 +126,7 @@ class Drafter:
         for i, tok in enumerate(tokens):
             # The mask at i comes from the state after x_0..x_{i-1}; an ungrammatical x_i ends the draft there.
             if tok == self.eos or not token_allowed(bitmask[i], tok) or not matcher.consume([tok]):
-                if draft.q is not None:
+                if draft is not None and draft.q is not None:  # (tokens come from a draft)
                     tail = (tok, draft.q[i])
                 break
             consumed += 1
@@ -198,12 +201,12 @@ class Drafter:
 class _CountingMatcher:
     """A matcher that counts the tokens consumed through it (net of rollbacks); everything else passes through."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: Matcher) -> None:
         self._inner = inner
         self.consumed = 0
         self.failed = False  # set while unwinding from a proposer's exception (the rollback is expected)
 
-    def consume(self, tokens) -> bool:
+    def consume(self, tokens: Sequence[int]) -> bool:
         ok = self._inner.consume(tokens)
         if ok:
             self.consumed += len(tokens)
@@ -213,5 +216,5 @@ class _CountingMatcher:
         self._inner.rollback(n)
         self.consumed -= n
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import uuid
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from structspec.chat_template import ChatTemplateError, PlainPrompts, Prompt, PromptFormat, call_family
 from structspec.engine.api import ExtractionRequest, TextRequest, ToolCallRequest
@@ -59,7 +59,7 @@ class DraftLoader(Protocol):
 class Engine:
     """Implements ``EngineAPI`` over one target model (and its proposers)."""
 
-    def __init__(self, core: EngineCore, tokenizer, compiler: GrammarCompiler, max_context: int,
+    def __init__(self, core: EngineCore, tokenizer: Any, compiler: GrammarCompiler, max_context: int,
                  max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True,
                  draft_loader: DraftLoader | None = None, prompts: PromptFormat | None = None):
         self.core = core
@@ -178,7 +178,8 @@ class Engine:
             raise EngineError(str(exc)) from exc
         return self._sequence(request, prompt, grammar, key, request.schema)
 
-    async def _generate_extraction(self, request: ExtractionRequest, stream: bool):
+    async def _generate_extraction(self, request: ExtractionRequest, stream: bool
+                                   ) -> AsyncIterator[TextDelta | GenerationResult]:
         seq = await asyncio.to_thread(self.prepare_extraction, request)  # compiles can take seconds
         post_check = seq.grammar.info.post_check_keywords
         async for item in self._run(seq, stream):
@@ -284,7 +285,7 @@ class Engine:
         seq.prose = True
         return seq
 
-    async def _generate_text(self, request: TextRequest, stream: bool):
+    async def _generate_text(self, request: TextRequest, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:
         seq = await asyncio.to_thread(self.prepare_text, request)
         shown = StopFilter(seq.stop)
         async for item in self._run(seq, stream):
@@ -328,7 +329,7 @@ class Engine:
 
     async def _run(self, seq: EngineSequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
         def on_event(kind: str, payload: Any) -> None:  # engine thread -> event loop
             if kind == "delta" and not stream:
@@ -351,6 +352,8 @@ class Engine:
             raise
         served = seq.serving if seq.serving is not None and seq.serving.model_key else self.core.serving
         text = seq.output_text()
+        if seq.finish is None:  # the engine sends "done" once the sequence has finished
+            raise EngineError(f"request {seq.request_id}: its events ended before it finished")
         yield GenerationResult(
             request_id=seq.request_id, text=text, token_ids=list(seq.output), finish_reason=seq.finish,
             outcome=Outcome.NOT_CHECKED, usage=seq.usage, timings=seq.timings, error=seq.error,
@@ -358,7 +361,7 @@ class Engine:
             draft_version=served.draft_version,
         )
 
-    def _finalize(self, result: GenerationResult, check) -> GenerationResult:
+    def _finalize(self, result: GenerationResult, check: Callable[[str], CheckResult]) -> GenerationResult:
         if result.finish_reason is FinishReason.LENGTH:
             result.outcome = Outcome.TRUNCATED
         elif result.finish_reason is FinishReason.STOP:

@@ -95,8 +95,8 @@ class PrefixCache:
             n = min(limit, owner.reusable(tenant, common_prefix(prompt, tokens)))
             if best is None or n > best.tokens:
                 best = PrefixHit(sid, n, n)
-        for sid, tokens, cached, owner in running:
-            n = min(limit, owner.reusable(tenant, common_prefix(prompt, tokens)))
+        for sid, ids, cached, owner in running:
+            n = min(limit, owner.reusable(tenant, common_prefix(prompt, ids)))
             if best is None or n > best.tokens:
                 best = PrefixHit(sid, n, min(n, cached))
         if best is None or best.tokens < self.min_tokens:

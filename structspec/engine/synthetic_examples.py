@@ -194,7 +194,7 @@ def synthesize_tool_examples(tools: list[dict[str, Any]] | tuple[dict[str, Any],
     return tuple(out)
 
 
-def _tool_round(tools, variant: int) -> list[FewShotExample]:
+def _tool_round(tools: list[dict[str, Any]] | tuple[dict[str, Any], ...], variant: int) -> list[FewShotExample]:
     out = []
     for tool in tools:
         fn = tool.get("function", tool) if isinstance(tool, dict) else {}

@@ -132,7 +132,7 @@ class CallGuard:
         """The error to answer ``exc`` with (``failures.from_exception``; INTERNAL for anything unexpected), logged."""
         err = from_exception(exc, call.schema_field)
         if err is None:
-            log.exception("rpc=%s request_id=%s internal error", call.rpc, call.request_id)
+            log.error("rpc=%s request_id=%s internal error", call.rpc, call.request_id, exc_info=exc)
             err = FrontError(Code.INTERNAL, f"internal error (request id {call.request_id})", "INTERNAL")
         elif err.code is Code.INTERNAL:
             log.error("rpc=%s request_id=%s %s: %s", call.rpc, call.request_id, err.reason, err.message)

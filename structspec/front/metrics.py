@@ -20,7 +20,7 @@ import time
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from structspec.engine.api import EngineAPI
@@ -70,7 +70,7 @@ class SchemaCollector(Collector):
         self.book = book
         self.model = model
 
-    def describe(self) -> list:
+    def describe(self) -> list[Metric]:
         return []  # collected at scrape time only (the label values are not known before)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -110,7 +110,7 @@ class BacklogCollector(Collector):
     def __init__(self, store: Store):
         self.store = store
 
-    def describe(self) -> list:
+    def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -276,7 +276,7 @@ class ServiceMetrics:
         """Serve /metrics; returns the bound port."""
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         self._http = (server, thread)
-        return int(server.server_port)  # type: ignore[attr-defined]
+        return int(server.server_port)
 
     def stop_http(self) -> None:
         if self._http is not None:

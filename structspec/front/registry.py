@@ -11,6 +11,7 @@ key is made from it too (``front.keys`` spells the statistics keys).
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import time
@@ -199,7 +200,7 @@ class SchemaRegistry:
         self._remember(*records)
         return records
 
-    async def delete(self, schema_id: str, version: int | None = None) -> list[int]:
+    async def delete(self, schema_id: str, version: int | None = None) -> builtins.list[int]:  # (list: the method)
         check_schema_id(schema_id)
         deleted = await self.store.delete_schema(schema_id, version)
         self._forget(schema_id, None if version is None else deleted)

@@ -149,7 +149,7 @@ class MaskLayout:
 # The layout last read, kept for its tensor (weakly) while that tensor keeps its memory: an engine
 # step fills every row of one bitmask, and each torch attribute read costs 0.2-2 us, as much as a
 # cheap llguidance mask, where a tensor view (``bitmask_row``) costs 5-15 us.
-_last_layout: tuple[weakref.ref, int, MaskLayout] | None = None
+_last_layout: tuple[weakref.ref[torch.Tensor], int, MaskLayout] | None = None
 
 
 def mask_layout(bitmask: torch.Tensor, words: int) -> MaskLayout:
@@ -235,8 +235,8 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, inplace: bo
         bits = np.unpackbits(_words(bitmask).view(np.uint8), axis=-1, count=width, bitorder="little")  # [N, width]
         out.detach().numpy()[:, :width][bits == 0] = -np.inf
     else:
-        allowed = _unpack(bitmask, width).to(out.device, non_blocking=True)  # [N, width]
-        out[:, :width].masked_fill_(~allowed, float("-inf"))
+        allowed_bits = _unpack(bitmask, width).to(out.device, non_blocking=True)  # [N, width]
+        out[:, :width].masked_fill_(~allowed_bits, float("-inf"))
     if width < vocab:
         out[:, width:] = float("-inf")
     return out

@@ -89,7 +89,7 @@ class GrammarCache:
         self.capacity = capacity
         self.stats = CacheStats()
         self._entries: OrderedDict[str, CompiledGrammar | SchemaError] = OrderedDict()
-        self._inflight: dict[str, Future] = {}
+        self._inflight: dict[str, Future[CompiledGrammar | SchemaError]] = {}
         self._lock = threading.Lock()
         self.observers: list[Observer] = []
 
@@ -118,7 +118,7 @@ class GrammarCache:
                 return _unwrap(self._entries[key])
             future = self._inflight.get(key)
             owner = future is None
-            if owner:
+            if future is None:
                 future = self._inflight[key] = Future()
                 self.stats.misses += 1
             else:

@@ -249,24 +249,31 @@ def _json(text: str) -> Any:
 _SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
+def _skip_space(text: str, at: int) -> int:
+    """Where JSON's whitespace from ``at`` ends (it always matches, if only the empty string)."""
+    found = _SPACE.match(text, at)
+    assert found is not None
+    return found.end()
+
+
 def _blocks(text: str, opener: str, closer: str) -> list[Any]:
     """``opener JSON closer`` blocks, whitespace around them and nothing else; each JSON value read by the decoder,
     so that an argument string may hold the closer."""
     decoder, items, at = json.JSONDecoder(), [], 0
     while True:
-        at = _SPACE.match(text, at).end()
+        at = _skip_space(text, at)
         if not text.startswith(opener, at):
             raise ValueError(f"calls are {opener} JSON {closer} blocks and nothing else")
         try:
-            value, at = decoder.raw_decode(text, _SPACE.match(text, at + len(opener)).end())
+            value, at = decoder.raw_decode(text, _skip_space(text, at + len(opener)))
         except json.JSONDecodeError as exc:
             raise ValueError(f"tool call is not JSON: {exc}") from exc
-        at = _SPACE.match(text, at).end()
+        at = _skip_space(text, at)
         if not text.startswith(closer, at):
             raise ValueError(f"calls are {opener} JSON {closer} blocks and nothing else")
         items.append(value)
         at += len(closer)
-        if _SPACE.match(text, at).end() == len(text):
+        if _skip_space(text, at) == len(text):
             return items
 
 

@@ -110,7 +110,8 @@ class GrammarCompiler:
                              refused_text: tuple[str, ...] = ()) -> CompiledGrammar:
         start = time.perf_counter()
         compile_lark = getattr(self.backend, "compile_lark", None)
-        if compile_lark is None:
+        special_token = getattr(self.backend, "special_token", None)  # llguidance's, as compile_lark
+        if compile_lark is None or special_token is None:
             what = "an answer schema beside tools" if fmt.family == "json" else f"this model's {fmt.family} tool calls"
             raise SchemaError([SchemaIssue("/tools", "", f"the {self.backend.name} grammar backend writes only the "
                                                          f"generic JSON call; {what} need the llguidance backend")],
@@ -122,6 +123,7 @@ class GrammarCompiler:
         # the combined call schema (and the answer's), for pointing warnings and errors into the request: tool i's
         # parameters sit at /$defs/tool<i> (every tool: the choice "required"), the answer at /$defs/answer
         spec = toolcalls.call_grammar(checked, toolcalls.ToolChoice("required"), tools.parallel)
+        assert spec.schema is not None  # "required": a call is possible
         if answer is not None:
             spec = dataclasses.replace(spec, schema={**spec.schema, "$defs": {**spec.schema["$defs"], "answer": answer}},
                                        placements=(*spec.placements, ("/$defs/answer", "/answer_schema")))
@@ -130,7 +132,7 @@ class GrammarCompiler:
             spelled = tuple(dataclasses.replace(t, parameters=embed(dict(t.parameters), f"/$defs/tool{i}"))
                             for i, t in enumerate(checked))
             return call_formats.lark_grammar(fmt, spelled, tools.choice, tools.parallel, json_overrides(options),
-                                             self.backend.special_token,
+                                             special_token,
                                              embed(answer, "/$defs/answer") if answer is not None else None,
                                              refused_text)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from structspec.grammar.base import SchemaError, SchemaIssue
 
@@ -83,7 +83,7 @@ def run_with_deadline(fn: Callable[[], T], timeout_s: float) -> T:
         raise SchemaError([SchemaIssue("", "", f"compile took longer than {timeout_s:g} s")], kind="timeout")
     if "error" in job.outcome:
         raise job.outcome["error"]
-    return job.outcome["value"]
+    return cast(T, job.outcome["value"])  # what fn returned
 
 
 def abandoned() -> int:

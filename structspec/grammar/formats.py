@@ -34,7 +34,7 @@ _LS32 = f"(?:{_H16}:{_H16}|{_IPV4})"
 def _ipv6() -> str:
     # RFC 3986's IPv6address: n groups before "::", up to 7 - n after it, or all 8 with none
     forms = [f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}"]
-    for before in range(0, 7):
+    for before in range(7):
         head = f"(?:(?:{_H16}:){{0,{before}}}{_H16})?" if before else f"(?:{_H16})?"
         after = 4 - before
         if after >= 1:

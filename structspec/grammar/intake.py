@@ -22,7 +22,7 @@ import math
 import re
 import sys
 from functools import cache
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeGuard
 from urllib.parse import quote, unquote
 
 import jsonschema
@@ -98,7 +98,7 @@ def for_backends(schema: Any, text: str | None = None) -> Any:
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if not _REWRITES.search(text):
         return schema
-    changes = []
+    changes: list[tuple[str, str | None, Any]] = []  # (pointer, keyword, new value) or (pointer, None, None)
     for pointer, node in schema_walk.iter_schemas(schema):
         for keyword in COUNT_KEYWORDS.intersection(node):
             value = node[keyword]
@@ -123,9 +123,9 @@ def for_backends(schema: Any, text: str | None = None) -> Any:
             node["allOf"] = [*node.get("allOf", []), {"$ref": target}]
         else:
             node["$ref"] = target
-    for pointer, keyword, value in changes:
-        if keyword is not None:
-            schema_walk.resolve(out, pointer)[keyword] = value
+    for pointer, changed, value in changes:
+        if changed is not None:
+            schema_walk.resolve(out, pointer)[changed] = value
             continue
         parent, _, last = pointer.rpartition("/")
         container = schema_walk.resolve(out, parent)
@@ -182,7 +182,7 @@ def _check_numbers(schema: dict[str, Any], at: str) -> None:
         raise SchemaError(issues[:MAX_ISSUES], kind="unsupported")
 
 
-def _is_integer(value: Any) -> bool:
+def _is_integer(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -263,7 +263,8 @@ def _draft(schema: dict[str, Any], at: str) -> type[Validator]:
     if not isinstance(schema["$schema"], str):
         raise SchemaError([SchemaIssue(schema_walk.join(at, "$schema"), "$schema", "must be a string (a metaschema URI)")],
                           kind="metaschema")
-    cls = jsonschema.validators.validator_for(schema, default=None)
+    # ignore: for an unknown $schema it returns the default given, None here (the stubs allow only a class)
+    cls = jsonschema.validators.validator_for(schema, default=None)  # type: ignore[arg-type]
     if cls is None:
         raise SchemaError([SchemaIssue(schema_walk.join(at, "$schema"), "$schema",
                                        f"unknown metaschema {str(schema['$schema'])[:100]!r}")], kind="metaschema")

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from structspec.grammar import schema_walk
-from structspec.json_limits import MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH, TooDeep, value_too_deep  # noqa: F401 - ours too
+from structspec.json_limits import (  # ours too: re-exported
+    MAX_JSON_DEPTH as MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH as MAX_SCHEMA_DEPTH, TooDeep as TooDeep,
+    value_too_deep as value_too_deep)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ def scan(text: str, max_depth: int | None = None) -> JsonPosition:
     With ``max_depth``, stops at the first object or array that opens past that depth and
     returns the path to it with ``too_deep`` set. Keys appear as written (escapes not decoded).
     """
-    stack: list[list] = []  # frames: ["obj", key or None, expecting_key] / ["arr", index]
+    stack: list[list[Any]] = []  # frames: ["obj", key or None, expecting_key] / ["arr", index]
     in_string = escaped = False
     key_chars: list[str] | None = None
     for ch in text:
@@ -73,7 +75,7 @@ def scan(text: str, max_depth: int | None = None) -> JsonPosition:
     return JsonPosition(_path(stack), in_string, key_chars is not None)
 
 
-def _path(stack: list[list]) -> tuple[str | int, ...]:
+def _path(stack: list[list[Any]]) -> tuple[str | int, ...]:
     path: list[str | int] = []
     for frame in stack:
         if frame[0] == "obj" and frame[1] is not None and not frame[2]:

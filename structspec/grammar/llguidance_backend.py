@@ -23,7 +23,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
@@ -40,6 +40,9 @@ from structspec.grammar.base import (
     set_bits,
 )
 from structspec.grammar.tokenizer_view import TokenizerView
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # its TypedDict, not exported at the top
 
 # Formats the grammar enforces with a regex that is looser than the format (found by testing).
 APPROXIMATE_FORMATS = formats.APPROXIMATE
@@ -91,7 +94,8 @@ class LLGuidanceBackend:
         self.view = view
         self.limit_values = {**DEFAULT_LIMITS, **(limits or {})}
         # verbose_errors=False: error texts go to API clients; no parser dumps in them.
-        self.limits = llguidance.LLParserLimits(verbose_errors=False, **self.limit_values)
+        # ignore: mypy matches the **dict[str, int] against the bool parameters too (none of its keys is one)
+        self.limits = llguidance.LLParserLimits(verbose_errors=False, **self.limit_values)  # type: ignore[arg-type]
 
     def compile_json_schema(self, schema: dict[str, Any], options: GrammarOptions) -> LLGuidanceGrammar:
         def build(merge: bool) -> LLGuidanceGrammar:
@@ -193,7 +197,8 @@ class LLGuidanceBackend:
         return LLGuidanceGrammar(self.view, matcher, info)
 
 
-def merge_overlapping_patterns(schema: dict[str, Any], disjoint) -> tuple[dict[str, Any], list[keywords.Unenforced]]:
+def merge_overlapping_patterns(schema: dict[str, Any], disjoint: Callable[[str, str], bool]
+                               ) -> tuple[dict[str, Any], list[keywords.Unenforced]]:
     """``schema`` with each group of overlapping patternProperties (``disjoint(a, b)`` False, joined
     transitively) as one pattern, their alternation. A name matching several patterns must satisfy
     all their schemas; merged, it is held to one: the schema itself where the group's schemas are
@@ -203,13 +208,15 @@ def merge_overlapping_patterns(schema: dict[str, Any], disjoint) -> tuple[dict[s
     out = copy.deepcopy(schema)
     unenforced = []
     for pointer, node in list(schema_walk.iter_schemas(out)):
+        if not isinstance(node, dict):
+            continue
         patterns = node.get("patternProperties")
         if not isinstance(patterns, dict) or len(patterns) < 2:
             continue
         names = list(patterns)
         group = list(range(len(names)))  # union-find over the patterns
 
-        def root(i: int) -> int:
+        def root(i: int, group: list[int] = group) -> int:
             while group[i] != i:
                 i = group[i]
             return i
@@ -261,7 +268,7 @@ def _trial_walk(matcher: llguidance.LLMatcher, scratch: np.ndarray, schema: dict
         raise SchemaError(issues, kind=kind)
 
 
-def json_overrides(options: GrammarOptions) -> dict[str, Any]:
+def json_overrides(options: GrammarOptions) -> JsonCompileOptions:
     """llguidance's JSON options for ``options`` (also what a raw llguidance reference compiles with)."""
     # Overrides, not defaults: a schema's own "x-guidance" cannot turn lenient mode on behind our back.
     return {"whitespace_flexible": options.whitespace == "flexible", "lenient": options.allow_post_check}
@@ -412,7 +419,7 @@ _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
 _NOT_DISJOINT = re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint")
 
 
-def _uses(schema: dict[str, Any], keyword: str, where=lambda _: True) -> list[str]:
+def _uses(schema: dict[str, Any], keyword: str, where: Callable[[Any], bool] = lambda _: True) -> list[str]:
     return schema_walk.keyword_pointers(schema, keyword, where) or [""]
 
 
@@ -458,7 +465,7 @@ def explain_error(message: str, schema: dict[str, Any]) -> tuple[str, list[Schem
                                for p in _uses(schema, "format", lambda v: v == fmt)]
     if "regex parse error" in text or " in regex /" in text:  # a pattern llguidance cannot take, named by its text
         found = [p for k in ("pattern",) for p in schema_walk.keyword_pointers(
-            schema, k, lambda v: isinstance(v, str) and v and v in text)]
+            schema, k, lambda v: isinstance(v, str) and bool(v) and v in text)]
         found += [p for p in schema_walk.keyword_pointers(
             schema, "patternProperties", lambda v: isinstance(v, dict) and any(k and k in text for k in v))]
         return "unsupported", [SchemaIssue(p, p.rsplit("/", 1)[-1], short) for p in found] or [

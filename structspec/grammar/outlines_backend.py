@@ -217,7 +217,7 @@ class _Auditor:
     def refuse(self, pointer: str, keyword: str, why: str) -> None:
         self.refused.append(SchemaIssue(pointer, keyword, f"{why} (outlines)"))
 
-    def leave(self, pointer: str, node: dict[str, Any], names, why: str = "") -> None:
+    def leave(self, pointer: str, node: dict[str, Any], names: Sequence[str], why: str = "") -> None:
         for name in names:
             if name in node:
                 self.unenforced.append(keywords.keyword(schema_walk.join(pointer, name), name, ENGINE, why))
@@ -240,7 +240,7 @@ class _Auditor:
         handled = getattr(self, "_" + branch.lstrip("$"))(node, pointer)
         self.leave(pointer, node, [k for k in node if k in assertions - handled])
 
-    def _properties(self, node, pointer) -> set[str]:
+    def _properties(self, node: dict[str, Any], pointer: str) -> set[str]:
         props = node["properties"] if isinstance(node["properties"], dict) else {}
         for name in props:
             self.visit(props, name, schema_walk.join(pointer, "properties", name))
@@ -252,7 +252,7 @@ class _Auditor:
             handled.add("type")
         return handled
 
-    def _allOf(self, node, pointer) -> set[str]:
+    def _allOf(self, node: dict[str, Any], pointer: str) -> set[str]:
         if len(node["allOf"]) != 1:
             self.refuse(schema_walk.join(pointer, "allOf"), "allOf",
                         "allOf with several subschemas is concatenated, not intersected")
@@ -260,30 +260,30 @@ class _Auditor:
         self.visit(node["allOf"], 0, schema_walk.join(pointer, "allOf", 0))
         return {"allOf"}
 
-    def _anyOf(self, node, pointer) -> set[str]:
+    def _anyOf(self, node: dict[str, Any], pointer: str) -> set[str]:
         for i in range(len(node["anyOf"])):
             self.visit(node["anyOf"], i, schema_walk.join(pointer, "anyOf", i))
         return {"anyOf"}
 
-    def _oneOf(self, node, pointer) -> set[str]:
+    def _oneOf(self, node: dict[str, Any], pointer: str) -> set[str]:
         for i in range(len(node["oneOf"])):
             self.visit(node["oneOf"], i, schema_walk.join(pointer, "oneOf", i))
         self.leave(pointer, node, ["oneOf"], "approximated by anyOf: exclusivity")
         return {"oneOf"}
 
-    def _prefixItems(self, node, pointer) -> set[str]:
+    def _prefixItems(self, node: dict[str, Any], pointer: str) -> set[str]:
         for i in range(len(node["prefixItems"])):
             self.visit(node["prefixItems"], i, schema_walk.join(pointer, "prefixItems", i))
         handled = {"prefixItems", "items", "additionalItems", "unevaluatedItems"}  # exactly the prefix
         return handled | ({"type"} if _types(node) >= {"array"} else set())
 
-    def _enum(self, node, pointer) -> set[str]:
+    def _enum(self, node: dict[str, Any], pointer: str) -> set[str]:
         return {"enum"} | self._values_satisfy(node, node["enum"] if isinstance(node["enum"], list) else [])
 
-    def _const(self, node, pointer) -> set[str]:
+    def _const(self, node: dict[str, Any], pointer: str) -> set[str]:
         return {"const"} | self._values_satisfy(node, [node["const"]])
 
-    def _values_satisfy(self, node, values) -> set[str]:
+    def _values_satisfy(self, node: dict[str, Any], values: list[Any]) -> set[str]:
         """Sibling keywords every listed value already satisfies are enforced by the value list."""
         siblings = {k: v for k, v in node.items() if k in keywords.ASSERTIONS and k not in ("enum", "const")}
         if not siblings or any(k in siblings for k in ("$ref",)):
@@ -294,7 +294,7 @@ class _Auditor:
         except Exception:  # a sibling that cannot be evaluated stays post-checked
             return set()
 
-    def _ref(self, node, pointer) -> set[str]:
+    def _ref(self, node: dict[str, Any], pointer: str) -> set[str]:
         ref = node["$ref"]
         target = ref.partition("#")[2] if isinstance(ref, str) else None
         if target is not None and target.startswith("/") and target not in self._seen:
@@ -307,7 +307,7 @@ class _Auditor:
                 pass  # outlines-core reports the broken reference itself
         return {"$ref"}
 
-    def _type(self, node, pointer) -> set[str]:
+    def _type(self, node: dict[str, Any], pointer: str) -> set[str]:
         handled = {"type"}
         for kind in _types(node):
             if kind == "string":
@@ -318,7 +318,7 @@ class _Auditor:
                 handled |= self._object(node, pointer)
         return handled
 
-    def _string(self, node, pointer) -> set[str]:
+    def _string(self, node: dict[str, Any], pointer: str) -> set[str]:
         if "minLength" in node or "maxLength" in node:
             return {"minLength", "maxLength"}  # pattern and format are then ignored
         if isinstance(node.get("pattern"), str):
@@ -338,7 +338,7 @@ class _Auditor:
                                                                APPROXIMATE_FORMATS[fmt]))
         return {"format"}
 
-    def _array(self, node, pointer) -> set[str]:
+    def _array(self, node: dict[str, Any], pointer: str) -> set[str]:
         items = node.get("items")
         if isinstance(items, list):
             self.refuse(schema_walk.join(pointer, "items"), "items", "tuple-form items (use prefixItems)")
@@ -346,7 +346,7 @@ class _Auditor:
             self.visit(node, "items", schema_walk.join(pointer, "items"))
         return {"items", "minItems", "maxItems"}
 
-    def _object(self, node, pointer) -> set[str]:
+    def _object(self, node: dict[str, Any], pointer: str) -> set[str]:
         extra = node.get("additionalProperties")
         if extra is False:
             self.refuse(schema_walk.join(pointer, "additionalProperties"), "additionalProperties",

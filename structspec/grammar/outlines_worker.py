@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from structspec.grammar import outlines_worker_main as wire
 from structspec.grammar.base import SchemaError, SchemaIssue
@@ -30,14 +30,14 @@ class IndexBuilder:
         self._vocabulary = vocabulary
         self._eos = eos_token_id
         self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
 
     def build(self, schema_json: str | None, whitespace: str | None, text: str | None, timeout_s: float) -> tuple[Any, int]:
         """(index, regex length) for a JSON instance of ``schema_json`` or free text matching ``text``
         (or either); SchemaError "unsupported" when outlines-core cannot, "timeout" past ``timeout_s``."""
         with self._lock:
             process = self._worker()
-            wire.write(process.stdin, (schema_json, whitespace, text))
+            wire.write(_pipe(process.stdin), (schema_json, whitespace, text))
             reply = self._reply(process, timeout_s)
         if reply is None:
             raise SchemaError([SchemaIssue("", "", f"outlines index build took longer than {timeout_s:g} s "
@@ -55,19 +55,20 @@ class IndexBuilder:
         with self._lock:
             self._kill()
 
-    def _worker(self) -> subprocess.Popen:
+    def _worker(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen([sys.executable, str(_PROGRAM)], stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE)
-            wire.write(self._process.stdin, (self._vocabulary, self._eos))
+            wire.write(_pipe(self._process.stdin), (self._vocabulary, self._eos))
             if self._reply(self._process, _STARTUP_S) != ("ready",):
                 raise RuntimeError("the outlines index worker did not start")
         return self._process
 
-    def _reply(self, process: subprocess.Popen, timeout_s: float):
+    def _reply(self, process: subprocess.Popen[bytes], timeout_s: float) -> Any:
         """The next message, or None (worker killed) when none comes in time or the worker died."""
-        ready, _, _ = select.select([process.stdout], [], [], timeout_s)
-        message = wire.read(process.stdout) if ready else None
+        stdout = _pipe(process.stdout)
+        ready, _, _ = select.select([stdout], [], [], timeout_s)
+        message = wire.read(stdout) if ready else None
         if message is None:
             self._kill()
         return message
@@ -76,6 +77,13 @@ class IndexBuilder:
         if self._process is not None:
             self._process.kill()
             self._process.wait()
-            self._process.stdin.close()
-            self._process.stdout.close()
+            _pipe(self._process.stdin).close()
+            _pipe(self._process.stdout).close()
         self._process = None
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """One of the worker's pipes (it is started with stdin and stdout=PIPE: both are there)."""
+    if stream is None:
+        raise RuntimeError("the outlines index worker was started without its pipes")
+    return stream

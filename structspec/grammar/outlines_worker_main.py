@@ -8,31 +8,34 @@ jobs ``(schema JSON or None, whitespace pattern, plain-text regex or None)``; wr
 import pickle
 import struct
 import sys
+from typing import IO, Any
 
 import outlines_core
 
 _HEADER = struct.Struct("<Q")
 
 
-def read(stream):
+def read(stream: IO[bytes]) -> Any:
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
         return None
     return pickle.loads(stream.read(_HEADER.unpack(header)[0]))
 
 
-def write(stream, message) -> None:
+def write(stream: IO[bytes], message: object) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
 
 
-def build(vocabulary, schema_json, whitespace, text):
+def build(vocabulary: Any, schema_json: str | None, whitespace: str | None, text: str | None) -> tuple[Any, int]:
     regex = None
     if schema_json is not None:
         regex = outlines_core.json_schema.build_regex_from_schema(schema_json, whitespace_pattern=whitespace)
     if text is not None:
         regex = text if regex is None else f"(?:{text})|(?:{regex})"
+    if regex is None:
+        raise ValueError("a job names a schema, a text pattern or both")
     return outlines_core.Index(regex, vocabulary), len(regex)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from fractions import Fraction
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import re2
@@ -105,9 +105,10 @@ _OWN = {"pattern": _pattern, "patternProperties": _pattern_properties, "addition
 
 
 @cache
-def _post_check_class(cls: type) -> type:
+def _post_check_class(cls: type[jsonschema.protocols.Validator]) -> type[jsonschema.protocols.Validator]:
     # only the keywords the draft has ("if" is draft 7 on): a draft 4 schema's "if" is an unknown keyword
-    return jsonschema.validators.extend(cls, {k: v for k, v in _OWN.items() if k in cls.VALIDATORS})
+    extended = jsonschema.validators.extend(cls, {k: v for k, v in _OWN.items() if k in cls.VALIDATORS})
+    return cast("type[jsonschema.protocols.Validator]", extended)  # extend() is untyped in the stubs
 
 
 def validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:

@@ -211,6 +211,7 @@ def _embed(parameters: Mapping[str, Any], at: str) -> dict[str, Any]:
         if isinstance(ref, str):
             base, _, fragment = ref.partition("#")
             if (not base or base == own_id) and (not fragment or fragment.startswith("/")):
+                assert isinstance(node, dict)  # a node of the deep copy above
                 node["$ref"] = "#" + at + fragment
     return schema
 

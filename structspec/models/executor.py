@@ -93,7 +93,8 @@ class ForwardStep(Protocol):
     # (0: it always computes every logit, so callers need not build the sets).
     restricted_logits_max: int
     max_context: int  # tokens a sequence may hold
-    forward_calls: int  # model forward passes run so far (counted here, not estimated)
+    @property
+    def forward_calls(self) -> int: ...  # model forward passes run so far (counted here, not estimated)
 
     def new_sequence(self) -> int:
         """Allocate an empty sequence; returns its id."""

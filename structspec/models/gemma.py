@@ -95,7 +95,7 @@ def ensure_converted(progress: Callable[[str], None] = _say) -> Path:
     progress("step 2/3: dequantizing the GGUF to fp32 with transformers (~40 s on 2 cores)")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model.hf_quantizer = None  # plain weights from here on: save_pretrained writes safetensors
+    model.hf_quantizer = None  # type: ignore[assignment]  # plain weights from here on: save_pretrained writes safetensors
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the saved folder is a plain fp32 model, not a GGUF view
     progress(f"step 3/3: saving safetensors to {out}")

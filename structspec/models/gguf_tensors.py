@@ -68,7 +68,7 @@ def tensor_bytes(path: str | Path, name: str) -> TensorBytes:
     """The bytes of tensor ``name`` in the GGUF at ``path``, one row of ``shape[0]`` elements per line."""
     file = Path(path)
     mapped = np.memmap(file, dtype=np.uint8, mode="r")
-    cur = _Cursor(memoryview(mapped))
+    cur = _Cursor(mapped.data)  # (the memoryview of its bytes)
     if bytes(mapped[:4]) != b"GGUF" or cur.take("<4sI")[1] not in (2, 3):
         raise ValueError(f"{file} is not a GGUF v2/v3 file")
     n_tensors, n_kv = cur.take("<QQ")

@@ -32,7 +32,7 @@ import heapq
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,7 @@ def _return_freed_memory(device: torch.device) -> None:
     _LIBC.malloc_trim(0)
 
 
+_LIBC: ctypes.CDLL | None
 try:  # glibc only (Linux); elsewhere the allocator's own policy applies
     _LIBC = ctypes.CDLL("libc.so.6")
     _LIBC.malloc_trim  # noqa: B018 - the symbol exists
@@ -133,7 +134,8 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if step is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
-    kbuf, vbuf = step.owner._k[module.layer_idx], step.owner._v[module.layer_idx]  # [slots, H_kv, cap, D]
+    layer = cast(int, module.layer_idx)  # (set on each attention module by transformers)
+    kbuf, vbuf = step.owner._k[layer], step.owner._v[layer]  # [slots, H_kv, cap, D]
     gqa = query.shape[1] != kbuf.shape[1]
     outs = []
     for i, c in enumerate(step.chunks):
@@ -167,7 +169,7 @@ class TransformersExecutor:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 2048))
+        self.max_context = int(max_context or cast(int, getattr(cfg, "max_position_embeddings", 2048)))
         self.forward_calls = 0
         self._peak_tokens = 0  # the most tokens cached at once (metrics)
         self._base = getattr(model, model.base_model_prefix)
@@ -354,7 +356,9 @@ class TransformersExecutor:
             logits[full] = self._finish_logits(self._head(hidden[full]).float())
         for i in small:
             try:
-                ids = allowed[i].to(hidden.device)  # [n]
+                row_ids = allowed[i]
+                assert row_ids is not None  # (``small`` lists rows with ids)
+                ids = row_ids.to(hidden.device)  # [n]
                 part = self._head.weight.index_select(0, ids) @ hidden[i]  # [n, H] @ [H] -> [n]
                 if self._head.bias is not None:
                     part = part + self._head.bias.index_select(0, ids)

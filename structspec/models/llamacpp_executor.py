@@ -187,6 +187,7 @@ class LlamaCppExecutor:
         self._peak_tokens = 0
         self.restricted_logits_max = 0  # set below once the restricted path has passed its probe
         self._head, self._ggml, self._callback = None, None, None
+        self._hidden: np.ndarray | None  # what the eval callback captured
         self._capturing, self._hidden = False, None
         if restricted:
             self._head = RestrictedHead.for_model(model.info)
@@ -213,6 +214,7 @@ class LlamaCppExecutor:
             return False
         try:
             base = self._ggml
+            assert base is not None  # (set before the callback is installed)
             if base.ggml_get_name(tensor) != HIDDEN_NODE:
                 return not ask  # asked: not needed; observed (cannot happen): go on
             if ask:
@@ -431,6 +433,7 @@ class LlamaCppExecutor:
         # plain lists: a decode step packs a few tokens, where numpy's per-call cost would show (module doc)
         tokens = [int(t) for x in inputs for t in x.tokens]
         self._grow_for(len(tokens))
+        rows: list[_Row]
         rows, splits, offset = [], [], 0
         limit = self.restricted_logits_max
         for x, c in zip(inputs, counts):

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 EXECUTORS = ("transformers", "llamacpp")
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -42,7 +42,7 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "structspec"
 
 
-def write_folder(out: Path, fill: Callable[[Path], None], prefix: str) -> Path:
+def write_folder(out: Path, fill: Callable[[Path], object], prefix: str) -> Path:
     """Write the folder ``out`` with ``fill(tmp)`` into a temporary sibling, then rename it into place (replacing
     an older one): a crash never leaves a half-written folder that looks ready. Returns ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +63,7 @@ class ModelProfile:
     description: str
     target: str  # local directory (or a hub id where a hub is reachable)
     draft: str | None = None
-    prepare: Callable[[], None] | None = None  # makes ``target`` exist (download, convert...)
+    prepare: Callable[[], object] | None = None  # makes ``target`` exist (download, convert...)
     prepare_note: str = ""
     few_shot: int = 0  # worked examples a request needs to finish cleanly (base models: 1; see default_examples)
     # llama.cpp: the target's GGUF as shipped (made to exist by the callable); None: written once from the
@@ -196,7 +196,7 @@ def resolve_model(spec: str, *, draft: str | None = None, tokenizer: str | None 
     else:
         path = Path(spec).expanduser()
         profile = ModelProfile(name=path.resolve().name, description=f"model folder {path}", target=str(path))
-    overrides = {"draft": draft, "tokenizer_path": tokenizer, "chat_template": chat_template, "name": served_name}
+    overrides: dict[str, Any] = {"draft": draft, "tokenizer_path": tokenizer, "chat_template": chat_template, "name": served_name}
     return replace(profile, **{k: v for k, v in overrides.items() if v})
 
 

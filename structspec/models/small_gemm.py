@@ -171,6 +171,8 @@ class OutputHead:
                 elapsed = min(elapsed, self.clock() - start)
             if best is None or elapsed < best[1]:
                 best, out = (name, elapsed), result
+        if best is None or out is None:
+            raise RuntimeError("no matmul form to tune")
         _CHOICES[(*self._key, rows)] = best[0]
         if self.choices is not None:
             self.choices.put(self.weight, rows, best[0])
@@ -209,6 +211,6 @@ def small_row_linears(model: torch.nn.Module) -> int:
         if (isinstance(module, torch.nn.Linear) and module.weight.device.type == "cpu"
                 and module.weight.dtype == torch.float32 and module.weight.numel() >= SMALL_ROW_MIN_PARAMS):
             if not isinstance(module.forward, types.MethodType) or module.forward.__func__ is not _small_row_forward:
-                module.forward = types.MethodType(_small_row_forward, module)
+                module.forward = types.MethodType(_small_row_forward, module)  # type: ignore[method-assign]  # the patch
             count += 1
     return count

@@ -45,7 +45,7 @@ def check(
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as exc:
-            return f"UNREACHABLE: {exc.code().name}"  # type: ignore[attr-defined]
+            return f"UNREACHABLE: {exc.code().name}"
     return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 

@@ -479,8 +479,8 @@ async def serve(settings: ServiceSettings, engine_factory: EngineFactory) -> int
     try:
         done, _ = await asyncio.wait({loader, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if loader in done and loader.exception() is not None:
-            exc = loader.exception()
-            log.error("engine failed to load: %s", exc, exc_info=not isinstance(exc, EngineUnavailable))
+            failure = loader.exception()
+            log.error("engine failed to load: %s", failure, exc_info=not isinstance(failure, EngineUnavailable))
             rc = 1
         elif loader in done:
             await stopper

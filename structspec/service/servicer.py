@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -24,7 +24,8 @@ from structspec.front.call import REQUEST_ID_KEY, Call, CallGuard, EngineSlot, c
 from structspec.front.errors import Code, FrontError, message_too_large
 from structspec.front.limits import Limits
 from structspec.front.metrics import ServiceMetrics
-from structspec.front.registry import ResolvedSchema, SchemaRegistry, registered_stats_key
+from structspec.front.keys import registered_stats_key
+from structspec.front.registry import ResolvedSchema, SchemaRegistry
 from structspec.proto_gen.v1 import structspec_pb2 as pb
 from structspec.proto_gen.v1 import structspec_pb2_grpc as pb_grpc
 from structspec.service import convert, stats_convert
@@ -138,7 +139,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                     call.delivered = True
                     yield response
 
-    async def _relay(self, call: _Call, stream: Any) -> AsyncIterator[TextDelta | GenerationResult]:
+    async def _relay(self, call: _Call, stream: Any) -> AsyncGenerator[TextDelta | GenerationResult, None]:
         """The engine stream's deltas (timed in the metrics), then its final result (set as ``call.result``),
         each awaited within the call's deadline; the engine's generator is closed when this one is."""
         items = stream.__aiter__()
@@ -240,7 +241,8 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
 
     # -- statistics -------------------------------------------------------------------------------
 
-    async def _schema_key(self, which: str | None, request: Message) -> str:
+    async def _schema_key(self, which: str | None,
+                          request: pb.GetSchemaStatsRequest | pb.ListRejectedDraftsRequest) -> str:
         """The statistics key a request names (``schema_ref`` resolved through the registry, or ``schema_key``)."""
         if which == "schema_ref":
             ref = request.schema_ref

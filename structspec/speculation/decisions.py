@@ -74,6 +74,8 @@ class Decider:
         """The evidence of ``schema_key`` and the step costs, both of ``stats``' model (one draft version's)."""
         if stats is None:
             return SchemaEvidence(), CostEvidence()
+        if self.policy is None:
+            raise RuntimeError("evidence is read for the policy only")
         book, model, half_life = stats.book, stats.model, self.policy.half_life_hours
         since = hour_of(now - self.policy.evidence_max_age_hours * HOUR)
         cached = self._evidence.get((model, schema_key))

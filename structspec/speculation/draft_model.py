@@ -66,7 +66,9 @@ class DraftModelProposer:
         # A restricted draft (``models.draft_vocab``) is scored over the ids it covers alone: its mask, argmax
         # and softmax then run over those few thousand columns instead of the target's whole vocabulary.
         covered = getattr(self.executor, "covered_ids", None)
-        step = self.executor.step_covered if covered is not None else self.executor.step
+        step = self.executor.step
+        if covered is not None:  # the restricted draft's own step (not part of ForwardStep)
+            step = getattr(self.executor, "step_covered", step)
         (logits,) = step([StepInput(sid, committed[cached:], logits_at=(-1,))])
         matcher, greedy = ctx.matcher, ctx.sampling.greedy
         bitmask = allocate_bitmask(1, self.executor.vocab_size)
@@ -110,4 +112,4 @@ class DraftModelProposer:
         close = getattr(self.executor, "close", None)
         if close is not None:
             close()
-        self.executor = None
+        self.executor = None  # type: ignore[assignment]  # let it go: drafting afterwards raises, as documented

@@ -54,7 +54,8 @@ class DraftVersions:
         if state.draft is None:
             state.draft = self.current
             self.current.sequences += 1
-        return state.draft
+        draft: DraftVersion = state.draft  # (``SequenceSpeculation.draft``: the engine's side does not know its type)
+        return draft
 
     def unbind(self, state: SequenceSpeculation) -> None:
         """``state``'s sequence ended: its draft releases what it held for it, and a retired version whose last

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from structspec.engine.sequence import EngineSequence
 from structspec.speculation.base import Draft, DraftContext
@@ -75,7 +75,7 @@ class SchemaHistory:
             return None
         for n in range(min(cfg.max_chars, len(output)), cfg.min_chars - 1, -1):
             tail = output[-n:] if n else ""
-            conts = []
+            conts: list[str] = []
             for text in texts:
                 at = text.find(tail)
                 while at >= 0 and len(conts) < cfg.max_matches:
@@ -105,7 +105,7 @@ def majority_prefix(conts: list[str]) -> str:
 class HistoryProposer:
     name = "history"
 
-    def __init__(self, tokenizer, history: SchemaHistory):
+    def __init__(self, tokenizer: Any, history: SchemaHistory):
         self.tokenizer = tokenizer
         self.history = history
 

@@ -27,7 +27,8 @@ def subschema(schema: dict[str, Any] | None, path: tuple[str | int, ...]) -> dic
             node = items if isinstance(items, dict) else None
         else:
             node = (node.get("properties") or {}).get(step)
-    return _deref(schema, node)
+    found: dict[str, Any] | None = _deref(schema, node)
+    return found
 
 
 def _deref(root: Any, node: Any) -> Any:

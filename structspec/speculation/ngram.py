@@ -11,6 +11,7 @@ take the text after its latest occurrence, and tokenize that as the draft.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from structspec.speculation.base import Draft, DraftContext
 
@@ -25,7 +26,7 @@ class NgramConfig:
 class NgramProposer:
     name = "ngram"
 
-    def __init__(self, tokenizer, config: NgramConfig = NgramConfig()):
+    def __init__(self, tokenizer: Any, config: NgramConfig = NgramConfig()):
         self.tokenizer = tokenizer
         self.config = config
 

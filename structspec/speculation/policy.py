@@ -244,7 +244,7 @@ def estimate_output_tokens(schema: Mapping[str, Any] | None, depth: int = 0) -> 
     for key in ("anyOf", "oneOf"):
         if isinstance(schema.get(key), list) and schema[key]:
             return max(estimate_output_tokens(s, depth + 1) for s in schema[key])
-    kind = schema.get("type")
+    kind: Any = schema.get("type")
     if isinstance(kind, list):
         kind = next((t for t in kind if t != "null"), "null")
     if kind == "object" or "properties" in schema:
@@ -260,6 +260,6 @@ def estimate_output_tokens(schema: Mapping[str, Any] | None, depth: int = 0) -> 
         return 2.0 + items * (1.0 + estimate_output_tokens(schema.get("items"), depth + 1))
     if kind == "string":
         if isinstance(schema.get("maxLength"), int):
-            return 2.0 + min(schema["maxLength"], 400) / 8
+            return 2.0 + min(int(schema["maxLength"]), 400) / 8
         return 2.0 + (4.0 if "format" in schema else 10.0)
     return float(_TYPE_TOKENS.get(kind, 4))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any, cast
 
 from structspec.engine.config import PolicyConfig
 from structspec.engine.sequence import EngineSequence
@@ -40,7 +41,7 @@ class Router:
     ``draft_version``: the version of ``draft`` (``weights_version``). ``rng`` draws each request's number for the
     policy (``PolicyRequest.draw``), once, at its first decision."""
 
-    def __init__(self, tokenizer, proposers: ProposerSet, vocab_size: int, history: SchemaHistory | None = None,
+    def __init__(self, tokenizer: Any, proposers: ProposerSet, vocab_size: int, history: SchemaHistory | None = None,
                  draft: DraftModelProposer | None = None, stats: Recorder | None = None,
                  policy: PolicyConfig | None = None, rng: random.Random | None = None, max_draft: int = 8,
                  draft_version: str = ""):
@@ -89,7 +90,7 @@ class Router:
 
     def _bind(self, seq: EngineSequence) -> SequenceSpeculation:
         """``seq``'s speculation state, bound to the current draft the first time (at admission)."""
-        state = seq.speculation
+        state: SequenceSpeculation | None = seq.speculation
         if state is None:
             state = seq.speculation = SequenceSpeculation()
         self.versions.bind(state)
@@ -150,4 +151,4 @@ class Router:
                             seq.prompt, seq.output, seq.matcher, seq.seed, seq.params, state, seq.prose)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))

@@ -147,7 +147,8 @@ class StatsBook:
 
     def _unflushed(self) -> Counters:
         out: Counters = {}
-        for part in (self._pending.pending(), *self._in_flight):
+        merge_into(out, self._pending.pending())
+        for part in self._in_flight:
             merge_into(out, part)
         return out
 

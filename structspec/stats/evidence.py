@@ -17,6 +17,7 @@ measured arm stays measured however quiet the schema. Cost: one pass over the co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from structspec.stats.book import Counters
 from structspec.stats.counters import HOUR, LENGTH_BOUNDS, Reason, Series, batch_bucket, histogram_quantile
@@ -127,14 +128,14 @@ class CostEvidence:
 
 
 def _weight(hour: int, now_hour: int, half_life_hours: float) -> float:
-    return 0.5 ** (max(0, now_hour - hour) / HOUR / half_life_hours)
+    return float(0.5 ** (max(0, now_hour - hour) / HOUR / half_life_hours))
 
 
 def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
                     window_tokens: float = 1000.0, max_age_hours: float = 168.0) -> SchemaEvidence:
     """From one (model, schema)'s counters. Drafting evidence older than ``max_age_hours`` is not read."""
     oldest = now_hour - max_age_hours * HOUR
-    hourly: dict[tuple[str, int], dict[int, list]] = {}  # (proposer, bucket) -> hour -> counts
+    hourly: dict[tuple[str, int], dict[int, list[Any]]] = {}  # (proposer, bucket) -> hour -> counts
     lengths: dict[str, float] = {}
     arms: dict[tuple[str, int], list[float]] = {}
     last_measured: dict[str, int] = {}
@@ -145,7 +146,7 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
             lengths[key.label] = lengths.get(key.label, 0.0) + w
             continue
         if s in _ARM_SERIES:
-            row = arms.setdefault((key.label, key.batch_bucket), [0.0, 0.0, 0.0, 0.0])
+            row: list[Any] = arms.setdefault((key.label, key.batch_bucket), [0.0, 0.0, 0.0, 0.0])
             row[_ARM_SERIES[s]] += _weight(key.hour, now_hour, half_life_hours) * value
             if s == Series.ARM_REQUESTS:
                 row[3] += value
@@ -159,7 +160,7 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
             continue
         row = hourly.setdefault((key.proposer, key.batch_bucket), {}).setdefault(key.hour, [0.0, 0.0, {}, {}])
         _add(row, s, key.label, value)
-    pooled: dict[str, dict[int, list]] = {}
+    pooled: dict[str, dict[int, list[Any]]] = {}
     for (proposer, _), hours in hourly.items():
         for hour, (dr, ac, reached, acc_at) in hours.items():
             row = pooled.setdefault(proposer, {}).setdefault(hour, [0.0, 0.0, {}, {}])
@@ -183,7 +184,7 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
 _ARM_SERIES = {Series.ARM_REQUESTS: 0, Series.ARM_DECODE_MS: 1, Series.ARM_TOKENS: 2}
 
 
-def _add(row: list, series: str, label: str, value: float) -> None:
+def _add(row: list[Any], series: str, label: str, value: float) -> None:
     if series == Series.DRAFTED:
         row[0] += value
     elif series == Series.ACCEPTED:
@@ -194,7 +195,7 @@ def _add(row: list, series: str, label: str, value: float) -> None:
         target[pos] = target.get(pos, 0.0) + value
 
 
-def _recent(hours: dict[int, list], window_tokens: float) -> ProposerEvidence:
+def _recent(hours: dict[int, list[Any]], window_tokens: float) -> ProposerEvidence:
     """The newest hours' counts up to ``window_tokens`` drafted tokens, the oldest of them taken in proportion (the
     newest alone when it holds the window: its mean, its hour's old and new evidence mixed)."""
     drafted = accepted = 0.0

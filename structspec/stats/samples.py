@@ -19,6 +19,7 @@ import random
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import Generic, Hashable, Protocol, TypeVar
 
 from structspec.stats.pending import Pending
 
@@ -52,7 +53,15 @@ class RejectedDraft:
         return (self.model, self.schema_key, self.proposer, self.hour, self.writer, self.slot)
 
 
-class RejectedDraftReservoir:
+class _Sample(Protocol):
+    @property
+    def key(self) -> Hashable: ...  # its slot: a later sample for the same slot replaces an unwritten one
+
+
+S = TypeVar("S", bound=_Sample)
+
+
+class SampleReservoir(Generic[S]):
     """Reservoirs of rejected drafts per (model, schema, proposer, hour), and those not yet in the store.
 
     Thread-safe. ``per_hour`` 0 samples nothing. At most ``max_keys`` keys are tracked within an
@@ -72,7 +81,7 @@ class RejectedDraftReservoir:
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str, str], tuple[int, int]] = {}  # key -> (hour, rejections seen in it)
         # unwritten samples, one per slot: a replaced slot overwrites the unwritten one
-        self._pending: Pending[RejectedDraft] = Pending(max_pending, key=lambda r: r.key)
+        self._pending: Pending[S] = Pending(max_pending, key=lambda r: r.key)
 
     @property
     def dropped(self) -> int:
@@ -99,16 +108,20 @@ class RejectedDraftReservoir:
             j = self._rng.randrange(seen)  # reservoir sampling: each of the hour's rejections kept with equal odds
             return j if j < self.per_hour else None
 
-    def put(self, sample: RejectedDraft) -> None:
+    def put(self, sample: S) -> None:
         self._pending.put([sample])
 
-    def take(self) -> list[RejectedDraft]:
+    def take(self) -> list[S]:
         """The samples put since the last take (the store writes them; ``restore`` puts them back on failure)."""
         return self._pending.take()
 
-    def restore(self, rows: list[RejectedDraft]) -> None:
+    def restore(self, rows: list[S]) -> None:
         """The restored ones are older than those put since: they go first (and first when the bound drops)."""
         self._pending.restore(rows)
 
-    def pending(self) -> list[RejectedDraft]:
+    def pending(self) -> list[S]:
         return self._pending.pending()
+
+
+class RejectedDraftReservoir(SampleReservoir[RejectedDraft]):
+    """The rejected drafts' reservoirs (``SampleReservoir``)."""

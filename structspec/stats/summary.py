@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from structspec.stats.book import Counters
 from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS, Series, histogram_quantile
@@ -77,8 +78,8 @@ _DRAFT_SERIES = {Series.VERIFICATIONS: 0, Series.DRAFTED: 1, Series.ACCEPTED: 2,
 def summarize(counters: Counters, window_seconds: int) -> list[SchemaSummary]:
     """One summary per (model, schema key) in ``counters`` (the model's own series left out), sorted."""
     scalars: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    maps: dict[tuple[str, str], dict[str, dict]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
-    drafts: dict[tuple[str, str], dict[tuple[str, int], list]] = defaultdict(dict)
+    maps: dict[tuple[str, str], dict[str, dict[Any, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    drafts: dict[tuple[str, str], dict[tuple[str, int], list[Any]]] = defaultdict(dict)
     for key, value in counters.items():
         if not key.schema_key:
             continue

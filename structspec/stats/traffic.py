@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from structspec.stats.samples import RejectedDraftReservoir
+from structspec.stats.samples import SampleReservoir
 
 KEEP_PER_KEY = 500  # traffic samples the store keeps per (model, schema), the newest
 MAX_PENDING = 1000  # unwritten ones kept while the store cannot be written (each holds a whole prompt)
@@ -34,7 +34,7 @@ class TrafficSample:
     prompt_tokens: tuple[int, ...]  # the whole prompt, as the target saw it
     output_tokens: tuple[int, ...]  # the whole output (forced tokens included)
     finish: str  # stop | length
-    writer: str = ""  # the sampler whose reservoir holds it (``RejectedDraftReservoir.writer``)
+    writer: str = ""  # the sampler whose reservoir holds it (``SampleReservoir.writer``)
 
     @property
     def key(self) -> tuple[str, str, int, str, int]:
@@ -46,7 +46,7 @@ class TrafficSample:
         return self.prompt_tokens + self.output_tokens
 
 
-class TrafficSampler(RejectedDraftReservoir):
+class TrafficSampler(SampleReservoir["TrafficSample"]):
     """Reservoirs of finished requests per (model, schema, hour), and those not yet in the store.
 
     The rejected drafts' reservoir with the proposer left out of the key; thread-safe; ``per_hour`` 0

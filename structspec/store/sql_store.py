@@ -116,6 +116,10 @@ class SQLStore:
         """Close the connections (``close``, after its last flush)."""
         raise NotImplementedError
 
+    async def flush(self) -> None:
+        """``Store.flush``: the subclass's."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         if not self._opened():
             return
@@ -260,8 +264,11 @@ class SQLStore:
                          "ON CONFLICT (schema_id) DO NOTHING", (schema_id,))
             # the id's row locked (SQLite: the whole file, by its write transaction) serializes registrations of this
             # id across every replica; each statement after it sees what the one before committed
-            (last,) = await tx.one(f"SELECT last_version FROM schema_ids WHERE schema_id = ?{self.dialect.lock_rows}",
-                                   (schema_id,))
+            id_row = await tx.one(f"SELECT last_version FROM schema_ids WHERE schema_id = ?{self.dialect.lock_rows}",
+                                  (schema_id,))
+            if id_row is None:  # inserted just above when missing
+                raise RuntimeError(f"schema id {schema_id!r} has no row in schema_ids")
+            (last,) = id_row
             row = await tx.one(statements.SAME_CONTENT, (schema_id, sha256))
             if row is not None:
                 return rows.schema(row), False

@@ -157,7 +157,9 @@ class SQLiteStore(SQLStore):
                     break
             if work.exception() is not None:
                 raise
-            asyncio.current_task().cancel()  # written: the cancellation lands at the caller's next await
+            task = asyncio.current_task()
+            assert task is not None  # (a coroutine runs in a task)
+            task.cancel()  # written: the cancellation lands at the caller's next await
             return work.result()
 
     async def _session(self, fn: Callable[[Tx], Awaitable[T]], atomic: bool = True,
@@ -241,8 +243,9 @@ class SQLiteStore(SQLStore):
         if error is not None:
             raise error
 
-    async def _stored_counters(self, tx: _Tx, since_hour: int, model: str | None,
+    async def _stored_counters(self, tx: Tx, since_hour: int, model: str | None,
                                schema_key: str | None) -> Iterable[tuple[CounterKey, float]]:
+        assert isinstance(tx, _Tx)  # the one this store's sessions hand out
         return self._select(tx.c, since_hour, model, schema_key)
 
     def _select(self, c: sqlite3.Connection, since_hour: int, model: str | None,
@@ -281,6 +284,9 @@ class SQLiteStore(SQLStore):
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:  # the read runs on in its thread: its reload ends when it does
-            work.add_done_callback(
-                lambda w: w.cancelled() or w.exception() is not None or self.stats.cancel_reload(w.result()[1]))
+            def cancel_reload(w: asyncio.Future[Any]) -> None:
+                if not w.cancelled() and w.exception() is None:
+                    self.stats.cancel_reload(w.result()[1])
+
+            work.add_done_callback(cancel_reload)
             raise

@@ -45,7 +45,7 @@ def test_calls_go_round_robin_and_a_draining_replica_is_retried_on_the_other(rep
     (a, b), (ea, eb) = replicas
     with Client([a.target, b.target], retry=FAST_RETRY, timeout=20) as c:
         c.wait_until_serving(10)
-        for n in range(1, 41):  # round robin over the connected replicas: soon both take calls, in turn
+        for n in range(1, 41):  # noqa: B007 (n is read after the loop)  round robin over the connected replicas: soon both take calls, in turn
             c.extract("INVOICE 7", schema_id="invoice")
             if len(ea.requests) >= 3 and len(eb.requests) >= 3:
                 break

@@ -16,7 +16,7 @@ from structspec.schemas import load_builtin_schemas, load_builtin_tools
 
 def test_one_valid_example_per_builtin_schema_and_per_tool():
     book = build_example_book(1)
-    for name, schema in load_builtin_schemas().items():
+    for _name, schema in load_builtin_schemas().items():
         (example,) = book.for_schema(schema)
         jsonschema.validate(json.loads(example.output), schema)  # a worked example must itself be right
         assert example.text.strip()

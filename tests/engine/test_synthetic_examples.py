@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from structspec.engine.default_examples import MAX_SYNTHESIZED, ExampleBook, build_example_book
 from structspec.engine.synthetic_examples import (
     example_instance,

@@ -114,7 +114,7 @@ def test_restricted_draft_speculates_exactly(demo_models, executor_kind, tempera
         engine = assemble_engine(models, AssemblyConfig(limits=SchedulerLimits(), proposers=proposers))
         engine.start()
         try:
-            async def run():
+            async def run(proposers=proposers, engine=engine):
                 reqs = [ExtractionRequest(schema=it.schema, text=it.source,
                                           sampling=SamplingParams(max_tokens=96, temperature=temperature,
                                                                   seed=n if temperature else None),

@@ -112,7 +112,7 @@ def test_bad_folders_and_non_admins_get_clear_statuses(server, tmp_path, second_
     for path, words in (("", "required"), (str(tmp_path / "missing"), "not a folder"),
                         (str(tmp_path), "no config.json"), (str(other), "does not share the tokenizer")):
         with pytest.raises(InvalidArgumentError) as err:
-            client_call(server, lambda c: c.load_draft(path))
+            client_call(server, lambda c, path=path: c.load_draft(path))
         assert [v.field for v in err.value.field_violations] == ["path"] and words in str(err.value), (path, err.value)
     assert server.engine.draft_version == weights_version(second_draft)  # nothing changed
 

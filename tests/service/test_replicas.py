@@ -205,7 +205,7 @@ def test_statistics_from_both_add_up_exactly_on_either(replicas) -> None:
     assert not traffic.errors, traffic.errors
     seen = sums(traffic.done["a"] + traffic.done["b"])
     for r in (a, b):  # each answers from the store plus its own unwritten counts: equal once the other has flushed
-        wait_for(lambda: stats_of(r, "sum")["requests"] == seen["requests"], 10, f"{r.name} sees every request")
+        wait_for(lambda r=r: stats_of(r, "sum")["requests"] == seen["requests"], 10, f"{r.name} sees every request")
         print(f"GetSchemaStats on {r.name}: {stats_of(r, 'sum')}; the clients saw {seen} "
               f"({len(traffic.done['a'])} through a, {len(traffic.done['b'])} through b)")
         assert stats_of(r, "sum") == seen
@@ -247,7 +247,7 @@ def test_postgres_stopped_under_traffic(replicas, postgres) -> None:
         postgres.stop()
         stopped = time.time()
         for r in (a, b):
-            wait_for(lambda: check(r.target, "structspec.store", timeout=2) == "NOT_SERVING", 15,
+            wait_for(lambda r=r: check(r.target, "structspec.store", timeout=2) == "NOT_SERVING", 15,
                      f"{r.name} reports the store NOT_SERVING")
             assert check(r.target, timeout=2) == "SERVING"  # the server itself still serves
         during = traffic.count()
@@ -262,7 +262,7 @@ def test_postgres_stopped_under_traffic(replicas, postgres) -> None:
     finally:
         postgres.start()
     for r in (a, b):
-        wait_for(lambda: check(r.target, "structspec.store", timeout=2) == "SERVING", 30,
+        wait_for(lambda r=r: check(r.target, "structspec.store", timeout=2) == "SERVING", 30,
                  f"{r.name} reports the store SERVING again")
     traffic.finish()
     assert not traffic.errors, traffic.errors
@@ -272,7 +272,7 @@ def test_postgres_stopped_under_traffic(replicas, postgres) -> None:
     assert len(served_in_outage) >= 4
     seen = sums(traffic.done["a"] + traffic.done["b"])
     for r in (a, b):  # each sees the other's once that one has flushed
-        wait_for(lambda: stats_of(r, "outage")["requests"] == seen["requests"], 15, "the buffered statistics land")
+        wait_for(lambda r=r: stats_of(r, "outage")["requests"] == seen["requests"], 15, "the buffered statistics land")
         print(f"after PostgreSQL came back, GetSchemaStats on {r.name}: {stats_of(r, 'outage')}; the clients saw {seen}")
         assert stats_of(r, "outage") == seen  # every count, exactly once
 

@@ -134,8 +134,8 @@ def test_seeded_sampling_is_the_same_text_whatever_the_server_state(make_engine)
         run_until_idle(spec.core, seqs(spec, range(100, 108)))
     late = seqs(spec, seeds)
     run_until_idle(spec.core, late)
-    for r, a, c, l in zip(ref, alone, crowd, late):
-        assert r.output == a.output == c.output == l.output
+    for r, a, c, la in zip(ref, alone, crowd, late):
+        assert r.output == a.output == c.output == la.output
     assert len({tuple(r.output) for r in ref}) > 3  # different seeds really sample differently
     drafted = sum(s.usage.drafted.get("draft", 0) + s.usage.drafted.get("history", 0) for s in alone + late)
     accepted = sum(s.usage.accepted.get("draft", 0) + s.usage.accepted.get("history", 0) for s in alone + late)

@@ -34,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from structspec.engine.api import EngineAPI, ExtractionRequest, TextRequest, ToolCallRequest
 from structspec.engine.types import GenerationResult, TextDelta, ToolCallResult
@@ -104,7 +105,7 @@ class _EventStream(StreamingResponse):
         super().__init__(events, media_type="text/event-stream", headers={**_SSE_HEADERS, REQUEST_ID_KEY: request_id})
         self._on_close = on_close
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

@@ -82,7 +82,8 @@ class HttpServer:
         """Stop accepting connections; requests in flight get ``grace`` seconds, then are cancelled."""
         if self._task is None:
             return
-        self._server.config.timeout_graceful_shutdown = max(grace, 0.1)  # a tick for idle connections to close
+        # a tick for idle connections to close; ignore: typed int | None, uvicorn waits on it as a float timeout
+        self._server.config.timeout_graceful_shutdown = max(grace, 0.1)  # type: ignore[assignment]
         self._server.should_exit = True
         try:
             await self._task

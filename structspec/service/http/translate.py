@@ -244,8 +244,10 @@ def _tool_target(body: ChatCompletionRequest) -> ToolTarget:
         raise invalid("structspec.schema_id", "not with tools")
     tools = [(t.function.name, t.function.description, t.function.parameters) for t in body.tools]
     choice = body.tool_choice
-    tool_choice = (choice or "auto") if choice is None or isinstance(choice, str) \
-        else tool_by_name(choice.function.name, "tool_choice.function.name")
+    if choice is None or isinstance(choice, str):
+        tool_choice: str = choice or "auto"
+    else:
+        tool_choice = tool_by_name(choice.function.name, "tool_choice.function.name")
     parallel = bool(body.parallel_tool_calls)  # unset: one call (see the module's docstring)
     return tool_target(_messages(body.messages), tools, tool_choice, parallel, answer_schema, _sampling(body),
                        _speculation(body))
