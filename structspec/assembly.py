@@ -1,7 +1,10 @@
 """Wire the engine: models -> executors, grammar compiler, speculation, core -> ``Engine``.
 
 The executor follows the loaded models (``LoadedModels.executor``): ``TransformersExecutor``
-or ``LlamaCppExecutor``, for the target and the draft alike.
+or ``LlamaCppExecutor``, for the target and the draft alike. A turn ends at any end-of-turn id
+the model declares (``end_of_turn``: its tokenizer's EOS and ``LoadedModels.end_of_turn_ids``):
+the grammar allows each of them where an output may end, and the core, the drafter and the draft
+model stop at each.
 
 The one module that knows every package the engine is built from (the engine itself
 knows only the ``Speculator`` protocol). ``build_engine`` is the server's default engine
@@ -30,6 +33,7 @@ from structspec.engine.sequence import Serving
 from structspec.engine.types import DraftLoadError, DraftUpdate
 from structspec.grammar import GrammarCompiler, TokenizerView
 from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
+from structspec.models.end_of_turn import end_of_turn_ids
 from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.models.llamacpp_executor import LlamaCppExecutor
@@ -56,7 +60,9 @@ class AssemblyConfig:
     the policy's probes. The parts made elsewhere (None: made here, or none): ``compiler`` (one over the target's
     tokenizer), ``stats`` records requests, decisions, verifications and step times (its model should be
     ``engine_model_key(models)``), ``examples`` are added to requests that bring none (``build_engine`` builds them
-    for base-model profiles), ``history`` is the schema history the proposers draft from.
+    for base-model profiles), ``history`` is the schema history the proposers draft from. A ``compiler`` given
+    should be over ``TokenizerView(tokenizer, n_vocab, eos_token_ids=end_of_turn(models, n_vocab))``: its grammars
+    then allow every id the turn ends at.
     """
 
     grammar_backend: str = "llguidance"
@@ -77,11 +83,11 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
     """An engine (not started) around loaded models, wired as ``config`` says."""
     limits, proposers, stats = config.limits, config.proposers, config.stats
     executor = make_executor(models, models.target, config.max_context, limits)
+    eos = end_of_turn(models, executor.vocab_size)
     compiler = config.compiler
     if compiler is None:
-        compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size),
+        compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=executor.vocab_size, eos_token_ids=eos),
                                    backend=config.grammar_backend)
-    eos = models.tokenizer.eos_token_id
     prompts = make_prompts(models)
     speculator, loader = None, None
     draft_version = models.draft_version if proposers is not None and proposers.draft and models.draft is not None else ""
@@ -115,7 +121,7 @@ class DraftLoader:
     device: torch.device
     dtype: torch.dtype
     target: ForwardStep
-    eos: int
+    eos: tuple[int, ...]  # the ids that end a turn (``end_of_turn``)
     prompt_format: str = ""  # the statistics key's prompt format (``PromptFormat.stats_format``)
 
     def version(self, path: str) -> str:
@@ -148,6 +154,12 @@ class DraftLoader:
             raise DraftLoadError(str(exc)) from exc
         return DraftUpdate(DraftModelProposer(executor, self.eos, context_tokens=loaded.context_tokens), loaded.version,
                            model_key(self.profile, loaded.version, self.prompt_format))
+
+
+def end_of_turn(models, n_vocab: int | None = None) -> tuple[int, ...]:
+    """The ids that end a turn of ``models``' target: its tokenizer's EOS, then every other id it declares
+    (``LoadedModels.end_of_turn_ids``), those within its ``n_vocab`` logits."""
+    return end_of_turn_ids(models.tokenizer, getattr(models, "end_of_turn_ids", ()), n_vocab=n_vocab)
 
 
 def make_executor(models, model: Any, max_context: int | None = None,

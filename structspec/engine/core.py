@@ -14,7 +14,9 @@ inbox. ``step()`` reads as its stages:
   4. run: one target forward over the whole batch;
   5. postprocess, per sequence: verify (k = 0 is plain decoding), roll the KV cache back over
      rejected draft tokens, commit accepted + recovered/bonus tokens, fast-forward the tokens the
-     grammar forces, and finish on stop / length.
+     grammar forces, and finish on stop / length. A turn stops at any of its end-of-turn ids
+     (``end_of_turn``: one id or several, e.g. Llama 3's ``<|eot_id|>`` and ``<|eom_id|>``), which never
+     join the output.
 
 Failures: what goes wrong with one sequence (its grammar, its draft, its step input, the rows
 the executor scores for it: ``InputError``) ends that request alone with ERROR, the reason in
@@ -44,6 +46,7 @@ from structspec.engine.stop import cut_at_stop
 from structspec.engine.types import DraftUpdate, FinishReason, OverBudget, QueueFull
 from structspec.engine.verify import Verdict, verify
 from structspec.grammar.base import apply_token_bitmask, token_allowed
+from structspec.models.end_of_turn import as_id_set
 from structspec.models.executor import ForwardStep, InputError, StepInput
 from structspec.stats.counters import batch_bucket
 
@@ -63,18 +66,20 @@ Planned = tuple[StepPlan, StepDraft | None]
 
 
 class EngineCore:
-    """``serving``: what serves the sequences admitted first (its model key defaults to its statistics' model)."""
+    """``end_of_turn``: the id (or ids) any of which ends a turn; ``serving``: what serves the sequences admitted
+    first (its model key defaults to its statistics' model). Raises: ValueError (no end-of-turn id)."""
 
-    def __init__(self, executor: ForwardStep, tokenizer: Any, eos_token_id: int, limits: SchedulerLimits = SchedulerLimits(),
-                 speculator: Speculator | None = None, serving: Serving = Serving()):
+    def __init__(self, executor: ForwardStep, tokenizer: Any, end_of_turn: int | Iterable[int],
+                 limits: SchedulerLimits = SchedulerLimits(), speculator: Speculator | None = None,
+                 serving: Serving = Serving()):
         self.executor = executor
         self.tokenizer = tokenizer
-        self.eos = eos_token_id
+        self.eos = as_id_set(end_of_turn)
         self.limits = limits
         if not serving.model_key and serving.stats is not None:
             serving = Serving(serving.stats, serving.stats.model, serving.draft_version)
         self.scheduler = Scheduler(executor, limits)
-        self.drafter = Drafter(executor, eos_token_id, speculator, serving)
+        self.drafter = Drafter(executor, self.eos, speculator, serving)
         self._inbox = _Inbox()
         self.wakeup = threading.Event()
 
@@ -333,7 +338,7 @@ class EngineCore:
 
     def _commit(self, seq: EngineSequence, accepted: list[int], token: int) -> None:
         """Accepted draft tokens are already cached; the new token becomes pending (uncached)."""
-        if token == self.eos:
+        if token in self.eos:  # the end of turn: the grammar allowed it, and it is not text
             self._consume(seq, accepted)
             if seq.finish is None and seq.matcher.error:  # a broken matcher allows EOS alone: not an end
                 self._grammar_failed(seq, "grammar error")

@@ -17,7 +17,7 @@ Failures: a speculator that raises while deciding or proposing costs that reques
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from structspec.engine.speculator import Draft, DraftVerdict, Speculator
 from structspec.engine.types import DraftsUnsupported, DraftUpdate, SpeculationReport
 from structspec.engine.verify import Verdict
 from structspec.grammar.base import Matcher, allocate_bitmask, small_allowed_set, token_allowed
+from structspec.models.end_of_turn import as_id_set
 from structspec.models.executor import ForwardStep
 from structspec.stats.book import Recorder
 from structspec.stats.counters import Reason, batch_bucket
@@ -59,12 +60,13 @@ class StepDraft:
 
 
 class Drafter:
-    """``speculator`` None: no drafting (every plan that scores gets its next position's mask alone)."""
+    """``end_of_turn``: the id (or ids) that end a turn (a draft never runs past one); ``speculator`` None: no
+    drafting (every plan that scores gets its next position's mask alone)."""
 
-    def __init__(self, executor: ForwardStep, eos_token_id: int, speculator: Speculator | None = None,
+    def __init__(self, executor: ForwardStep, end_of_turn: int | Iterable[int], speculator: Speculator | None = None,
                  serving: Serving = Serving()):
         self.executor = executor
-        self.eos = eos_token_id
+        self.eos = as_id_set(end_of_turn)
         self.speculator = speculator
         self.serving = serving  # what serves the sequences admitted from now on (each keeps its own to the end)
         self.draft_failures = 0  # drafting attempts that raised (each turned drafting off for its request)
@@ -113,7 +115,7 @@ class Drafter:
         """The draft of ``plan`` (one that scores) cut at its first ungrammatical token, with one mask per scored
         position; the matcher is left as found.
 
-        A sampled draft's first token the grammar cannot take (or an EOS) stays in the verification as
+        A sampled draft's first token the grammar cannot take (or an end of turn) stays in the verification as
         ``StepDraft.tail``: a test at that position, not a silent trim (see ``verify``).
         """
         matcher = plan.seq.matcher
@@ -125,7 +127,7 @@ class Drafter:
         consumed = 0
         for i, tok in enumerate(tokens):
             # The mask at i comes from the state after x_0..x_{i-1}; an ungrammatical x_i ends the draft there.
-            if tok == self.eos or not token_allowed(bitmask[i], tok) or not matcher.consume([tok]):
+            if tok in self.eos or not token_allowed(bitmask[i], tok) or not matcher.consume([tok]):
                 if draft is not None and draft.q is not None:  # (tokens come from a draft)
                     tail = (tok, draft.q[i])
                 break

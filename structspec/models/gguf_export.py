@@ -12,7 +12,9 @@ converter (``convert_hf_to_gguf.py``) does for these two architectures is done:
 
 Weights are written as F32 (exact) or F16. The vocabulary is written as ``no_vocab`` with its
 size: llama.cpp needs the logits' width, never the token strings, because structspec tokenizes
-with the profile's transformers tokenizer and feeds llama.cpp token ids.
+with the profile's transformers tokenizer and feeds llama.cpp token ids. The special ids given
+(BOS, EOS, end of turn, end of message) are written as the tokenizer keys llama.cpp's converter
+writes (``tokenizer.ggml.*_token_id``).
 
 Raises ``ValueError`` for any other architecture or a configuration llama.cpp would compute
 differently (attention soft-capping, RoPE scaling, biases). Cost: one pass over the weights
@@ -101,10 +103,13 @@ def _tensors(model, cfg) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def export_gguf(model, path: str | Path, dtype: str = "f32", bos_token_id: int | None = None,
-                eos_token_id: int | None = None) -> ExportedGGUF:
+                eos_token_id: int | None = None, eot_token_id: int | None = None,
+                eom_token_id: int | None = None) -> ExportedGGUF:
     """Write ``model`` (a transformers ``LlamaForCausalLM`` or ``Gemma3ForCausalLM``) to ``path``.
 
-    ``dtype``: f32 | f16 for the matrices (norms stay F32, as llama.cpp's converter keeps them)."""
+    ``dtype``: f32 | f16 for the matrices (norms stay F32, as llama.cpp's converter keeps them). The token ids
+    (None: not written) become ``tokenizer.ggml.bos_token_id``, ``eos_token_id``, ``eot_token_id``,
+    ``eom_token_id``."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     _check(cfg)
     if dtype not in ("f32", "f16"):
@@ -151,6 +156,10 @@ def export_gguf(model, path: str | Path, dtype: str = "f32", bos_token_id: int |
             writer.add_bos_token_id(int(bos_token_id))
         if eos_token_id is not None:
             writer.add_eos_token_id(int(eos_token_id))
+        if eot_token_id is not None:
+            writer.add_eot_token_id(int(eot_token_id))
+        if eom_token_id is not None:
+            writer.add_eom_token_id(int(eom_token_id))
         count = 0
         for name, tensor in _tensors(model, cfg):
             array = tensor.numpy()

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from structspec.models.end_of_turn import GGUF_KEYS
+
 log = logging.getLogger("structspec.llamacpp")
 
 INSTALL_HINT = "pip install 'structspec[llamacpp]' (builds llama-cpp-python from source, ~5-8 min on 2 cores)"
@@ -95,12 +97,19 @@ class GGUFInfo:
     n_swa: int  # sliding window of the SWA layers (0: none)
     n_params: int
     file_bytes: int
+    end_of_turn_ids: tuple[int, ...] = ()  # its EOS, end-of-turn and end-of-message ids, as written (``GGUF_KEYS``)
 
 
 def _meta(llama_cpp, model, key: str) -> str | None:
     buf = ctypes.create_string_buffer(256)
     n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
     return buf.value.decode() if n >= 0 else None
+
+
+def _meta_ids(llama_cpp, model, keys: tuple[str, ...]) -> tuple[int, ...]:
+    """The token ids the metadata ``keys`` hold, in order, each once (a key missing or not an id: left out)."""
+    found = (_meta(llama_cpp, model, key) for key in keys)
+    return tuple(dict.fromkeys(int(v) for v in found if v is not None and v.strip().isdigit()))
 
 
 class LlamaCppModel:
@@ -133,7 +142,7 @@ class LlamaCppModel:
             n_ctx_train=llama_cpp.llama_model_n_ctx_train(handle), n_layer=llama_cpp.llama_model_n_layer(handle),
             n_embd=n_embd, n_head_kv=llama_cpp.llama_model_n_head_kv(handle), head_dim_k=head_k, head_dim_v=head_v,
             n_swa=llama_cpp.llama_model_n_swa(handle), n_params=llama_cpp.llama_model_n_params(handle),
-            file_bytes=file.stat().st_size)
+            file_bytes=file.stat().st_size, end_of_turn_ids=_meta_ids(llama_cpp, handle, GGUF_KEYS))
         if self.info.n_vocab <= 0:
             self.close()
             raise LlamaCppError(f"cannot use GGUF {file}: it declares no vocabulary size (logits would be empty)")

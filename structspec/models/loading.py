@@ -14,6 +14,10 @@ otherwise, as for any draft, a GGUF written once from the transformers folder in
 cache, named by the folder's weights version (``gguf_for``; about a second for the demo
 pair).
 
+Every end-of-turn id the target declares is read beside its tokenizer's EOS (``end_of_turn``):
+a folder's generation_config (or config), a GGUF's EOS, EOT and EOM metadata, and those of the
+tokenizer folder it is given; ``LoadedModels.end_of_turn_ids`` holds them, the EOS first.
+
 Failures become one ``ModelLoadError`` line naming the path and the cause, so an
 operator reading the server log knows what to fix.
 """
@@ -32,6 +36,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from structspec.models.draft_vocab import VOCAB_FILE, DraftVocab, vocabulary_hash
+from structspec.models.end_of_turn import declared_ids, end_of_turn_ids, folder_ids
 from structspec.models.gguf_export import export_gguf
 from structspec.models import llamacpp_model
 from structspec.models.llamacpp_model import INSTALL_HINT, LlamaCppError, LlamaCppModel
@@ -68,6 +73,8 @@ class LoadedModels:
     # None: the model has none and prompts keep the plain format
     chat_template: str | None = None
     plain_answers: bool = True  # ``ModelProfile.plain_answers``
+    # every id that ends the target's turn, the tokenizer's EOS first (``end_of_turn``); empty: that EOS alone
+    end_of_turn_ids: tuple[int, ...] = ()
 
     def parameter_count(self) -> int:
         if self.executor == "llamacpp":
@@ -267,7 +274,8 @@ def gguf_for(path: str) -> Path:
         return out
     model = load_causal_lm(path, torch.device("cpu"), torch.float32)
     try:
-        export_gguf(model, out, "f32", bos_token_id=model.config.bos_token_id, eos_token_id=model.config.eos_token_id)
+        eos = declared_ids(model.config.eos_token_id)  # one id or a list (the rest are read from the folder)
+        export_gguf(model, out, "f32", bos_token_id=model.config.bos_token_id, eos_token_id=eos[0] if eos else None)
     except (ValueError, OSError) as exc:
         raise ModelLoadError(f"cannot write {path} as GGUF for llama.cpp: {_cause(exc)}") from exc
     log.info("wrote %s for the llama.cpp executor", out)
@@ -368,10 +376,14 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
     draft = LoadedDraft(None, "", None)
     if with_draft and profile.draft:
         draft = load_draft(profile.draft, tokenizer, tokenizer_dir, "llamacpp", torch.device("cpu"), torch.float32)
-    log.info("loaded %s for llama.cpp (%s)", profile.name, target.info.path)
+    # a GGUF written from the target folder (``gguf_for``) keeps one EOS: the folder declares the rest
+    own_folder = profile.target if profile.gguf is None else None
+    stops = end_of_turn_ids(tokenizer, target.info.end_of_turn_ids, folder_ids(own_folder), folder_ids(tokenizer_dir))
+    log.info("loaded %s for llama.cpp (%s; end of turn %s)", profile.name, target.info.path, list(stops))
     return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
                         draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens,
-                        chat_template=chat_template_of(profile, tokenizer), plain_answers=profile.plain_answers)
+                        chat_template=chat_template_of(profile, tokenizer), plain_answers=profile.plain_answers,
+                        end_of_turn_ids=stops)
 
 
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
@@ -401,10 +413,12 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
     draft = LoadedDraft(None, "", None)
     if with_draft and profile.draft:
         draft = load_draft(profile.draft, tokenizer, source, "transformers", dev, dt, load_format)
-    log.info("loaded %s on %s (%s%s)", profile.name, dev, dt, ", dummy weights" if load_format == "dummy" else "")
+    stops = end_of_turn_ids(tokenizer, folder_ids(profile.target), folder_ids(source))
+    log.info("loaded %s on %s (%s%s; end of turn %s)", profile.name, dev, dt,
+             ", dummy weights" if load_format == "dummy" else "", list(stops))
     return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab,
                         draft_context=draft.context_tokens, chat_template=chat_template_of(profile, tokenizer),
-                        plain_answers=profile.plain_answers)
+                        plain_answers=profile.plain_answers, end_of_turn_ids=stops)
 
 
 def check_draft(profile: ModelProfile) -> None:

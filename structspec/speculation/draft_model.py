@@ -26,10 +26,13 @@ rejection sampling's 1 - TV(p, q) (measured in the README).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from structspec.engine.sampling import keyed_gumbel, target_logprobs
 from structspec.grammar.base import allocate_bitmask, apply_token_bitmask
+from structspec.models.end_of_turn import as_id_set
 from structspec.models.executor import ForwardStep, StepInput
 from structspec.speculation.base import Draft, DraftContext, SequenceSpeculation
 
@@ -42,10 +45,10 @@ def bits_at(row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 class DraftModelProposer:
     name = "draft"
 
-    def __init__(self, executor: ForwardStep, eos_token_id: int, confidence: float = 0.4,
+    def __init__(self, executor: ForwardStep, end_of_turn: int | Iterable[int], confidence: float = 0.4,
                  context_tokens: int | None = None):
         self.executor = executor
-        self.eos = eos_token_id
+        self.eos = as_id_set(end_of_turn)  # a draft stops before any id that ends the turn
         self.confidence = confidence
         # A draft whose logits depend on the last ``context_tokens`` tokens only (sliding-window layers) prefills
         # just those of a prompt: the gemma draft reads 768 of a 3-shot prompt's ~2,000.
@@ -90,7 +93,7 @@ class DraftModelProposer:
                 j = int(torch.argmax(logp + (noise[covered] if covered is not None else noise)))
                 sure = float(logp[j].exp())
             tok = int(covered[j]) if covered is not None else j
-            if tok == self.eos or not matcher.consume([tok]):
+            if tok in self.eos or not matcher.consume([tok]):
                 break
             tokens.append(tok)
             if matcher.is_stopped() or i == k - 1 or sure < self.confidence:

@@ -359,3 +359,37 @@ def test_a_text_delta_failing_for_one_request_ends_it_alone():
                           "decode byte 0xff in position 0: invalid start byte"
     assert [(s.finish, s.output) for s in three] == [(s.finish, s.output) for s in reference]
     assert not core.scheduler.running and core.scheduler.reserved == 0
+
+
+OTHER_END = 15  # a second end-of-turn id beside EOS (Llama 3's <|eom_id|> beside <|eot_id|>)
+
+
+class TwoEndsMatcher(SlotMatcher):
+    """Slots, then either end-of-turn id (as a grammar over a view with both EOS ids allows); like free text it
+    never stops by itself: only an end-of-turn token ends it."""
+
+    ends = frozenset({EOS, OTHER_END})
+
+    def is_stopped(self) -> bool:
+        return False
+
+    def _allowed(self) -> frozenset[int]:
+        return self.ends if self.pos == len(self.slots) else self.slots[self.pos]
+
+    def consume(self, tokens) -> bool:
+        if any(t == OTHER_END for t in tokens):  # an end of turn is never text
+            self._error = self._error or f"end of turn {OTHER_END} consumed as text"
+            return False
+        return super().consume(tokens)
+
+
+def test_a_turn_ends_at_any_of_its_end_of_turn_ids_and_a_draft_never_carries_one():
+    # CYCLE writes 14 then 15: after 12 slots the model's own choice is the second end of turn
+    for speculator in (None, ScriptedSpeculator(lambda seq: [(seq.prompt + seq.output)[-1] % 15 + 1] * 3)):
+        seq = make_seq([1, 2], [frozenset(range(1, OTHER_END))] * 12, max_tokens=20)
+        seq.matcher = TwoEndsMatcher(seq.matcher.slots)
+        executor = TableExecutor(CYCLE)
+        core = EngineCore(executor, ToyTokenizer(), (EOS, OTHER_END), SchedulerLimits(), speculator)
+        run_until_idle(core, [seq])
+        assert (seq.finish, seq.error, seq.output) == (FinishReason.STOP, None, list(range(3, 15)))
+        assert all(OTHER_END not in x.tokens for step in executor.steps for x in step)

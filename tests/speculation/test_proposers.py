@@ -129,7 +129,7 @@ def test_a_sampled_draft_keeps_the_probability_of_eos():
     eos = 0
     p_logits = torch.tensor([math.log(0.5), math.log(0.5), -math.inf, -math.inf])  # target: EOS or token 1
     q_logits = torch.tensor([math.log(0.9), math.log(0.1), -math.inf, -math.inf])  # draft: mostly EOS
-    proposer = DraftModelProposer(_FixedLM(q_logits), eos_token_id=eos, confidence=0.0)
+    proposer = DraftModelProposer(_FixedLM(q_logits), end_of_turn=eos, confidence=0.0)
     params = SamplingParams(temperature=1.0, max_tokens=8)
     n, eos_count = 4_000, 0
     for seed in range(n):
@@ -146,6 +146,25 @@ def test_a_sampled_draft_keeps_the_probability_of_eos():
         assert token == choose(p_logits, params, seed, 0)  # the very token speculation off emits
         eos_count += token == eos
     assert binomtest(eos_count, n, 0.5).pvalue > 1e-3, eos_count / n
+
+
+def test_a_draft_stops_before_any_end_of_turn_id():
+    """A model with two end-of-turn ids (Gemma 3 it's <eos> and <end_of_turn>): the draft model drafts up to
+    either, never one of them (the target's verification writes the end of turn itself)."""
+    import torch
+
+    from structspec.engine.types import SamplingParams
+    from structspec.speculation.base import DraftContext, SequenceSpeculation
+    from structspec.speculation.draft_model import DraftModelProposer
+
+    writes_end = torch.tensor([0.0, 1.0, 0.0, 5.0])  # greedy: token 3, the second end of turn
+    proposer = DraftModelProposer(_FixedLM(writes_end), end_of_turn=(0, 3), confidence=0.0)
+    ctx = DraftContext("k", None, "", "", [5, 6], [], _AnyToken(), 0, SamplingParams(), SequenceSpeculation(""))
+    assert proposer.propose(ctx, 4) is None
+    writes_text = torch.tensor([0.0, 5.0, 0.0, 1.0])
+    proposer = DraftModelProposer(_FixedLM(writes_text), end_of_turn=(0, 3), confidence=0.0)
+    ctx = DraftContext("k", None, "", "", [5, 6], [], _AnyToken(), 0, SamplingParams(), SequenceSpeculation(""))
+    assert proposer.propose(ctx, 4).tokens == [1, 1, 1, 1]
 
 
 def test_the_schema_history_is_shared_only_within_a_scope():
