@@ -37,6 +37,7 @@ from structspec.models.end_of_turn import end_of_turn_ids
 from structspec.models.executor import ForwardStep
 from structspec.models.hf_executor import TransformersExecutor
 from structspec.models.llamacpp_executor import LlamaCppExecutor
+from structspec.models.identity import DUMMY_PREFIX
 from structspec.models.loading import ModelLoadError, check_draft, check_draft_folder, load_draft, load_models, \
     model_profile, weights_version
 from structspec.models.threads import size_torch_threads
@@ -47,6 +48,7 @@ from structspec.speculation.history import SchemaHistory
 from structspec.speculation.router import Router
 from structspec.stats.book import Recorder
 from structspec.stats.counters import model_key
+from structspec.stats.legacy_keys import Claim, claims
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
         if proposers.draft:
             loader = DraftLoader(models.profile, models.tokenizer, f"profile {models.profile}",
                                  getattr(models, "executor", "transformers"), models.device, models.dtype, executor,
-                                 eos, prompts.stats_format)
+                                 eos, prompts.stats_format, getattr(models, "identity", ""))
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator,
                       Serving(stats, engine_model_key(models), draft_version))
     return Engine(core, models.tokenizer, compiler, executor.max_context, config.max_tokens_cap, config.examples,
@@ -123,6 +125,7 @@ class DraftLoader:
     target: ForwardStep
     eos: tuple[int, ...]  # the ids that end a turn (``end_of_turn``)
     prompt_format: str = ""  # the statistics key's prompt format (``PromptFormat.stats_format``)
+    identity: str = ""  # the target's content identity (``LoadedModels.identity``)
 
     def version(self, path: str) -> str:
         """The ``weights_version`` of the draft folder ``path``, its tokenizer checked against the target's (the
@@ -153,7 +156,7 @@ class DraftLoader:
         except (ModelLoadError, ValueError) as exc:
             raise DraftLoadError(str(exc)) from exc
         return DraftUpdate(DraftModelProposer(executor, self.eos, context_tokens=loaded.context_tokens), loaded.version,
-                           model_key(self.profile, loaded.version, self.prompt_format))
+                           model_key(self.profile, loaded.version, self.prompt_format, self.identity))
 
 
 def end_of_turn(models, n_vocab: int | None = None) -> tuple[int, ...]:
@@ -206,26 +209,47 @@ def make_prompts(models) -> PromptFormat:
 
 
 def engine_model_key(models) -> str:
-    """The model an engine's statistics are kept under: the profile, its prompt format where that is not the plain
-    one and, with a draft model, its version."""
+    """The model an engine's statistics are kept under (``model_key``): the served name, the target's identity,
+    its prompt format and, with a draft model, its version."""
     return model_key(models.profile, models.draft_version if models.draft is not None else "",
-                     make_prompts(models).stats_format)
+                     make_prompts(models).stats_format, getattr(models, "identity", ""))
 
 
-def persisted_history(store: Any, model: str, legacy_model: str = "") -> SchemaHistory:
+def history_model_key(models) -> str:
+    """The model an engine's schema history is kept under: its statistics key without the draft version. The
+    history holds outputs, and outputs are the target's (verification makes them whatever drafted them), so a
+    draft swap neither loses them nor splits them by version; another prompt format writes other text (another
+    call format), so it keeps its own."""
+    return model_key(models.profile, "", make_prompts(models).stats_format, getattr(models, "identity", ""))
+
+
+def claim_legacy_rows(store: Any, models) -> list[Claim]:
+    """Move what ``store`` holds under ``models``' served name's legacy keys to the keys this engine's name,
+    identity and prompt format make (``legacy_keys``), then reload the store's counters into its book; none for
+    dummy weights or a model without an identity. A store that fails is logged: the rows stay where they were."""
+    identity = getattr(models, "identity", "")
+    if not identity or identity.startswith(DUMMY_PREFIX):
+        return []
+    fmt = make_prompts(models).stats_format
+    try:  # on the factory's thread: its own event loop for the store's coroutines
+        done = asyncio.run(store.claim(lambda stored: claims(stored, models.profile, identity, fmt)))
+        if done:
+            asyncio.run(store.refresh_stats())
+    except Exception:  # noqa: BLE001 - unclaimed rows cost a cold start, not the server
+        log.exception("claiming the statistics stored under %s failed; starting without them", models.profile)
+        return []
+    for c in done:
+        log.info("statistics stored under %s moved to %s (history to %s)", c.old, c.statistics, c.history)
+    return done
+
+
+def persisted_history(store: Any, model: str) -> SchemaHistory:
     """A schema history loaded from ``store`` (the last outputs of the most recent schemas) that writes
-    every new output back to it, under ``model``; where ``model`` has none yet, loaded from ``legacy_model``'s.
-
-    ``model`` is the profile, not the engine's model key: the history holds outputs, and outputs are the
-    target's (verification makes them whatever drafted them), so a draft swap must neither lose them nor
-    split them by draft version."""
+    every new output back to it, under ``model`` (``history_model_key``)."""
     history = SchemaHistory(journal=lambda key, text: store.append_history(model, key, text, time.time()))
     cfg = history.config
     try:  # on the factory's thread: its own event loop for the store's coroutine
-        stored = asyncio.run(store.load_history(model, cfg.per_schema, cfg.max_schemas))
-        if not stored and legacy_model and legacy_model != model:  # kept under the draft's key before
-            stored = asyncio.run(store.load_history(legacy_model, cfg.per_schema, cfg.max_schemas))
-        history.load(stored)
+        history.load(asyncio.run(store.load_history(model, cfg.per_schema, cfg.max_schemas)))
     except Exception:  # noqa: BLE001 - a cold history costs speed, not the server
         log.exception("loading the schema history failed; starting without it")
     return history
@@ -263,8 +287,10 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
                            load_format=config.load_format)
     examples = build_example_book(profile.few_shot)
     model = engine_model_key(models)
+    if store is not None:  # before anything is recorded or loaded under the keys it moves rows to
+        claim_legacy_rows(store, models)
     recorder = store.stats.recorder(model) if store is not None else None
-    history = persisted_history(store, models.profile, model) if store is not None and spec.proposers else None
+    history = persisted_history(store, history_model_key(models)) if store is not None and spec.proposers else None
     engine = run_in_worker(assemble_engine, models, AssemblyConfig(
         config.grammar_backend, config.limits, spec.proposers, max_tokens_cap=config.max_tokens_cap,
         fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None, stats=recorder,

@@ -16,7 +16,8 @@ from the prefix cache). Two formats, one interface (``PromptFormat``):
   holds the template's own special tokens, so it is tokenized without adding any (no second BOS).
 
 ``format_id`` names the format and its wording version; ``stats_format`` is what the statistics key adds
-(``stats.counters.model_key``): "" for the plain format, so its keys and stored statistics stay as they were.
+(``stats.counters.model_key``): ``plain-v4`` for the plain format, ``chat-v2:<template digest>`` for a chat
+template, so a new wording or another template starts statistics and history of its own.
 
 Contract: a template that raises (one that refuses a system message: Gemma's and Mistral's older ones) is
 retried once with the system text folded into the first user turn; if it still fails, ``ChatTemplateError``
@@ -99,7 +100,7 @@ class PlainPrompts:
     """The plain format (``prompts``): BOS + ``extraction_prompt`` / ``toolcall_prompt``, byte for byte."""
 
     format_id = PROMPT_FORMAT
-    stats_format = ""  # the plain profiles' statistics keys carry no format
+    stats_format = PROMPT_FORMAT.removeprefix("structspec-")  # plain-v<N>
     text_stop: tuple[str, ...] = TURN_STOPS  # a base model runs on into the format's next turn: the answer ends before its heading
     call_headings: tuple[str, ...] = (heading(CALL_TURN).rstrip("\n"),)  # a model trained on call turns would open one
 

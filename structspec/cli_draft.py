@@ -173,7 +173,8 @@ def align(
     from structspec.assembly import make_executor, make_prompts  # torch: see the note at the imports
 
     if model is None:  # the key the server keeps this model's statistics under: its prompt format included
-        model = model_key(prof.name, weights_version(prof.draft) if prof.draft else "", make_prompts(models).stats_format)
+        model = model_key(prof.name, weights_version(prof.draft) if prof.draft else "", make_prompts(models).stats_format,
+                          models.identity)
     try:
         traffic, others, rejected, schemas = _open_and_read(settings, model, schema, config.max_requests, since_s)
     except AlignError as exc:

@@ -3,7 +3,9 @@ template (a model with one renders through it: ``chat_template``).
 
 The format is named and versioned (``PROMPT_FORMAT``) so acceptance statistics
 stay comparable: a change of wording changes what the model writes, so it gets
-a new version. The demo models are trained on exactly these templates.
+a new version, and the version is part of the statistics key (``PlainPrompts.stats_format``);
+tests/test_prompts.py holds the digest of each version's wording and fails on a change
+without one. The demo models are trained on exactly these templates.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from structspec.models.draft_vocab import VOCAB_FILE, DraftVocab, vocabulary_hash
 from structspec.models.end_of_turn import declared_ids, end_of_turn_ids, folder_ids
 from structspec.models.gguf_export import export_gguf
+from structspec.models.identity import dummy_identity, folder_digest, gguf_digest
 from structspec.models import llamacpp_model
 from structspec.models.llamacpp_model import INSTALL_HINT, LlamaCppError, LlamaCppModel
 from structspec.models.profiles import EXECUTORS, ModelProfile, cache_dir, is_gguf, resolve_model, write_folder
@@ -75,6 +76,9 @@ class LoadedModels:
     plain_answers: bool = True  # ``ModelProfile.plain_answers``
     # every id that ends the target's turn, the tokenizer's EOS first (``end_of_turn``); empty: that EOS alone
     end_of_turn_ids: tuple[int, ...] = ()
+    # the target's content identity (``identity``): what its statistics are kept under beside the served name;
+    # "" where unknown (models built in memory)
+    identity: str = ""
 
     def parameter_count(self) -> int:
         if self.executor == "llamacpp":
@@ -104,19 +108,9 @@ def resolve_executor(requested: str, profile: ModelProfile, device: str) -> str:
 
 
 def weights_version(path: str | Path) -> str:
-    """A short content hash of a model folder's weights and config: another draft, another version.
-
-    Cost: reads the weight files once (a few MB for a draft model)."""
-    digest = hashlib.sha256()
-    folder = Path(path)
-    for file in (sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
-                 + [folder / "config.json", folder / VOCAB_FILE]):
-        if file.is_file():
-            digest.update(file.name.encode())
-            with file.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
-    return digest.hexdigest()[:12]
+    """A short content hash of a model folder's weights and config: another draft, another version
+    (``identity.folder_digest``; cost: reads the weight files once, then remembered by their stat)."""
+    return folder_digest(path)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -379,11 +373,13 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
     # a GGUF written from the target folder (``gguf_for``) keeps one EOS: the folder declares the rest
     own_folder = profile.target if profile.gguf is None else None
     stops = end_of_turn_ids(tokenizer, target.info.end_of_turn_ids, folder_ids(own_folder), folder_ids(tokenizer_dir))
+    # a GGUF written from a folder is that folder's weights; a GGUF loaded as it is, its own content
+    identity = weights_version(profile.target) if own_folder is not None else gguf_digest(gguf_identity(Path(target.info.path)))
     log.info("loaded %s for llama.cpp (%s; end of turn %s)", profile.name, target.info.path, list(stops))
     return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
                         draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens,
                         chat_template=chat_template_of(profile, tokenizer), plain_answers=profile.plain_answers,
-                        end_of_turn_ids=stops)
+                        end_of_turn_ids=stops, identity=identity)
 
 
 def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.dtype = "float32",
@@ -418,7 +414,8 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
              ", dummy weights" if load_format == "dummy" else "", list(stops))
     return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab,
                         draft_context=draft.context_tokens, chat_template=chat_template_of(profile, tokenizer),
-                        plain_answers=profile.plain_answers, end_of_turn_ids=stops)
+                        plain_answers=profile.plain_answers, end_of_turn_ids=stops,
+                        identity=dummy_identity(profile.target) if load_format == "dummy" else weights_version(profile.target))
 
 
 def check_draft(profile: ModelProfile) -> None:

@@ -6,8 +6,8 @@ The series (below) say what a counter counts; ``label`` carries the one extra di
 series has (a draft position, a histogram bucket, a finish or decision reason, a step's
 draft length). Windows (1 h, 24 h, 7 d, ...) are sums of hourly counters.
 
-``model`` keys statistics by the model that produced them (profile and draft version,
-``model_key``): a demo server and a Gemma server sharing a data directory never mix.
+``model`` keys statistics by the model that produced them (served name, weights, prompt format and draft
+version, ``model_key``): a demo server and a Gemma server sharing a data directory never mix.
 """
 
 from __future__ import annotations
@@ -29,14 +29,17 @@ def batch_bucket(batch_size: int) -> int:
     return 1 << (size - 1).bit_length()
 
 
-def model_key(profile: str, draft_version: str = "", prompt_format: str = "") -> str:
-    """The model statistics are kept under: ``gemma-3-270m``, ``demo+draft:1a2b3c4d`` with a draft model, and
-    ``smollm2+chat-v2:5e6f7a8b+draft:1a2b3c4d`` where prompts are rendered in another format than the plain one
-    (``prompt_format``: the chat template's ``chat_template.ChatPrompts.stats_format``; "" for the plain format,
-    whose keys carry none): acceptance under one prompt is not mixed with another's."""
-    key = f"{profile}+{prompt_format}" if prompt_format else profile
-    return f"{key}+draft:{draft_version}" if draft_version else key
+def model_key(name: str, draft_version: str = "", prompt_format: str = "", identity: str = "") -> str:
+    """The model statistics are kept under: ``<name>@<identity>+<prompt format>[+draft:<version>]``, e.g.
+    ``gemma-3-270m@1a2b3c4d5e6f+plain-v4`` and ``smollm2@9f8e7d6c5b4a+chat-v2:5e6f7a8b+draft:1a2b3c4d``.
 
+    ``name``: the served name (what people read); ``identity``: the weights' content (``models.identity``: two
+    fine-tunes served under one name keep apart); ``prompt_format``: how prompts are rendered
+    (``PromptFormat.stats_format``: a new wording, a new key); ``draft_version``: the draft model's weights.
+    Acceptance measured for one of these is not mixed with another's. An empty part is left out."""
+    key = f"{name}@{identity}" if identity else name
+    key = f"{key}+{prompt_format}" if prompt_format else key
+    return f"{key}+draft:{draft_version}" if draft_version else key
 
 
 def acceptance_of(accepted_examined: int, examined: int, accepted: int, drafted: int) -> float | None:

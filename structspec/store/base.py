@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
 from structspec.stats.book import Counters, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
+from structspec.stats.legacy_keys import Claim
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import TrafficSample
@@ -169,6 +170,11 @@ class Store(Protocol):
                                    limit: int = 1000) -> list[TrafficSample]:
         """The newest ``limit`` traffic samples (completed requests' prompt and output ids; unwritten ones
         included), newest first."""
+
+    async def claim(self, found: Callable[[Iterable[str]], list[Claim]]) -> list[Claim]:
+        """In one transaction: the claims ``found`` makes among the stored model keys (``legacy_keys.claims``),
+        each carried out (its old key's counters summed into the new key's, samples moved where the new key holds
+        no row in their slot, policy changes and history outputs moved); returns them."""
 
     # -- schema history (what the history proposer drafts from) ------------------------------
 

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence, TypeV
 
 from structspec.stats.book import Counters, Reload, StatsBook
 from structspec.stats.counters import CounterKey, hour_of
+from structspec.stats.legacy_keys import Claim, is_tool_key
 from structspec.stats.policy_states import PolicyChange
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.traffic import TrafficSample
@@ -332,6 +333,20 @@ class SQLStore:
 
     def append_history(self, model: str, history_key: str, text: str, now: float) -> None:
         self._history.append(model, history_key, text, now)
+
+    async def claim(self, found: Callable[[Iterable[str]], list[Claim]]) -> list[Claim]:
+        async def move(tx: Tx) -> list[Claim]:
+            done = found(r[0] for r in await tx.all(statements.STORED_MODELS))
+            for c in done:
+                for table, sql in statements.MOVE_STATISTICS:
+                    await tx.run(sql, (c.statistics, c.old))
+                    await tx.run(statements.DELETE_MODEL.format(table), (c.old,))
+                for (stored,) in await tx.all(statements.HISTORY_KEYS, (c.old,)):
+                    await tx.run(statements.MOVE_HISTORY, (c.tool_history if is_tool_key(decode(stored)) else c.history,
+                                                           c.old, stored))
+            return done
+
+        return await self._session(move)
 
     async def load_history(self, model: str, per_key: int, max_keys: int) -> list[tuple[str, str]]:
         return await self._fetch(statements.LOAD_HISTORY, (model, model, max_keys, per_key),

@@ -179,3 +179,30 @@ def writes(d: Dialect, kind: str, part: Any) -> list[tuple[str, list[rows.Row]]]
     keys = sorted({r[:len(key.split(", "))] for r in encoded})
     return [(_insert(d, table, cols, slot), encoded),
             (_keep_newest(table, key, row_id, newest), [(*k, *k, kept) for k in keys])]
+
+
+# -- a legacy model key's rows moved to the key that claims them (``stats.legacy_keys``) ---------------------
+STORED_MODELS = " UNION ".join(f"SELECT DISTINCT model FROM {t}" for t in (
+    "counters", "rejected_drafts", "traffic_samples", "policy_changes", "history"))
+
+
+def _moved_into(table: str, cols: str, key: str, merge: str) -> str:
+    """Copy the rows of one model (the second argument) under another (the first); a row the other holds already
+    is kept (``merge`` "") or summed into (``merge``: the SET clause)."""
+    rest = ", ".join(c for c in cols.split(", ") if c != "model")
+    on_conflict = f"DO UPDATE SET {merge}" if merge else "DO NOTHING"
+    return (f"INSERT INTO {table} ({cols}) SELECT CAST(? AS TEXT), {rest} FROM {table} WHERE model = ? "
+            f"ON CONFLICT ({key}) {on_conflict}")
+
+
+# each with the arguments (new, old), then ``DELETE_MODEL`` of the table with (old,)
+MOVE_STATISTICS = (
+    ("counters", _moved_into("counters", f"{COUNTER_COLS}, value", COUNTER_COLS,
+                             "value = counters.value + excluded.value")),
+    ("rejected_drafts", _moved_into("rejected_drafts", SAMPLE_COLS, "model, schema_key, proposer, hour, writer, slot", "")),
+    ("traffic_samples", _moved_into("traffic_samples", TRAFFIC_COLS, "model, schema_key, hour, writer, slot", "")),
+    ("policy_changes", "UPDATE policy_changes SET model = ? WHERE model = ?"),
+)
+DELETE_MODEL = "DELETE FROM {} WHERE model = ?"
+HISTORY_KEYS = "SELECT DISTINCT history_key FROM history WHERE model = ?"
+MOVE_HISTORY = "UPDATE history SET model = ? WHERE model = ? AND history_key = ?"

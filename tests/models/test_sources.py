@@ -99,7 +99,8 @@ def test_a_folder_runs_on_transformers_under_its_served_name(demo_models) -> Non
     models = load_profile(DEMO_TARGET, served_name="my-demo", executor="auto", device="cpu")
     assert (models.profile, models.executor, models.draft, models.chat_template) == ("my-demo", "transformers",
                                                                                      None, None)
-    assert engine_model_key(models) == "my-demo"  # statistics are kept under the served name
+    # statistics are kept under the served name and the weights (the shipped demo target's)
+    assert engine_model_key(models) == f"my-demo@{demo_models.identity}+plain-v4"
     for mine, shipped in zip(models.target.state_dict().values(), demo_models.target.state_dict().values()):
         assert torch.equal(mine, shipped)
 

@@ -4,6 +4,7 @@ version that served it; the admin token; clear statuses for bad folders and for 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,6 @@ from structspec.models.loading import weights_version
 from structspec.service.http import render
 from structspec.service.settings import Secret
 from structspec.speculation.configs import ProposerSet, speculation_config
-from structspec.stats.counters import model_key
 from tests.service.fakes import FakeEngine
 from tests.service.harness import ServerThread, settings_for
 from tests.speculation.test_draft_swap import perturbed_draft
@@ -56,7 +56,7 @@ def server(tmp_path_factory, demo_models, demo_compiler):
 def test_a_draft_loaded_under_grpc_load_serves_the_requests_after_it(server, demo_models, second_draft):
     engine = server.engine
     old = (demo_models.draft_version, engine_model_key(demo_models))
-    new = (weights_version(second_draft), model_key(demo_models.profile, weights_version(second_draft)))
+    new = (weights_version(second_draft), engine_model_key(replace(demo_models, draft_version=weights_version(second_draft))))
     items = build_workload("freetext", FIRST + SECOND)
     with Client(server.target, token=USER, admin_token=ADMIN) as client, ThreadPoolExecutor(FIRST + SECOND) as pool:
         def extract(i: int):

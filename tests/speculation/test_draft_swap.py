@@ -11,7 +11,7 @@ import random
 import shutil
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from structspec.models.profiles import DEMO_DIR
 from structspec.speculation.configs import ProposerSet, speculation_config
 from structspec.speculation.router import Router
 from structspec.stats.book import StatsBook
-from structspec.stats.counters import HOUR, Reason, Series, model_key
+from structspec.stats.counters import HOUR, Reason, Series
 
 FIRST_WAVE, SECOND_WAVE, MAX_TOKENS = 10, 6, 64
 
@@ -115,7 +115,7 @@ def run_swap(engine, path: Path, items) -> SwapRun:
 
 def test_a_draft_swapped_under_load_serves_only_later_requests(demo_models, demo_compiler, second_draft):
     old_key, new_version = engine_model_key(demo_models), weights_version(second_draft)
-    old_version, new_key = demo_models.draft_version, model_key(demo_models.profile, new_version)
+    old_version, new_key = demo_models.draft_version, engine_model_key(replace(demo_models, draft_version=new_version))
     assert new_version != old_version
     book = StatsBook()
     engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=32, max_queue=64),
@@ -259,13 +259,14 @@ class HistoryStore:
         self.appended.append((model, key, text))
 
 
-def test_the_schema_history_is_kept_under_the_profile_whatever_draft_serves():
-    from structspec.assembly import persisted_history
+def test_the_schema_history_is_kept_under_the_model_whatever_draft_serves(demo_models):
+    from structspec.assembly import history_model_key, persisted_history
 
-    legacy = HistoryStore({"demo+draft:old": [("contact@1", '{"a": 1}')]})  # kept under the draft's key before
-    history = persisted_history(legacy, "demo", "demo+draft:old")
-    assert history.outputs("contact@1") == ['{"a": 1}']
+    model = history_model_key(demo_models)
+    assert model == history_model_key(replace(demo_models, draft_version="0123456789ab")) == engine_model_key(
+        replace(demo_models, draft=None))  # the statistics key without the draft's version
+    store = HistoryStore({model: [("contact@1", '{"a": 1}')], "demo": [("contact@1", '{"b": 1}')]})
+    history = persisted_history(store, model)
+    assert history.outputs("contact@1") == ['{"a": 1}']  # its own key's, not the bare name's
     history.add("contact@1", '{"a": 2}')
-    assert legacy.appended == [("demo", "contact@1", '{"a": 2}')]
-    both = HistoryStore({"demo": [("contact@1", '{"b": 1}')], "demo+draft:old": [("contact@1", '{"a": 1}')]})
-    assert persisted_history(both, "demo", "demo+draft:old").outputs("contact@1") == ['{"b": 1}']
+    assert store.appended == [(model, "contact@1", '{"a": 2}')]
