@@ -196,7 +196,7 @@ class Engine:
     def _prepare_toolcall(self, request: ToolCallRequest) -> tuple[EngineSequence, ToolSet]:
         request.validate(self.max_tokens_cap)
         # Parsed and keyed once: the grammar, the prompt, the worked examples, the statistics and the output read it
-        tools = ToolSet.parse(request.tools, request.tool_choice, request.parallel_calls)
+        tools = ToolSet.parse(request.tools, request.tool_choice, request.parallel_calls, request.answer_schema)
         none = tools.choice.mode == "none"
         # the model's own call format (its chat template's), the generic JSON call for the plain format; under none
         # the answer never opens a call, nor the format's own call turn

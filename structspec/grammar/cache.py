@@ -50,7 +50,7 @@ def _canonical(value: Any, ordered: bool = False) -> Any:
 def caller_canonical_json(value: Any, at: str = "") -> str:
     """``canonical_json`` of a caller's value (a schema; a tool list ``at`` its pointer in the request), its nesting
     bounded first (canonical JSON recurses): the levels above ``at`` count against ``MAX_JSON_DEPTH``.
-    Raises: SchemaError (too_deep, pointing into the request; invalid_schema: not JSON)."""
+    Raises: SchemaError (too_deep, pointing into the request; invalid_schema: not JSON, pointing at ``at``)."""
     pointer = value_too_deep(value, MAX_JSON_DEPTH - at.count("/"))
     if pointer is not None:
         pointer = at + pointer
@@ -58,7 +58,7 @@ def caller_canonical_json(value: Any, at: str = "") -> str:
     try:
         return canonical_json(value)
     except (TypeError, ValueError) as exc:
-        raise SchemaError([SchemaIssue("", "", f"not JSON: {exc}")], kind="invalid_schema") from exc
+        raise SchemaError([SchemaIssue(at, "", f"not JSON: {exc}")], kind="invalid_schema") from exc
 
 
 def text_digest(canonical: str) -> str:

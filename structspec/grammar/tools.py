@@ -85,20 +85,26 @@ class ToolSet:
     size: int  # bytes of the list's JSON text: what the schema size budget measures
     digest: str  # of the list: its worked examples' key
     grammar_digest: str  # of the list, ``tool_choice`` as sent and ``parallel``: the grammar cache's key
-    # Statistics and the schema history per list and choice: a named or required call writes other text than an
-    # ``auto`` one (its history would draft the wrong call). ``auto`` keeps the bare list's key.
+    # Statistics and the schema history per list, choice and answer schema: a named or required call writes other
+    # text than an ``auto`` one, and an answer of one schema other text than another's (either history would draft
+    # the wrong output). ``auto`` without an answer schema keeps the bare list's key.
     statistics_key: str
 
     @classmethod
-    def parse(cls, entries: Any, tool_choice: Any = "auto", parallel: Any = False) -> ToolSet:
-        """Raises: SchemaError pointing into the request: the list too deep or not JSON, not a tool list
-        (``parse_tools``), ``tool_choice`` neither a mode nor one of its tools."""
+    def parse(cls, entries: Any, tool_choice: Any = "auto", parallel: Any = False,
+              answer_schema: Any = None) -> ToolSet:
+        """``answer_schema``: the request's final answer's schema (None: a text answer), in the statistics key.
+        Raises: SchemaError pointing into the request: the list too deep or not JSON, not a tool list
+        (``parse_tools``), ``tool_choice`` neither a mode nor one of its tools, the answer schema not JSON."""
         listed = caller_canonical_json(list(entries) if isinstance(entries, (list, tuple)) else entries, at="/tools")
         chosen = caller_canonical_json(tool_choice, at="/tool_choice")
         tools = parse_tools(entries)
         choice = parse_tool_choice(tool_choice, tools)
         said = (_canonical_object(tools=listed, tool_choice=chosen, parallel_calls=canonical_json(parallel))
                 if tool_choice != "auto" or parallel else _canonical_object(tools=listed))
+        if answer_schema is not None:
+            answer = caller_canonical_json(answer_schema, at="/answer_schema")
+            said = _canonical_object(call=said, answer_schema=answer)
         keyed = _canonical_object(tools=listed, tool_choice=chosen, parallel=canonical_json(bool(parallel)))
         return cls(entries=tuple(entries), tools=tools, choice=choice, parallel=bool(parallel), size=len(listed.encode()),
                    digest=text_digest(listed), grammar_digest=text_digest(keyed), statistics_key=f"tools:{text_digest(said)}")

@@ -424,3 +424,19 @@ def test_tool_call_statistics_key_separates_the_tool_choice(make_engine):
             for choice in ("auto", "required", tools[0]["function"]["name"])}
     assert keys["auto"] == f"tools:{schema_digest({'tools': list(tools)})}"
     assert len(set(keys.values())) == 3
+
+
+def test_tool_call_statistics_and_history_keys_separate_the_answer_schema(make_engine):
+    """Tools with no answer schema, with S1 and with S2: three statistics keys and three histories, so S1's
+    answers are never drafted into S2's requests."""
+    from structspec.engine.api import ChatMessage, ToolCallRequest
+    from structspec.schemas import load_builtin_tools
+    from structspec.speculation.history import history_key
+
+    engine = make_engine()
+    tools = tuple(load_builtin_tools()[:2])
+    s1 = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    s2 = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    seqs = [engine.prepare_toolcall(ToolCallRequest(messages=(ChatMessage("user", "hi"),), tools=tools,
+                                                    answer_schema=s)) for s in (None, s1, s2)]
+    assert len({s.schema_key for s in seqs}) == 3 and len({history_key(s) for s in seqs}) == 3

@@ -182,6 +182,26 @@ def test_a_tool_sets_keys_are_the_ones_stored(choice, parallel):
     assert tools.size == len(json.dumps(TOOLS, separators=(",", ":"), ensure_ascii=False).encode())
 
 
+def test_an_answer_schema_is_in_the_statistics_key():
+    """Answers of one schema are other text than another's: each answer schema keys statistics and history of
+    its own; no answer schema keeps the key stored already."""
+    s1 = {"type": "object", "properties": {"city": {"type": "string"}, "temp": {"type": "number"}}}
+    s2 = {"type": "object", "properties": {"verdict": {"type": "boolean"}}}
+    bare = ToolSet.parse(tuple(TOOLS)).statistics_key
+    one, two = (ToolSet.parse(tuple(TOOLS), answer_schema=s).statistics_key for s in (s1, s2))
+    assert bare == PINNED["auto", False][1] and len({bare, one, two}) == 3
+    assert one.startswith("tools:") and two.startswith("tools:")
+    # canonical: the order of a schema's keys aside, its properties' order kept (it is the output's)
+    reordered = {"properties": {"city": {"type": "string"}, "temp": {"type": "number"}}, "type": "object"}
+    assert ToolSet.parse(tuple(TOOLS), answer_schema=reordered).statistics_key == one
+    swapped = {"type": "object", "properties": {"temp": {"type": "number"}, "city": {"type": "string"}}}
+    assert ToolSet.parse(tuple(TOOLS), answer_schema=swapped).statistics_key != one
+    assert ToolSet.parse(tuple(TOOLS), "required", answer_schema=s1).statistics_key not in (one, bare)
+    with pytest.raises(SchemaError) as exc:
+        ToolSet.parse(tuple(TOOLS), answer_schema={"bad": {1, 2}})  # not JSON
+    assert [i.pointer for i in exc.value.issues] and all(i.pointer.startswith("/answer_schema") for i in exc.value.issues)
+
+
 def test_a_tool_set_reads_outputs_as_the_raw_list_does():
     for choice, parallel, text in (("required", False, WEATHER), ("auto", False, TEXT), ("none", False, WEATHER),
                                    ("send_email", False, EMAIL), ("required", True, f"[{WEATHER},{EMAIL}]")):
