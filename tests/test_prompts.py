@@ -121,3 +121,55 @@ def test_every_heading_a_plain_conversation_renders_ends_an_answer():
     headings = {h for text in rendered for h in re.findall(r"^### [^\n]*:$", text, flags=re.MULTILINE)}
     assert {"### System:", "### User:", "### Assistant:", "### Call:", "### Tool:", "### Tools:"} <= headings
     assert set(PlainPrompts.text_stop) == {"\n" + h for h in headings}
+
+
+# The plain format's wording, version by version: the digest of ``_plain_renders()``. A change of wording changes
+# what a model writes after it, so its statistics must not be mixed with the old wording's.
+WORDING_DIGESTS = {"structspec-plain-v4": "5b7e251f6299749a"}
+
+
+class _CharTokenizer:
+    bos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def _plain_renders() -> list[str]:
+    """Every kind of prompt the plain format renders, on fixed inputs (and the stops and headings it cuts at)."""
+    from structspec.chat_template import PlainPrompts
+    from structspec.engine.api import ChatMessage
+    from structspec.engine.types import ToolCall
+
+    contact = {"title": "Contact", "type": "object", "properties": {"name": {"type": "string"}}}
+    shots = (FewShotExample("Bo, bo@example.com", '{"name":"Bo"}'),
+             FewShotExample("Invoice 7", '{"id":7}', title="Invoice"))
+    call = (FewShotExample("Rain in Rome?", '{"name":"get_weather","arguments":{"city":"Rome"}}'),)
+    turns = [ChatMessage("system", "Be brief."), ChatMessage("user", "Rain in Oslo?"),
+             ChatMessage("assistant", "", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)),
+             ChatMessage("tool", "rain"), ChatMessage("assistant", "Rain."), ChatMessage("user", "And Rome?")]
+    answer = {"type": "object", "properties": {"city": {"type": "string"}}}
+    out = []
+    for answers in (False, True):
+        plain = PlainPrompts(_CharTokenizer(), answers=answers)
+        out += [plain.extraction(contact, " Ada, ada@example.com ").text,
+                plain.extraction(contact, "Ada", "Names only.", shots, schema_id="contact").text,
+                plain.extraction({"type": "object", "description": "A person."}, "Ada", schema_id="person").text]
+        for may_answer, may_call in ((False, True), (True, True), (False, False)):
+            out += [plain.toolcall(TOOLS, [("user", "Rain in Oslo?")], call, may_answer=may_answer,
+                                   may_call=may_call).text,
+                    plain.toolcall(TOOLS, turns, answer_schema=answer, may_answer=may_answer, may_call=may_call).text]
+        out += [plain.text(turns).text, *plain.text_stop, *plain.call_headings]
+    return out
+
+
+def test_a_change_of_the_plain_wording_is_a_new_format_version():
+    import hashlib
+    import json
+
+    from structspec.prompts import PROMPT_FORMAT
+
+    digest = hashlib.sha256(json.dumps(_plain_renders()).encode()).hexdigest()[:16]
+    assert WORDING_DIGESTS.get(PROMPT_FORMAT) == digest, (
+        f"the plain prompts' wording changed ({PROMPT_FORMAT}: {digest}): bump PROMPT_FORMAT (a new statistics key, "
+        "structspec/prompts.py) and record the new digest in WORDING_DIGESTS")
