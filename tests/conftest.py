@@ -112,3 +112,13 @@ def postgres():
         yield cluster
     finally:
         cluster.destroy()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark ``slow`` what ``tests/slow_tests.txt`` lists (measured: ``tests/slow_tests.py``)."""
+    from tests.slow_tests import is_listed, listed
+
+    modules, tests = listed()
+    for item in items:
+        if is_listed(item.nodeid, modules, tests):
+            item.add_marker(pytest.mark.slow)
