@@ -338,6 +338,8 @@ class SQLStore:
         async def move(tx: Tx) -> list[Claim]:
             done = found(r[0] for r in await tx.all(statements.STORED_MODELS))
             for c in done:
+                for table in statements.CLAIMED_TABLES:
+                    await tx.all(statements.LOCK_MODEL.format(table) + self.dialect.lock_rows, (c.old,))
                 for table, sql in statements.MOVE_STATISTICS:
                     await tx.run(sql, (c.statistics, c.old))
                     await tx.run(statements.DELETE_MODEL.format(table), (c.old,))

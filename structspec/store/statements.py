@@ -183,7 +183,7 @@ def writes(d: Dialect, kind: str, part: Any) -> list[tuple[str, list[rows.Row]]]
 
 # -- a legacy model key's rows moved to the key that claims them (``stats.legacy_keys``) ---------------------
 STORED_MODELS = " UNION ".join(f"SELECT DISTINCT model FROM {t}" for t in (
-    "counters", "rejected_drafts", "traffic_samples", "policy_changes", "history"))
+    "counters", "rejected_drafts", "traffic_samples", "policy_changes", "history"))  # ``CLAIMED_TABLES``
 
 
 def _moved_into(table: str, cols: str, key: str, merge: str) -> str:
@@ -204,5 +204,9 @@ MOVE_STATISTICS = (
     ("policy_changes", "UPDATE policy_changes SET model = ? WHERE model = ?"),
 )
 DELETE_MODEL = "DELETE FROM {} WHERE model = ?"
+# a claim first locks the old key's rows (``Dialect.lock_rows``): a replica claiming the same key at once waits, then
+# finds them gone, instead of summing the counters into the new key a second time
+LOCK_MODEL = "SELECT model FROM {} WHERE model = ?"
+CLAIMED_TABLES = ("counters", "rejected_drafts", "traffic_samples", "policy_changes", "history")
 HISTORY_KEYS = "SELECT DISTINCT history_key FROM history WHERE model = ?"
 MOVE_HISTORY = "UPDATE history SET model = ? WHERE model = ? AND history_key = ?"

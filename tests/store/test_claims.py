@@ -60,3 +60,20 @@ async def test_a_sample_slot_the_new_key_holds_is_kept(backend) -> None:
     await s.claim(gemma)
     assert [(r.model, r.target_token) for r in await s.read_rejected_drafts()] == [(NEW, 2)]
     await s.close()
+
+
+async def test_two_replicas_claiming_at_once_move_the_rows_once(backend) -> None:
+    """Replicas of one model start together: each claims, and the counters are moved once, not summed twice."""
+    import asyncio
+
+    s = await backend.open()
+    old = s.stats.recorder("gemma")
+    for i in range(200):
+        old.record_request(f"inv@{i}", 10, 4, 2, "stop", 12.0)
+    await s.flush()
+    a, b = await backend.open(), await backend.open()
+    await asyncio.gather(a.claim(gemma), b.claim(gemma))
+    counters = await s.read_counters(0)
+    assert requests(counters, NEW) == 200 and requests(counters, "gemma") == 0
+    for store in (s, a, b):
+        await store.close()
