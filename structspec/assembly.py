@@ -211,8 +211,7 @@ def make_prompts(models) -> PromptFormat:
 def engine_model_key(models) -> str:
     """The model an engine's statistics are kept under (``model_key``): the served name, the target's identity,
     its prompt format and, with a draft model, its version."""
-    return model_key(models.profile, models.draft_version if models.draft is not None else "",
-                     make_prompts(models).stats_format, getattr(models, "identity", ""))
+    return _model_key(models, models.draft_version if models.draft is not None else "")
 
 
 def history_model_key(models) -> str:
@@ -220,7 +219,11 @@ def history_model_key(models) -> str:
     history holds outputs, and outputs are the target's (verification makes them whatever drafted them), so a
     draft swap neither loses them nor splits them by version; another prompt format writes other text (another
     call format), so it keeps its own."""
-    return model_key(models.profile, "", make_prompts(models).stats_format, getattr(models, "identity", ""))
+    return _model_key(models, "")
+
+
+def _model_key(models, draft_version: str) -> str:
+    return model_key(models.profile, draft_version, make_prompts(models).stats_format, getattr(models, "identity", ""))
 
 
 def claim_legacy_rows(store: Any, models) -> list[Claim]:

@@ -26,6 +26,7 @@ SAMPLE_COLS = ("model, schema_key, proposer, hour, slot, created_at, batch_bucke
 CHANGE_COLS = "model, schema_key, proposer, at, state, reason, previous, batch_bucket, acceptance, threshold"
 TRAFFIC_COLS = "model, schema_key, hour, slot, created_at, prompt_tokens, output_tokens, finish, writer"
 HISTORY_COLS = "model, history_key, text, created_at"
+ADD_VALUE = "value = counters.value + excluded.value"  # a counter's upsert: counters are sums
 
 
 META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
@@ -172,7 +173,7 @@ def writes(d: Dialect, kind: str, part: Any) -> list[tuple[str, list[rows.Row]]]
     if kind == "counters":
         counters: Counters = part
         return [(f"INSERT INTO counters ({COUNTER_COLS}, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
-                 f"({COUNTER_COLS}) DO UPDATE SET value = counters.value + excluded.value",
+                 f"({COUNTER_COLS}) DO UPDATE SET {ADD_VALUE}",
                  [rows.counter_row(k, v) for k, v in (sorted(counters.items()) if d.key_order else counters.items())])]
     table, cols, slot, key, row_id, newest, kept, codec = _KEPT[kind]
     encoded = [codec(d, r) for r in (sorted(part, key=lambda r: r.key) if slot and d.key_order else part)]
@@ -182,8 +183,8 @@ def writes(d: Dialect, kind: str, part: Any) -> list[tuple[str, list[rows.Row]]]
 
 
 # -- a legacy model key's rows moved to the key that claims them (``stats.legacy_keys``) ---------------------
-STORED_MODELS = " UNION ".join(f"SELECT DISTINCT model FROM {t}" for t in (
-    "counters", "rejected_drafts", "traffic_samples", "policy_changes", "history"))  # ``CLAIMED_TABLES``
+CLAIMED_TABLES = ("counters", "rejected_drafts", "traffic_samples", "policy_changes", "history")
+STORED_MODELS = " UNION ".join(f"SELECT DISTINCT model FROM {t}" for t in CLAIMED_TABLES)
 
 
 def _moved_into(table: str, cols: str, key: str, merge: str) -> str:
@@ -195,18 +196,17 @@ def _moved_into(table: str, cols: str, key: str, merge: str) -> str:
             f"ON CONFLICT ({key}) {on_conflict}")
 
 
-# each with the arguments (new, old), then ``DELETE_MODEL`` of the table with (old,)
+# each with the arguments (new, old), then ``DELETE_MODEL`` of the table with (old,); a sample's slot key is the
+# one its writes overwrite (``_KEPT``)
 MOVE_STATISTICS = (
-    ("counters", _moved_into("counters", f"{COUNTER_COLS}, value", COUNTER_COLS,
-                             "value = counters.value + excluded.value")),
-    ("rejected_drafts", _moved_into("rejected_drafts", SAMPLE_COLS, "model, schema_key, proposer, hour, writer, slot", "")),
-    ("traffic_samples", _moved_into("traffic_samples", TRAFFIC_COLS, "model, schema_key, hour, writer, slot", "")),
+    ("counters", _moved_into("counters", f"{COUNTER_COLS}, value", COUNTER_COLS, ADD_VALUE)),
+    *((table, _moved_into(table, cols, slot, "")) for table, cols, slot, *_ in (_KEPT["samples"], _KEPT["traffic"])
+      if slot is not None),
     ("policy_changes", "UPDATE policy_changes SET model = ? WHERE model = ?"),
 )
 DELETE_MODEL = "DELETE FROM {} WHERE model = ?"
 # a claim first locks the old key's rows (``Dialect.lock_rows``): a replica claiming the same key at once waits, then
 # finds them gone, instead of summing the counters into the new key a second time
 LOCK_MODEL = "SELECT model FROM {} WHERE model = ?"
-CLAIMED_TABLES = ("counters", "rejected_drafts", "traffic_samples", "policy_changes", "history")
 HISTORY_KEYS = "SELECT DISTINCT history_key FROM history WHERE model = ?"
 MOVE_HISTORY = "UPDATE history SET model = ? WHERE model = ? AND history_key = ?"
