@@ -163,18 +163,31 @@ def bench_decode(
     data_dir: Optional[Path] = typer.Option(None, help="record every engine configuration's traffic in the store "
                                                        "there (model <model>/bench:<config>), for `structspec stats "
                                                        "--data-dir`"),
+    engine: str = typer.Option("structspec", help="structspec | vllm (the vLLM rows: vllm:off, vllm:ngram, "
+                                                  "vllm:policy) | both (structspec's off beside them: the share "
+                                                  "of identical outputs); vLLM rows may also be named in --configs"),
+    max_model_len: int = typer.Option(1024, help="vLLM rows: their context length"),
+    speculative_config: str = typer.Option("", help="vLLM rows: the speculative config of vllm:ngram and "
+                                                    "vllm:policy as JSON (default: ngram, 4 tokens, lookup 2-4)"),
+    vllm_args: str = typer.Option('{"enforce_eager": true}', help="vLLM rows: other engine arguments as JSON"),
+    tensor_parallel_size: int = typer.Option(1, help="vLLM rows: tensor parallel workers"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
+    from structspec.engine.config import VllmOptions
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json  # torch: see the imports
 
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
+    if names is None and engine != "structspec":
+        names = ("off",) * (engine == "both") + ("vllm:off", "vllm:ngram", "vllm:policy")
+    vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+                       speculative_config=speculative_config, extra=vllm_args)
     with _request_progress() as progress:
         report = run_decode_bench(profile, workload, levels, requests, max_tokens, names, few_shot, device,
                                   dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress,
                                   warmup_requests=warmup_requests, interleave=interleave, examples=examples,
                                   policy={"acceptance_threshold": acceptance_threshold}, data_dir=data_dir,
-                                  executor=executor, block=interleave_block)
+                                  executor=executor, block=interleave_block, vllm=vllm)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))

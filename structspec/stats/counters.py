@@ -29,17 +29,20 @@ def batch_bucket(batch_size: int) -> int:
     return 1 << (size - 1).bit_length()
 
 
-def model_key(name: str, draft_version: str = "", prompt_format: str = "", identity: str = "") -> str:
-    """The model statistics are kept under: ``<name>@<identity>+<prompt format>[+draft:<version>]``, e.g.
-    ``gemma-3-270m@1a2b3c4d5e6f+plain-v4`` and ``smollm2@9f8e7d6c5b4a+chat-v2:5e6f7a8b+draft:1a2b3c4d``.
+def model_key(name: str, draft_version: str = "", prompt_format: str = "", identity: str = "", engine: str = "") -> str:
+    """The model statistics are kept under: ``<name>@<identity>+<prompt format>[+draft:<version>][+<engine>]``, e.g.
+    ``gemma-3-270m@1a2b3c4d5e6f+plain-v4``, ``smollm2@9f8e7d6c5b4a+chat-v2:5e6f7a8b+draft:1a2b3c4d`` and
+    ``demo@4bff5f0f0a20+plain-v4+vllm:ngram``.
 
     ``name``: the served name (what people read); ``identity``: the weights' content (``models.identity``: two
     fine-tunes served under one name keep apart); ``prompt_format``: how prompts are rendered
-    (``PromptFormat.stats_format``: a new wording, a new key); ``draft_version``: the draft model's weights.
+    (``PromptFormat.stats_format``: a new wording, a new key); ``draft_version``: the draft model's weights;
+    ``engine``: another engine than structspec's own, with its speculative method (``vllm``, ``vllm:ngram``).
     Acceptance measured for one of these is not mixed with another's. An empty part is left out."""
     key = f"{name}@{identity}" if identity else name
     key = f"{key}+{prompt_format}" if prompt_format else key
-    return f"{key}+draft:{draft_version}" if draft_version else key
+    key = f"{key}+draft:{draft_version}" if draft_version else key
+    return f"{key}+{engine}" if engine else key
 
 
 def acceptance_of(accepted_examined: int, examined: int, accepted: int, drafted: int) -> float | None:
