@@ -61,8 +61,9 @@ def batch_schedule(counters: Counters, model: str, proposer: str, max_length: in
         if key.schema_key == "":
             own[key] = own.get(key, 0.0) + value
         else:
-            k = CounterKey(key.model, ALL_SCHEMAS, key.hour, key.series, key.proposer, key.batch_bucket, key.label)
-            pooled[k] = pooled.get(k, 0.0) + value
+            pooled_key = CounterKey(key.model, ALL_SCHEMAS, key.hour, key.series, key.proposer, key.batch_bucket,
+                                    key.label)
+            pooled[pooled_key] = pooled.get(pooled_key, 0.0) + value
     evidence = schema_evidence(pooled, now_hour, config.half_life_hours, config.evidence_window_tokens,
                                config.evidence_max_age_hours)
     costs = cost_evidence(own, now_hour, config.half_life_hours)
