@@ -1,8 +1,8 @@
 """A grammar structspec compiled, as vLLM's structured outputs: the Lark text its ``guidance`` backend compiles.
 
 structspec's llguidance backend keeps the serialized llguidance grammar each compiled grammar was built from
-(``LLGuidanceGrammar.source``: ``{"grammars": [{"json_schema": ...}]}`` or ``{"grammars": [{"lark_grammar":
-...}]}``). vLLM's ``StructuredOutputsParams(grammar=...)`` takes Lark (its guidance backend calls
+(``LLGuidanceGrammar.source``: ``{"grammars": [{"json_schema": ...}]}``, ``{"grammars": [{"lark_grammar":
+...}]}``, or the Lark text itself for the call formats' grammars). vLLM's ``StructuredOutputsParams(grammar=...)`` takes Lark (its guidance backend calls
 ``llguidance.grammar_from("grammar", text)``), so a JSON schema is sent as ``start: %json <schema>``, with the
 ``x-guidance`` options (whitespace, lenience) the schema carries, and a Lark grammar (tool-call formats, text or
 a call) as it is: llguidance on either side compiles the same grammar, so a schema structspec accepts is accepted
@@ -26,7 +26,12 @@ def vllm_lark(grammar: Any) -> str:
     if not source:
         raise GrammarNotPortable("the vLLM engine needs grammars of the llguidance backend (--grammar-backend "
                                  "llguidance)")
-    top = json.loads(source)
+    try:
+        top = json.loads(source)
+    except json.JSONDecodeError:
+        return str(source)  # the backend's own Lark (``compile_lark``: the call formats' grammars)
+    if not isinstance(top, dict):
+        raise GrammarNotPortable("a grammar that is neither llguidance's JSON nor Lark is not sent to vLLM")
     parts = top.get("grammars") or []
     if len(parts) != 1 or top.get("max_tokens") is not None:
         raise GrammarNotPortable(f"a grammar of {len(parts)} parts (or a token limit) is not sent to vLLM")

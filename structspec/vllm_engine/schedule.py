@@ -8,8 +8,8 @@ drafting policy's own rules (``structspec.speculation.policy``):
 
 - cold (under ``min_evidence_tokens`` drafted tokens at the bucket, pooled over buckets where it has too few):
   the configured length, measuring;
-- step costs not measured at the bucket: the configured length where acceptance is at or over
-  ``acceptance_threshold``, else 0 (the guard);
+- step costs not measured at the bucket (or ``acceptance_guard = "always"``): 0 where acceptance is under
+  ``acceptance_threshold`` (the guard), else the configured length (or the cost model's where measured);
 - measured: ``best_draft_length``, the k minimising the time per committed token, 0 where no k beats plain
   decoding by ``gain_margin`` (off above the break-even).
 
@@ -78,9 +78,14 @@ def batch_schedule(counters: Counters, model: str, proposer: str, max_length: in
         drafted = ev.drafted if ev is not None else 0.0
         if ev is None or ev.drafted < config.min_evidence_tokens:
             k, reason = max_length, "cold"
-        elif plain is None:
+        elif plain is None or config.acceptance_guard == "always":
             ok = acceptance is not None and acceptance >= config.acceptance_threshold
-            k, reason = (max_length, "unmeasured_cost") if ok else (0, "low_acceptance")
+            if not ok:
+                k, reason = 0, "low_acceptance"
+            elif plain is None:
+                k, reason = max_length, "unmeasured_cost"
+            else:
+                k, reason = best_draft_length(ev, costs, proposer, bucket, capped), "cost_model"
         else:
             k, reason = best_draft_length(ev, costs, proposer, bucket, capped), "cost_model"
         step = costs.step_seconds(bucket, k)

@@ -13,7 +13,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from structspec.models.executor import ContextOverflow, InputError, StepInput
-from structspec.models.hf_executor import TransformersExecutor
+from structspec.models.hf_executor import TransformersExecutor, cache_keyword
 
 TOL = 1e-4
 VOCAB = 97
@@ -281,3 +281,26 @@ def test_buffers_in_moderate_use_are_not_reallocated(model):
     before = ex._k[0]
     ex.free(seqs[0])
     assert ex._k[0] is before
+
+
+class _ForwardNew(torch.nn.Module):
+    def forward(self, input_ids, cache=None, **kwargs):
+        return input_ids
+
+
+class _ForwardOld(torch.nn.Module):
+    def forward(self, input_ids, past_key_values=None, **kwargs):
+        return input_ids
+
+
+class _ForwardNeither(torch.nn.Module):
+    def forward(self, input_ids, **kwargs):  # a keyword here would be swallowed, the cache silently dropped
+        return input_ids
+
+
+def test_the_cache_keyword_is_read_from_the_models_signature():
+    assert cache_keyword(_ForwardNew()) == "cache"
+    assert cache_keyword(_ForwardOld()) == "past_key_values"
+    with pytest.raises(TypeError, match="neither cache nor past_key_values"):
+        cache_keyword(_ForwardNeither())
+
