@@ -173,7 +173,7 @@ def bench_decode(
     tensor_parallel_size: int = typer.Option(1, help="vLLM rows: tensor parallel workers"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
-    from structspec.engine.config import VllmOptions
+    from structspec.bench.vllm_rows import VllmOptions  # the rows' engine options
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json  # torch: see the imports
 
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())

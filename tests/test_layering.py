@@ -32,15 +32,17 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"engine", "front", "grammar", "prompts", "proto_gen", "schemas", "speculation", "stats", "store"},
     "demo": {"prompts", "schemas"},
     "bench": {"assembly", "chat_template", "client", "demo", "engine", "grammar", "models", "prompts", "schemas",
-              "speculation", "stats", "store"},  # bench decode --data-dir records its traffic in a store
+              "speculation", "stats", "store", "vllm_engine"},  # bench decode --data-dir records its traffic in a store
     # drafts made from their target: the workloads' items and step timing reused, the engine answers for the target
     "draft": {"assembly", "bench", "engine", "models", "speculation", "stats"},
     "cli": {"bench", "demo", "models", "cli_client", "cli_draft", "cli_serve", "cli_stats"},
     "cli_draft": {"assembly", "draft", "front", "models", "service", "stats", "store"},
-    "cli_serve": {"assembly", "front", "service"},  # the composition root: the server gets the assembly's engine factory
+    "cli_serve": {"assembly", "front", "service", "vllm_engine"},  # the composition root: the server gets the assembly's engine factory
     "cli_client": {"bench", "client", "front", "schemas", "service"},
     "cli_stats": {"cli_client", "client", "front", "report", "service", "store"},  # a store read here, or a server asked
-    "report": {"front"},  # the HTML report renders the front's statistics views
+    "report": {"front"},
+    # vLLM as the engine: the request pipeline, the assembly's prompt format and end of turn, the batch-size rule
+    "vllm_engine": {"assembly", "chat_template", "engine", "grammar", "models", "speculation", "stats"},  # the HTML report renders the front's statistics views
 }
 
 
@@ -201,11 +203,11 @@ def test_importing_the_client_loads_no_server_no_engine_and_no_torch():
 FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     # the CLI: `structspec --help`, serve and the client commands start without torch (~6 s), transformers (~3 s
     # more), grpc and protobuf (~0.4 s) or rich.progress (7-25 ms); the commands that need them import them
-    "cli.py": (10, "torch: model loading, the benchmarks (decode, step, device) and the demo trainer; rich.progress for "
+    "cli.py": (11, "torch: model loading, the benchmarks (decode, step, device) and the demo trainer; rich.progress for "
                    "bench decode"),
     "cli_client.py": (6, "grpc and protobuf: the client, the health check and the load test"),
     "cli_draft.py": (6, "torch: aligning and distilling drafts (the models, the assembly)"),
-    "cli_serve.py": (3, "torch: the assembly, on the engine-loading thread; grpc: the server, for serve alone and "
+    "cli_serve.py": (5, "torch: the assembly, or the vLLM engine, on the engine-loading thread; grpc: the server, for serve alone and "
                         "for the error of a build without the engine"),
     "cli_stats.py": (3, "the statistics reader (front.stats, ~60 ms CPU on every command), plotly for the HTML report"),
     # optional or heavy dependencies that few paths use
@@ -213,6 +215,8 @@ FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     "bench/device_bench.py": (2, "the engine's grammar packages (llguidance, jsonschema-rs, outlines-core, re2): only the "
                                  "perfect-draft ceiling needs them, so the step timings run on a GPU machine without them"),
     "bench/llamacpp_baselines.py": (4, "llama-cpp-python, optional (the llamacpp extra): where a baseline opens"),
+    "bench/vllm_rows.py": (1, "vLLM, optional (its own environment): only the vllm rows build its engine"),
+    "vllm_engine/build.py": (4, "vLLM (seconds to import) and the modules importing it: only when the engine is built"),
     "models/gemma.py": (3, "torch and transformers: profiles imports this module for `models list`"),
     "models/llamacpp_model.py": (1, "llama-cpp-python, optional: lib() imports and initialises it once"),
     "models/profiles.py": (1, "a cycle: gemma imports profiles' cache_dir"),
@@ -259,3 +263,15 @@ def test_imports_inside_functions_are_the_listed_ones():
     assert not unlisted, (f"imports inside functions not in FUNCTION_LEVEL_IMPORTS (make them module imports, or list "
                           f"the file with its count and why): {unlisted}")
     assert not gone, f"listed in FUNCTION_LEVEL_IMPORTS but gone (remove them from the list): {gone}"
+
+
+def test_only_the_vllm_engine_imports_vllm():
+    """vLLM is an optional engine in an environment of its own: no other module may import it."""
+    importers = set()
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            if any(n == "vllm" or n.startswith("vllm.") for n in names):
+                importers.add(str(path.relative_to(ROOT)))
+    assert importers and all(p.startswith("vllm_engine/") for p in importers), importers

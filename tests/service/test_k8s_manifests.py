@@ -188,3 +188,31 @@ def test_the_autoscaler_reads_an_exported_series_through_the_adapter(k8s) -> Non
     rules = yaml.safe_load(k8s[("ConfigMap", "adapter-config")]["data"]["config.yaml"])["rules"]
     assert any(r["name"]["as"] == name and name in r["seriesQuery"] for r in rules)
     assert all(re.sub(r"\{.*", "", r["seriesQuery"]).strip("'") in exported for r in rules)
+
+
+def test_the_vllm_pod_spans_the_gpus_it_requests(k8s) -> None:
+    """deploy/k8s/vllm: `serve --engine vllm` with flags the server has, tensor parallelism over exactly the GPUs
+    the pod requests, shared memory for its workers, the fleet's store, and the server's probes and ports."""
+    from structspec.service.settings import SECRET_FIELDS
+
+    pod = k8s[("Deployment", "structspec-vllm")]["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    args = c["args"]
+    assert args[:3] == ["serve", "--engine", "vllm"]
+    flags = {a for a in args if a.startswith("--")}
+    known = {"--" + f.name.replace("_", "-") for f in settings_fields() if f.name not in SECRET_FIELDS}
+    assert flags <= known, flags - known
+    tp = int(args[args.index("--tensor-parallel-size") + 1])
+    gpus = c["resources"]["limits"]["nvidia.com/gpu"]
+    assert tp == gpus == c["resources"]["requests"]["nvidia.com/gpu"] and tp > 1
+    json_args = args[args.index("--speculative-config") + 1]
+    assert __import__("json").loads(json_args)["method"] == "ngram"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert mounts["shm"] == "/dev/shm" and volumes["shm"]["emptyDir"]["medium"] == "Memory"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["STRUCTSPEC_STORE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "structspec-store"
+    assert {p["containerPort"] for p in c["ports"]} == {50051, 8000, 9464}
+    assert all(c[p]["grpc"]["port"] == 50051 for p in ("startupProbe", "readinessProbe", "livenessProbe"))
+    service = k8s[("Service", "structspec-vllm")]["spec"]
+    assert service["selector"] == pod["metadata"]["labels"]

@@ -168,6 +168,26 @@ def test_the_batch_size_rule_built_the_engine_from_the_book(engine):
     assert {b.reason for b in engine.lengths} == {"cold"}  # an empty book: every bucket measures
 
 
+def test_tensor_parallel_2_gives_the_same_greedy_outputs(engine, loop, monkeypatch):
+    """Two ranks (one core each, vLLM's CPU binding) against the module's engine (one rank, n-gram speculation on):
+    the same greedy tokens."""
+    from structspec.vllm_engine.build import build_vllm_engine
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    config = EngineConfig(profile=str(DEMO_DIR / "target"), dtype="float32", engine="vllm", speculation="off",
+                          vllm=VllmOptions(max_model_len=768, tensor_parallel_size=2, extra='{"enforce_eager": true}'))
+    two = build_vllm_engine(config)
+    other = Loop()
+    try:
+        split = [other.run(two.extract(request_for(i))) for i in ITEMS[:3]]
+    finally:
+        two.close()
+        other.close()
+    whole = [loop.run(engine.extract(request_for(i))) for i in ITEMS[:3]]
+    assert [r.token_ids for r in split] == [r.token_ids for r in whole]
+    assert all(r.outcome is Outcome.VALID for r in split)
+
+
 def test_a_dead_engine_core_fails_requests_and_tells_the_watchers(engine, loop):
     import psutil
 
