@@ -40,6 +40,7 @@ from structspec.models.llamacpp_executor import LlamaCppExecutor
 from structspec.models.identity import DUMMY_PREFIX
 from structspec.models.loading import ModelLoadError, check_draft, check_draft_folder, load_draft, load_models, \
     model_profile, weights_version
+from structspec.models.step_profile import StepProfile, StepProfileCache, cached_step_profile, profile_key
 from structspec.models.threads import size_torch_threads
 from structspec.models.worker_thread import run_in_worker
 from structspec.speculation.configs import ProposerSet, speculation_config
@@ -79,6 +80,8 @@ class AssemblyConfig:
     stats: Recorder | None = None
     examples: ExampleBook | None = None
     history: SchemaHistory | None = None
+    step_profile_dir: str = ""  # where measured step costs are kept ("": this process's memory only)
+    step_profile_seconds: float = 20.0  # the measurement's budget; 0: none (a cold schema drafts at the cap)
 
 
 def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine:
@@ -98,9 +101,10 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
         if draft_version:
             draft = DraftModelProposer(make_draft_executor(models, models.draft, models.draft_vocab, executor), eos,
                                        context_tokens=getattr(models, "draft_context", None))
+        profile = step_profile(models, executor, draft, limits, config) if config.policy is not None else None
         speculator = Router(models.tokenizer, proposers, executor.vocab_size, history=config.history, draft=draft,
                             stats=stats, policy=config.policy, rng=random.Random(config.seed),
-                            max_draft=limits.max_draft, draft_version=draft_version)
+                            max_draft=limits.max_draft, draft_version=draft_version, step_profile=profile)
         if proposers.draft:
             loader = DraftLoader(models.profile, models.tokenizer, f"profile {models.profile}",
                                  getattr(models, "executor", "transformers"), models.device, models.dtype, executor,
@@ -109,6 +113,30 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
                       Serving(stats, engine_model_key(models), draft_version))
     return Engine(core, models.tokenizer, compiler, executor.max_context, config.max_tokens_cap, config.examples,
                   config.fast_forward, draft_loader=loader, prompts=prompts)
+
+
+def step_profile(models, executor: ForwardStep, draft: DraftModelProposer | None, limits: SchedulerLimits,
+                 config: AssemblyConfig) -> StepProfile | None:
+    """The executor's step costs for the drafting policy: cached per model and machine, else measured now (on the
+    caller's thread: the assembly's worker) and recorded in ``config.stats``; None where the budget is 0 or the
+    measurement failed (the policy then drafts a cold schema at the cap to measure)."""
+    if config.step_profile_seconds <= 0:
+        return None
+    key = profile_key(history_model_key(models), getattr(models, "executor", "transformers"),
+                      str(getattr(models, "device", "cpu")), str(getattr(models, "dtype", "")))
+    cache = StepProfileCache(config.step_profile_dir) if config.step_profile_dir else None
+    buckets = tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= max(1, limits.max_batch))
+    try:
+        profile = cached_step_profile(executor, key, cache, draft.executor if draft is not None else None, buckets,
+                                      config.step_profile_seconds)
+    except Exception:  # noqa: BLE001 - without a profile the policy measures while serving, as it always could
+        log.exception("measuring the step costs failed; a cold schema drafts at the cap to measure them")
+        return None
+    if config.stats is not None:
+        config.stats.record_profile({**{("full", b, k): s for (b, k), s in profile.full.items()},
+                                     **{("restricted", b, k): s for (b, k), s in profile.restricted.items()},
+                                     **{("draft", b, 1): s for b, s in profile.draft_token.items()}})
+    return profile
 
 
 @dataclass(frozen=True)
@@ -297,7 +325,8 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
     engine = run_in_worker(assemble_engine, models, AssemblyConfig(
         config.grammar_backend, config.limits, spec.proposers, max_tokens_cap=config.max_tokens_cap,
         fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None, stats=recorder,
-        examples=examples, history=history))
+        examples=examples, history=history, step_profile_dir=config.step_profile_dir,
+        step_profile_seconds=config.step_profile_seconds))
     engine.start()
     log.info("engine ready in %.1fs (model %s on %s, statistics under model %s)", time.monotonic() - t0,
              models.profile, models.executor, model)

@@ -39,6 +39,9 @@ class PolicyConfig:
     probe_rate: float = 0.02  # share of requests that still draft with switched-off proposers (and explore arms)
     probe_interval_hours: float = 6.0  # a switched-off proposer not drafting for this long is probed (the floor)
     probe_max_draft: int = 3  # a probe's draft-length cap
+    probe_max_tokens: int = 24  # a probe's drafted tokens per request (its evidence), then it decodes plainly
+    prior_acceptance: float = 0.4  # a cold proposer is priced at this acceptance per position ...
+    prior_tokens: float = 24.0  # ... held as this many examined tokens of evidence (its own evidence outweighs it)
     gain_margin: float = 0.05  # a draft length must beat plain decoding's time per token by this share
     max_draft: int = 8  # the longest draft (the scheduler's KV headroom)
 
@@ -60,6 +63,9 @@ class PolicyConfig:
             (self.probe_interval_hours >= 1 and math.isfinite(self.probe_interval_hours), "probe_interval_hours",
              "must be >= 1"),
             (self.probe_max_draft >= 1, "probe_max_draft", "must be >= 1"),
+            (self.probe_max_tokens >= 1, "probe_max_tokens", "must be >= 1"),
+            (0.0 <= self.prior_acceptance <= 1.0, "prior_acceptance", "must be in [0, 1]"),
+            (self.prior_tokens >= 0 and math.isfinite(self.prior_tokens), "prior_tokens", "must be >= 0"),
             (0.0 <= self.gain_margin < 1.0, "gain_margin", "must be in [0, 1)"),
             (self.max_draft >= 1, "max_draft", "must be >= 1"),
         ]
@@ -101,6 +107,8 @@ class EngineConfig:
     limits: SchedulerLimits = field(default_factory=SchedulerLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     engine: str = "structspec"  # structspec (its own decode loop) | vllm (vLLM's AsyncLLM runs the requests)
+    step_profile_dir: str = ""  # where measured step costs are kept per model and machine ("": this process only)
+    step_profile_seconds: float = 20.0  # the step-cost measurement's time budget (0: none measured)
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def resolved_device(self, cuda_available: bool) -> str:

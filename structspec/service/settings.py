@@ -63,7 +63,8 @@ _POLICY = PolicyConfig()
 _POLICY_NAMES = {"acceptance_half_life_hours": "half_life_hours"}
 _POLICY_FIELDS = ("acceptance_threshold", "acceptance_guard", "min_evidence_tokens", "evidence_window_tokens", "evidence_max_age_hours",
                   "acceptance_half_life_hours", "min_predicted_length", "min_length_evidence", "draft_model_max_batch",
-                  "min_arm_requests", "probe_rate", "probe_interval_hours", "probe_max_draft", "gain_margin")
+                  "min_arm_requests", "probe_rate", "probe_interval_hours", "probe_max_draft", "probe_max_tokens",
+                  "prior_acceptance", "prior_tokens", "gain_margin")
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,16 @@ class ServiceSettings:
                                        "for this long is probed by the schema's next request, whatever probe_rate "
                                        "(the floor of a quiet schema's probes)")
     probe_max_draft: int = _opt(_POLICY.probe_max_draft, "a recovery probe drafts at most this many tokens")
+    probe_max_tokens: int = _opt(_POLICY.probe_max_tokens, "a recovery probe drafts this many tokens in all (its "
+                                 "evidence), then its request decodes without the probed proposers")
+    prior_acceptance: float = _opt(_POLICY.prior_acceptance, "the acceptance a proposer with too little evidence for a "
+                                   "schema is priced at, against the step costs measured at start (a cold schema "
+                                   "drafts only where a draft pays at this acceptance)")
+    prior_tokens: float = _opt(_POLICY.prior_tokens, "how many examined tokens of evidence prior_acceptance weighs "
+                               "(per draft position); the schema's own evidence outweighs it as it comes in")
+    step_profile_seconds: float = _opt(20.0, "time budget for measuring the executor's step costs at the first start "
+                                       "of a model on a machine (kept in <data-dir>/step-costs; 0: not measured, a "
+                                       "cold schema drafts at the cap to measure)")
     gain_margin: float = _opt(_POLICY.gain_margin, "a draft length is used only when the cost model predicts it beats "
                               "plain decoding's time per token by this share")
     history_scope: str = _opt("per_token", "whose earlier outputs the schema history drafts from: per_token (the "
@@ -342,6 +353,7 @@ class ServiceSettings:
             grammar_backend=self.grammar_backend,
             speculation=self.speculation, max_tokens_cap=self.max_tokens_cap, limits=limits,
             policy=self._policy(limits.max_draft), engine=self.engine,
+            step_profile_dir=str(Path(self.data_dir) / "step-costs"), step_profile_seconds=self.step_profile_seconds,
             vllm=VllmOptions(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
                              self.distributed_executor_backend, self.gpu_memory_utilization, self.max_model_len,
                              self.speculative_config, self.enable_prefix_caching, self.vllm_args),

@@ -24,6 +24,7 @@ class SequenceSpeculation:
     # loaded meanwhile serves later sequences only, so no output is drafted by two models
     draft: Any = None
     draw: float | None = None  # the request's uniform draw for the drafting policy, drawn at its first decision
+    probe_drafted: int = 0  # tokens this request drafted as a recovery probe (bounded by ``probe_max_tokens``)
 
 
 @dataclass

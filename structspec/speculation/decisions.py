@@ -17,6 +17,7 @@ import time
 from structspec.engine.config import PolicyConfig
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import SpeculationReport
+from structspec.models.step_profile import StepProfile
 from structspec.speculation.base import SequenceSpeculation
 from structspec.speculation.policy import DRAFT_MODEL, PolicyRequest, decide
 from structspec.stats.book import Recorder
@@ -31,8 +32,10 @@ class Decider:
     """``policy`` None: every proposer drafts up to ``max_draft`` (a fixed configuration). ``rng`` draws each
     request's number for the policy (``PolicyRequest.draw``), once, at its first decision."""
 
-    def __init__(self, policy: PolicyConfig | None, rng: random.Random, max_draft: int):
+    def __init__(self, policy: PolicyConfig | None, rng: random.Random, max_draft: int,
+                 step_profile: StepProfile | None = None):
         self.policy = policy
+        self.step_profile = step_profile  # the executor's measured step costs (full output head: the dearer)
         self.rng = rng
         self.max_draft = max_draft
         self._evidence: dict[tuple[str, str], tuple[float, SchemaEvidence]] = {}  # (model, schema key)
@@ -73,7 +76,9 @@ class Decider:
     def _read(self, stats: Recorder | None, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
         """The evidence of ``schema_key`` and the step costs, both of ``stats``' model (one draft version's)."""
         if stats is None:
-            return SchemaEvidence(), CostEvidence()
+            profile = self.step_profile
+            return SchemaEvidence(), CostEvidence() if profile is None else \
+                CostEvidence().with_profile(profile.full, profile.draft_token)
         if self.policy is None:
             raise RuntimeError("evidence is read for the policy only")
         book, model, half_life = stats.book, stats.model, self.policy.half_life_hours
@@ -87,7 +92,10 @@ class Decider:
                 self._evidence.clear()
         costs = self._costs.get(model)
         if costs is None or now - costs[0] > EVIDENCE_TTL_SECONDS or now < costs[0]:
-            costs = self._costs[model] = (now, cost_evidence(book.rows_for(model, "", since), hour_of(now), half_life))
+            measured = cost_evidence(book.rows_for(model, "", since), hour_of(now), half_life)
+            if self.step_profile is not None:
+                measured = measured.with_profile(self.step_profile.full, self.step_profile.draft_token)
+            costs = self._costs[model] = (now, measured)
             if len(self._costs) > 64:  # models of retired drafts
                 self._costs = {model: costs}
         return cached[1], costs[1]

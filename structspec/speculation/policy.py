@@ -62,7 +62,7 @@ from typing import Any, Mapping
 
 from structspec.engine.config import PolicyConfig
 from structspec.engine.types import SchemaSpeculation, SpeculationReport
-from structspec.stats.counters import HOUR, Arm, Reason
+from structspec.stats.counters import HOUR, Arm, Reason, batch_bucket
 from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence
 
 DRAFT_MODEL = "draft"  # DraftModelProposer.name
@@ -113,7 +113,11 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             if p in request.off and not (p == DRAFT_MODEL and arms_measured):  # known bad stays off
                 reasons[p] = request.off[p]
             else:
-                caps[p], reasons[p] = config.max_draft, Reason.COLD
+                k = cold_draft_length(ev, costs, p, batch_size, config)
+                if k == 0:
+                    reasons[p] = Reason.PRICED_OUT
+                else:
+                    caps[p], reasons[p] = k, Reason.COLD
         elif ev.acceptance < config.acceptance_threshold:
             k = guarded_draft_length(ev, costs, p, batch_size, config)
             if k == 0:
@@ -127,7 +131,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
 
-    switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN)]
+    switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.PRICED_OUT)]
     compared = DRAFT_MODEL in caps
     if compared:
         arm, why = choose_arm(evidence, request, batch_size, config)
@@ -135,7 +139,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             del caps[DRAFT_MODEL]
         if arm == Arm.NO_DRAFT or why == Reason.EXPLORE or request.arm:  # a re-decision keeps the reason too
             reasons[DRAFT_MODEL] = why
-    if switched_off and (request.probe if request.redecision else probe_due(evidence, request, switched_off, config)):
+    if switched_off and (request.probe if request.redecision else probe_due(evidence, request, switched_off, config, reasons)):
         for p in switched_off:
             caps[p], reasons[p] = min(config.probe_max_draft, config.max_draft), Reason.PROBE
         return SpeculationReport(True, Reason.PROBE, True, caps, reasons, "")  # no arm's measurement
@@ -152,12 +156,17 @@ def _arm(caps: Mapping[str, int], compared: bool) -> str:
     return Arm.DRAFT if DRAFT_MODEL in caps else Arm.NO_DRAFT
 
 
-def probe_due(evidence: SchemaEvidence, request: PolicyRequest, switched_off: list[str], config: PolicyConfig) -> bool:
-    """A first decision's recovery probe: its draw is under ``probe_rate``, or a switched-off proposer's newest drafting
-    or probe is ``probe_interval_hours`` old (or there is none in the evidence read)."""
+def probe_due(evidence: SchemaEvidence, request: PolicyRequest, switched_off: list[str], config: PolicyConfig,
+              reasons: Mapping[str, str] | None = None) -> bool:
+    """A first decision's recovery probe: its draw is under ``probe_rate``, or a proposer switched off on evidence
+    (``reasons``: not priced out cold) has its newest drafting or probe ``probe_interval_hours`` old (or none in the
+    evidence read). A cold proposer priced out is probed by the draw alone: the floor re-measures known bad, and a
+    priced-out proposer is not known bad, only unproven where drafting is dear."""
     if request.draw < config.probe_rate:
         return True
     for p in switched_off:
+        if reasons is not None and reasons.get(p) == Reason.PRICED_OUT:
+            continue
         newest = evidence.last_measured.get(p)
         if newest is None or evidence.hour - newest >= config.probe_interval_hours * HOUR:
             return True
@@ -184,7 +193,7 @@ def _none(proposers: tuple[str, ...], reason: str) -> SpeculationReport:
     return SpeculationReport(False, reason, False, {}, {p: reason for p in proposers})
 
 
-_PRIORITY = (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.BATCH_SIZE, Reason.EXPLORE, Reason.COLD)
+_PRIORITY = (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.PRICED_OUT, Reason.BATCH_SIZE, Reason.EXPLORE, Reason.COLD)
 
 
 def _dominant(reasons: Mapping[str, str]) -> str:
@@ -209,6 +218,17 @@ def guarded_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: st
     return best_draft_length(ev, costs, proposer, batch_size, config)
 
 
+def cold_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
+                      config: PolicyConfig) -> int:
+    """A cold proposer's draft length: the cost model's choice at the prior acceptance, its own thin evidence
+    added (``ProposerEvidence.with_prior``), so it drafts only what pays at the measured step costs and widens as
+    its evidence comes in; ``max_draft`` (measuring) where no step cost at this bucket is known at all."""
+    if costs.step_seconds(batch_size, 0) is None:
+        return config.max_draft
+    prior = (ev or ProposerEvidence()).with_prior(config.prior_acceptance, config.prior_tokens, config.max_draft)
+    return best_draft_length(prior, costs, proposer, batch_size, config)
+
+
 def best_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
                       config: PolicyConfig) -> int:
     """The k in 1..max_draft minimising the time per committed token; 0 when none beats plain decoding by
@@ -225,6 +245,53 @@ def best_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, 
         if per_token < best:
             best_k, best = k, per_token
     return best_k
+
+
+@dataclass(frozen=True)
+class DraftPrice:
+    """One draft length as the cost model prices it: (T(b, k) + D(k)) / (1 + E[accepted | k])."""
+
+    k: int
+    step_seconds: float | None  # T(b, k): the target step carrying a k-token draft (None: not measured)
+    propose_seconds: float  # D(k): the proposer's own drafting time
+    expected_accepted: float  # E[accepted | k] at the priced acceptance
+    seconds_per_token: float | None  # per committed token (k = 0: the plain step)
+
+
+@dataclass(frozen=True)
+class DraftPricing:
+    """Why a proposer drafts as far as it does for a schema at a batch bucket: the evidence, the acceptance it was
+    priced at, the plain step and each draft length's price, and the length the cost model chose (0: none pays by
+    ``gain_margin``)."""
+
+    proposer: str
+    batch_bucket: int
+    evidence_tokens: float  # the schema's own drafted tokens read (cold under ``min_evidence_tokens``)
+    acceptance: float | None  # measured, per examined token (None: nothing drafted)
+    cold: bool  # priced with the prior (``prior_acceptance``) added to the thin evidence
+    chosen: int
+    prices: tuple[DraftPrice, ...]  # k = 0 .. max_draft
+
+
+def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, batch_size: int,
+                config: PolicyConfig) -> DraftPricing:
+    """The cost model's view of ``proposer`` for a schema, as ``decide`` reads it (cold: with the prior), for the
+    schema owners' view. The guard, overrides, short outputs and probes are ``decide``'s, not priced here."""
+    ev = evidence.at_bucket(proposer, batch_size, config.min_evidence_tokens)
+    cold = ev is None or ev.drafted < config.min_evidence_tokens
+    priced = (ev or ProposerEvidence()).with_prior(config.prior_acceptance, config.prior_tokens, config.max_draft) \
+        if cold or ev is None else ev
+    chosen = cold_draft_length(ev, costs, proposer, batch_size, config) if cold else \
+        best_draft_length(priced, costs, proposer, batch_size, config)
+    prices = []
+    for k in range(config.max_draft + 1):
+        step = costs.step_seconds(batch_size, k)
+        d = costs.propose_seconds(proposer, k) if k else 0.0
+        e = priced.expected_accepted(k)
+        prices.append(DraftPrice(k, step, d, e, (step + d) / (1.0 + e) if step is not None else None))
+    acceptance = ev.acceptance if ev is not None and ev.drafted > 0 else None
+    return DraftPricing(proposer, batch_bucket(batch_size), ev.drafted if ev is not None else 0.0, acceptance, cold,
+                        chosen, tuple(prices))
 
 
 _TYPE_TOKENS = {"integer": 2, "number": 3, "boolean": 1, "null": 1}

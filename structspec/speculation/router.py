@@ -24,6 +24,7 @@ from structspec.engine.config import PolicyConfig
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.speculator import DraftVerdict
 from structspec.engine.types import FinishReason, SpeculationReport
+from structspec.models.step_profile import StepProfile
 from structspec.speculation.base import Draft, DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.configs import ProposerSet
 from structspec.speculation.decisions import Decider
@@ -39,12 +40,13 @@ from structspec.stats.book import Recorder
 class Router:
     """``policy`` None: every proposer drafts up to the scheduler's limit (a fixed configuration).
     ``draft_version``: the version of ``draft`` (``weights_version``). ``rng`` draws each request's number for the
-    policy (``PolicyRequest.draw``), once, at its first decision."""
+    policy (``PolicyRequest.draw``), once, at its first decision. ``step_profile``: the executor's measured step
+    costs, which price a draft before serving has measured any (``models.step_profile``)."""
 
     def __init__(self, tokenizer: Any, proposers: ProposerSet, vocab_size: int, history: SchemaHistory | None = None,
                  draft: DraftModelProposer | None = None, stats: Recorder | None = None,
                  policy: PolicyConfig | None = None, rng: random.Random | None = None, max_draft: int = 8,
-                 draft_version: str = ""):
+                 draft_version: str = "", step_profile: StepProfile | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.history = history or SchemaHistory()
@@ -54,7 +56,7 @@ class Router:
         self.versions = DraftVersions(DraftVersion(draft if proposers.draft else None,
                                                    draft_version if draft is not None else ""))
         self.stats = stats  # the current statistics (a sequence records into its own, ``EngineSequence.serving``)
-        self.decider = Decider(policy, rng or random.Random(), max_draft)
+        self.decider = Decider(policy, rng or random.Random(), max_draft, step_profile)
 
     @property
     def draft(self) -> DraftModelProposer | None:
@@ -115,6 +117,13 @@ class Router:
     def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
         ctx = self._context(seq)
         caps = seq.decision.max_draft if seq.decision is not None else {}
+        probe = seq.decision is not None and seq.decision.probe
+        if probe:  # a probe buys a bounded amount of evidence, not a whole request's drafting
+            policy = self.decider.policy
+            budget = (policy.probe_max_tokens if policy is not None else max_tokens) - ctx.state.probe_drafted
+            if budget <= 0:
+                return None
+            max_tokens = min(max_tokens, budget)
         for proposer in self.order(ctx):
             if proposer.name not in caps:
                 continue  # the policy switched it off for this request
@@ -125,6 +134,8 @@ class Router:
             if stats is not None:
                 stats.record_proposal(proposer.name, k, time.perf_counter() - started)
             if draft is not None and draft.tokens:
+                if probe:
+                    ctx.state.probe_drafted += len(draft.tokens)
                 return fit_q(draft, self.vocab_size)
         return None
 

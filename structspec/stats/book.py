@@ -287,6 +287,17 @@ class Recorder:
         self.book.add([(k(Series.STEPS, "", b, str(longest_draft)), 1.0),
                        (k(Series.STEP_SECONDS, "", b, str(longest_draft)), float(seconds))])
 
+    def record_profile(self, steps: Mapping[tuple[str, int, int], float]) -> None:
+        """The executor's step profile measured at start: (head, batch bucket, k) -> seconds, head ``full``,
+        ``restricted`` or ``draft`` (``models.step_profile``). Kept as a count and a sum, so restarts and replicas
+        add up to a mean."""
+        k = self._keys("")
+        rows: list[tuple[CounterKey, float]] = []
+        for (head, bucket, length), seconds in steps.items():
+            rows += [(k(Series.PROFILE_STEPS, head, bucket, str(length)), 1.0),
+                     (k(Series.PROFILE_SECONDS, head, bucket, str(length)), float(seconds))]
+        self.book.add(rows)
+
     def record_policy(self, schema_key: str, reasons: Mapping[str, str], batch_size: int,
                       acceptance: Mapping[str, float | None], threshold: float | None) -> None:
         """The policy's per-proposer reasons of one decision, with the acceptance it read per proposer: the

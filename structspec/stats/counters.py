@@ -94,6 +94,10 @@ class Series:
     # the model's (schema_key ""), per batch bucket: target step times by the longest draft in the step (label)
     STEPS = "steps"
     STEP_SECONDS = "step_seconds"
+    # the model's: the executor's step profile measured at start (``models.step_profile``), per batch bucket, label
+    # the draft length k, proposer "full" | "restricted" (the output head) | "draft" (the draft model, per token)
+    PROFILE_STEPS = "profile_steps"
+    PROFILE_SECONDS = "profile_seconds"
 
 
 class Arm:
@@ -115,6 +119,7 @@ class Reason:
     SHORT_OUTPUT = "short_output"  # predicted output under min_predicted_length: fast-forward only
     LOW_ACCEPTANCE = "low_acceptance"  # under acceptance_threshold at this batch bucket
     NO_GAIN = "no_gain"  # the cost model finds no draft length beating plain decoding
+    PRICED_OUT = "priced_out"  # cold, and at the prior acceptance no draft length pays at the measured step costs
     BATCH_SIZE = "batch_size"  # the running batch is past the proposer's limit
     PROBE = "probe"  # a recovery probe: drafting with proposers the policy had switched off
     EXPLORE = "explore"  # the draft model left out of a request to keep measuring the schema without it

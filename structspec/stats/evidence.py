@@ -53,6 +53,17 @@ class ProposerEvidence:
             total += chain
         return total
 
+    def with_prior(self, mean: float, strength: float, depth: int) -> ProposerEvidence:
+        """The evidence with ``strength`` examined tokens at acceptance ``mean`` added at each of the first ``depth``
+        positions (a Beta prior on each position's acceptance): what a cold proposer is priced with. Thin evidence
+        moves it little; ``strength`` tokens of evidence move it halfway."""
+        n = max(depth, len(self.reached))
+        reached = tuple((self.reached[i] if i < len(self.reached) else 0.0) + (strength if i < depth else 0.0)
+                        for i in range(n))
+        accepted_at = tuple((self.accepted_at[i] if i < len(self.accepted_at) else 0.0)
+                            + (mean * strength if i < depth else 0.0) for i in range(n))
+        return ProposerEvidence(self.drafted, self.accepted, reached, accepted_at)
+
 
 @dataclass(frozen=True)
 class ArmEvidence:
@@ -97,16 +108,30 @@ class SchemaEvidence:
 
 @dataclass(frozen=True)
 class CostEvidence:
-    """Mean measured seconds: target steps per (batch bucket, longest draft), drafting per (proposer, k)."""
+    """Mean measured seconds: target steps per (batch bucket, longest draft), drafting per (proposer, k), measured
+    while serving; beside them the executor's step profile (``profile``: (bucket, k) -> seconds of a k-row step,
+    measured before serving, ``structspec.models.step_profile``) and the draft model's seconds per token
+    (``draft_token``: bucket -> seconds), which price what serving has not measured yet."""
 
     steps: dict[tuple[int, int], float] = field(default_factory=dict)
     proposals: dict[tuple[str, int], float] = field(default_factory=dict)
+    profile: dict[tuple[int, int], float] = field(default_factory=dict)
+    draft_token: dict[int, float] = field(default_factory=dict)
 
     def step_seconds(self, batch_size: int, k: int) -> float | None:
-        """A step at ``batch_size``'s bucket with a k-token draft; between measured lengths, interpolated."""
+        """A step at ``batch_size``'s bucket with a k-token draft: measured while serving; else the profile's, scaled
+        by serving's plain step over the profile's where both are known (a served step carries grammar masks and
+        bookkeeping the profile does not); else between measured lengths, interpolated. None where neither says."""
         b = batch_bucket(batch_size)
         if (b, k) in self.steps:
             return self.steps[(b, k)]
+        profiled = self._profiled(b, k)
+        if profiled is not None:
+            pb, seconds = profiled
+            plain, served = self._profiled(b, 0), self.steps.get((b, 0))
+            if served is not None and plain is not None and plain[1] > 0:
+                return seconds * served / plain[1]
+            return seconds
         ks = sorted(kk for bb, kk in self.steps if bb == b)
         lower = [kk for kk in ks if kk < k]
         upper = [kk for kk in ks if kk > k]
@@ -116,15 +141,49 @@ class CostEvidence:
         t_lo, t_hi = self.steps[(b, lo)], self.steps[(b, hi)]
         return t_lo + (t_hi - t_lo) * (k - lo) / (hi - lo)
 
+    def _profiled(self, bucket: int, k: int) -> tuple[int, float] | None:
+        """(the profile's bucket, its seconds for a k-row step): at ``bucket``, or past the largest measured bucket
+        that bucket's cost scaled by the batch (a CPU's step grows with it; the ratio to a plain step is kept);
+        between measured lengths, interpolated; None where the profile has nothing at or under k's neighbours."""
+        if not self.profile:
+            return None
+        measured = sorted({b for b, _ in self.profile})
+        at = bucket if bucket in measured else None
+        if at is None:
+            under = [b for b in measured if b < bucket]
+            if not under:
+                return None
+            at = under[-1]
+        ks = sorted(kk for bb, kk in self.profile if bb == at)
+        if k in ks:
+            seconds = self.profile[(at, k)]
+        else:
+            lower, upper = [kk for kk in ks if kk < k], [kk for kk in ks if kk > k]
+            if not lower or not upper:
+                return None
+            lo, hi = lower[-1], upper[0]
+            seconds = self.profile[(at, lo)] + (self.profile[(at, hi)] - self.profile[(at, lo)]) * (k - lo) / (hi - lo)
+        return at, seconds * bucket / at
+
     def propose_seconds(self, proposer: str, k: int) -> float:
-        """Drafting time for ``k`` tokens: measured, or scaled from the nearest measured length (0 when none)."""
+        """Drafting time for ``k`` tokens: measured, or scaled from the nearest measured length; the draft model's
+        from the profile's per-token time where serving measured none (0 for the others: copy lookup and the
+        history cost microseconds)."""
         if (proposer, k) in self.proposals:
             return self.proposals[(proposer, k)]
         ks = [kk for p, kk in self.proposals if p == proposer]
         if not ks:
+            if proposer == DRAFT_PROPOSER and self.draft_token:
+                return k * self.draft_token[min(self.draft_token)]
             return 0.0
         near = min(ks, key=lambda kk: abs(kk - k))
         return self.proposals[(proposer, near)] * k / max(near, 1)
+
+    def with_profile(self, profile: dict[tuple[int, int], float], draft_token: dict[int, float]) -> CostEvidence:
+        return CostEvidence(self.steps, self.proposals, dict(profile), dict(draft_token))
+
+
+DRAFT_PROPOSER = "draft"  # the draft model's proposer name (``DraftModelProposer.name``)
 
 
 def _weight(hour: int, now_hour: int, half_life_hours: float) -> float:

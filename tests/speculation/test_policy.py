@@ -96,11 +96,54 @@ def test_short_outputs_run_fast_forward_only():
     assert predicted_length(SchemaEvidence(output_p50=80.0, finished=40.0), triage, CFG) == 80.0
 
 
-def test_cold_proposers_draft_at_full_length_until_there_is_evidence():
-    report = run(SchemaEvidence(), CPU)
+def test_cold_proposers_draft_at_full_length_where_no_step_cost_is_known():
+    report = run(SchemaEvidence(), CostEvidence())
     assert report.drafted and report.reason == Reason.COLD and report.max_draft == {p: 8 for p in PROPOSERS}
-    thin = positional(0.1, drafts=CFG.min_evidence_tokens / 8 - 1)  # just under the evidence floor
-    assert run(evidence(draft=thin), CPU).reasons["draft"] == Reason.COLD
+
+
+def test_a_cold_proposer_is_priced_at_the_prior_acceptance_against_the_measured_costs():
+    # GPU-like: a k-token verification barely costs more than a decode step, so drafting pays even at the prior
+    gpu = run(SchemaEvidence(), GPU)
+    assert gpu.reason == Reason.COLD and all(k >= 4 for k in gpu.max_draft.values())
+    # a k-row step costing k + 1 decode steps: no draft length can pay, whatever the acceptance
+    forwards = CostEvidence({(1, k): 0.014 * (k + 1) for k in range(9)})
+    report = run(SchemaEvidence(), forwards)
+    assert (report.drafted, report.max_draft) == (False, {})
+    assert set(report.reasons.values()) == {Reason.PRICED_OUT} and report.reason == Reason.PRICED_OUT
+    # the CPU table: a short draft pays at the prior, a long one does not
+    cpu = run(SchemaEvidence(), CPU)
+    assert cpu.reason == Reason.COLD and all(1 <= k < 8 for k in cpu.max_draft.values())
+
+
+def test_a_cold_proposer_widens_as_its_own_evidence_comes_in():
+    costly = CostEvidence({(1, k): 0.040 * (1 + 0.45 * k) for k in range(9)})  # priced out at the prior
+    assert run(SchemaEvidence(), costly).reasons["ngram"] == Reason.PRICED_OUT
+    caps = []
+    for drafts in (5, 20, 60):  # drafts of 8 tokens, every position accepted at 0.97: still under the floor
+        thin = positional(0.97, drafts=drafts)
+        assert thin.drafted < CFG.min_evidence_tokens
+        report = run(evidence(ngram=thin), costly, proposers=("ngram",))
+        caps.append(report.max_draft.get("ngram", 0))
+        assert report.reasons["ngram"] in (Reason.COLD, Reason.PRICED_OUT)
+    assert caps[0] <= caps[1] <= caps[2] and caps[2] >= 2, caps
+    # thin evidence of rejections keeps it priced out
+    assert run(evidence(ngram=positional(0.1, drafts=40)), costly, proposers=("ngram",)).max_draft == {}
+
+
+def test_a_priced_out_proposer_is_probed_within_the_probe_budget():
+    forwards = CostEvidence({(1, k): 0.014 * (k + 1) for k in range(9)})
+    measured_now = evidence(ngram=positional(0.9, drafts=2))  # drafted this hour: the floor is not due
+    quiet = run(measured_now, forwards, request(draw=0.5), proposers=("ngram",))
+    assert (quiet.drafted, quiet.probe) == (False, False)
+    probe = run(measured_now, forwards, request(draw=0.001), proposers=("ngram",))
+    assert probe.probe and probe.max_draft == {"ngram": CFG.probe_max_draft}
+    # never measured for the schema: priced out, not known bad, so the interval floor does not probe it
+    never = run(SchemaEvidence(hour=NOW), forwards, request(draw=0.5), proposers=("ngram",))
+    assert (never.probe, never.max_draft) == (False, {})
+    # known bad (switched off on evidence before), quiet for longer than the interval: the floor probes it
+    stale = run(evidence(drafted_hours_ago=CFG.probe_interval_hours + 1, ngram=positional(0.1)), forwards,
+                request(draw=0.5), proposers=("ngram",))
+    assert stale.probe and stale.reasons["ngram"] == Reason.PROBE
 
 
 ALWAYS = PolicyConfig(acceptance_guard="always")

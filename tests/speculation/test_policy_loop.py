@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from structspec.engine.config import PolicyConfig
 from structspec.engine.types import SchemaSpeculation
+from structspec.models.step_profile import StepProfile
 from structspec.speculation.configs import ProposerSet
 from structspec.speculation.router import Router
 from structspec.stats.book import StatsBook
@@ -33,16 +34,19 @@ class DraftStub:
 
 
 def simulate(phases: list[tuple[int, float]], config: PolicyConfig, per_hour: int = 40, seed: int = 0,
-             step_costs: dict[int, float] | None = None, books: list[StatsBook] | None = None) -> list[dict]:
+             step_costs: dict[int, float] | None = None, books: list[StatsBook] | None = None,
+             costs_first: bool = False) -> list[dict]:
     """``phases``: (hours, per-position acceptance). Per hour: counts of decisions by reason. ``books`` gets the
-    simulation's statistics book."""
+    simulation's statistics book. ``costs_first``: ``step_costs`` are also the router's step profile, measured
+    before the first request (as the assembly measures the executor's)."""
     clock = [1000 * HOUR]
     book = StatsBook(clock=lambda: clock[0])
     if books is not None:
         books.append(book)
     rec = book.recorder("demo")
+    profile = StepProfile("test", {(1, k): v for k, v in step_costs.items()}) if costs_first and step_costs else None
     router = Router(None, ProposerSet(ngram=False, history=False, draft=True), 16, draft=DraftStub(), stats=rec,
-                    policy=config, rng=random.Random(seed))
+                    policy=config, rng=random.Random(seed), step_profile=profile)
     rng = random.Random(seed + 1)
     hours = []
     for n_hours, c in phases:
@@ -113,8 +117,12 @@ def test_the_loop_test_has_power_a_policy_without_the_guard_never_switches_off()
 def test_the_cost_model_switches_off_where_verification_is_too_costly_for_the_acceptance():
     # acceptance 0.6 passes the guard, but a 1 + 0.8 k verification never pays for it
     costly = {k: 0.04 * (1 + 0.8 * k) for k in range(9)}
-    hours = simulate([(6, 0.6)], PolicyConfig(), step_costs=costly)
-    assert hours[-1].get(Reason.NO_GAIN, 0) >= 35
+    hours = simulate([(6, 0.6)], PolicyConfig(), step_costs=costly)  # measured while drafting cold
+    assert hours[-1].get(Reason.NO_GAIN, 0) + hours[-1].get(Reason.PRICED_OUT, 0) >= 35
+    # with the costs measured before the schema's first request, it never drafts to find out (probes aside)
+    hours = simulate([(6, 0.6)], PolicyConfig(), step_costs=costly, costs_first=True)
+    assert all(h.get(Reason.PRICED_OUT, 0) + h.get(Reason.PROBE, 0) == 40 for h in hours), hours
+    assert sum(h.get(Reason.PROBE, 0) for h in hours) <= 0.02 * 240 + 4  # the draw's share alone, no floor
     cheap = {k: 0.04 * (1 + 0.01 * k) for k in range(9)}
     assert drafting(simulate([(6, 0.6)], PolicyConfig(), step_costs=cheap)[-1]) == 40
 
