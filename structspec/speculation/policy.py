@@ -8,11 +8,18 @@ decision with its reason. In order:
 1. overrides: the request said OFF; the schema's owner said off (or on: every proposer,
    the switches below bypassed);
 2. short outputs: a predicted output (p50 of the schema's recent outputs; with too few, an
-   estimate from the schema) under ``min_predicted_length`` tokens leaves no room to win:
-   fast-forward only;
+   estimate from the schema) under ``min_predicted_length`` tokens: the draft model is off (its
+   prefill of the prompt, which no step price holds, buys few tokens); the cheap proposers are priced
+   like any (step 3) where the step costs at this bucket are known, and off where not (fast-forward
+   only): a short output gives a draft little room, but where a verification costs about a decode
+   step even a 3-token draft of an enum value pays;
 3. per proposer: the draft model is off past ``draft_model_max_batch`` running sequences;
-   with under ``min_evidence_tokens`` drafted tokens of evidence it drafts (cold: measuring),
-   unless it was switched off before (below); under ``acceptance_threshold`` over the
+   with under ``min_evidence_tokens`` drafted tokens of evidence it is cold: it drafts the length
+   the cost model picks at ``prior_acceptance`` (held as ``prior_tokens`` examined tokens, its own
+   thin evidence added: it widens as evidence comes in), or nothing (priced out) where no length
+   pays at the measured step costs (the executor's step profile, measured at start, and the steps
+   measured while serving); with no step cost known at all it drafts at the cap to measure; unless
+   it was switched off before (below); under ``acceptance_threshold`` over the
    schema's most recent ``evidence_window_tokens`` drafted tokens at this batch bucket (whole
    hours, ``structspec.stats.evidence``) it is off (the guard): with ``acceptance_guard``
    ``always`` whatever the costs say, with ``unmeasured`` (the default) unless the step costs
@@ -35,10 +42,11 @@ decision with its reason. In order:
    sends a ``probe_rate`` share of requests to the slower (explore: the draft model left
    out, or drafting at its own cap) so that arm stays measured. A re-decision inside a
    request keeps the request's arm;
-5. recovery probes: a request whose proposers are switched off for acceptance or cost (step 3)
-   drafts with them anyway, at most ``probe_max_draft`` tokens, when its draw is under
-   ``probe_rate``, or when a switched-off proposer's newest drafting or probe (any replica's,
-   through the store) is ``probe_interval_hours`` old: the floor that keeps a quiet schema's
+5. recovery probes: a request whose proposers are switched off for acceptance or cost, or priced
+   out cold (step 3), drafts with them anyway, at most ``probe_max_draft`` tokens a draft and
+   ``probe_max_tokens`` in the request, when its draw is under ``probe_rate``, or when a proposer
+   switched off on evidence has its newest drafting or probe (any replica's, through the store)
+   ``probe_interval_hours`` old (a priced-out one only by the draw: it is unproven, not known bad): the floor that keeps a quiet schema's
    evidence fresh, at most one probe per interval whatever the traffic (two replicas can both
    take it within a refresh). A probe's request is no arm's measurement. A re-decision keeps
    the request's probe (or its absence); it never draws again.
@@ -97,7 +105,9 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
         return SpeculationReport(True, Reason.SCHEMA_ON, False, {p: config.max_draft for p in proposers},
                                  {p: Reason.SCHEMA_ON for p in proposers})
     predicted = predicted_length(evidence, request.schema, config)
-    if predicted < config.min_predicted_length:
+    short = predicted < config.min_predicted_length
+    priced = costs.step_seconds(batch_size, 0) is not None
+    if short and not priced:  # no measured cost to price a short output's drafts with: they rarely pay
         return _none(proposers, Reason.SHORT_OUTPUT)
 
     caps: dict[str, int] = {}
@@ -107,6 +117,9 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
     for p in proposers:
         if p == DRAFT_MODEL and batch_size > config.draft_model_max_batch:
             reasons[p] = Reason.BATCH_SIZE
+            continue
+        if p == DRAFT_MODEL and short:  # its prefill of the prompt, which no step price holds, buys few tokens
+            reasons[p] = Reason.SHORT_OUTPUT
             continue
         ev = evidence.at_bucket(p, batch_size, config.min_evidence_tokens)
         if ev is None or ev.drafted < config.min_evidence_tokens:

@@ -96,6 +96,17 @@ def test_short_outputs_run_fast_forward_only():
     assert predicted_length(SchemaEvidence(output_p50=80.0, finished=40.0), triage, CFG) == 80.0
 
 
+def test_a_short_output_with_measured_costs_prices_the_cheap_proposers_and_leaves_the_draft_model_out():
+    triage = json.loads((SCHEMAS / "ticket_triage.json").read_text())
+    report = run(SchemaEvidence(), GPU, request(schema=triage))
+    assert report.reasons["draft"] == Reason.SHORT_OUTPUT and "draft" not in report.max_draft
+    assert report.drafted and set(report.max_draft) == {"ngram", "history"}
+    forwards = CostEvidence({(1, k): 0.014 * (k + 1) for k in range(9)})
+    dear = run(SchemaEvidence(), forwards, request(schema=triage))
+    assert (dear.drafted, dear.reasons) == (False, {"draft": Reason.SHORT_OUTPUT, "ngram": Reason.PRICED_OUT,
+                                                    "history": Reason.PRICED_OUT})
+
+
 def test_cold_proposers_draft_at_full_length_where_no_step_cost_is_known():
     report = run(SchemaEvidence(), CostEvidence())
     assert report.drafted and report.reason == Reason.COLD and report.max_draft == {p: 8 for p in PROPOSERS}
