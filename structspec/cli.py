@@ -301,6 +301,27 @@ def bench_policy(
     main(["--hours", str(hours), "--seed", str(seed), "--out", str(out)])
 
 
+@bench_app.command("heldout")
+def bench_heldout(
+    setups: str = typer.Option(",".join(("gemma-3-270m:llamacpp", "gemma-3-270m:transformers", "smollm2:llamacpp",
+                                         "demo:transformers")), help="profile:executor pairs, comma-separated"),
+    workloads: str = typer.Option("manifest,classify,nested_tools", help="held-out workloads, comma-separated"),
+    requests: int = typer.Option(8, help="measured requests per run"),
+    warm_requests: int = typer.Option(16, help="requests every configuration serves first in the warm runs"),
+    slow_requests: str = typer.Option("", help="setup=N pairs: fewer measured requests on a slow setup"),
+    out: Path = typer.Option(Path("reports/policy-heldout.json"), help="where to write the JSON report (a .txt "
+                                                                     "table beside it)"),
+) -> None:
+    """The drafting policy against off and the fixed configurations on held-out workloads (manifest, classify,
+    nested_tools), cold and warm, per model setup: is it ever slower than off or than the best fixed one?"""
+    from structspec.bench.policy_heldout import run_policy_heldout  # torch: see the note at the imports
+
+    slow = {k: int(v) for k, _, v in (p.partition("=") for p in slow_requests.split(",") if p)}
+    run_policy_heldout(out, [s for s in setups.split(",") if s], [w for w in workloads.split(",") if w], requests,
+                       warm_requests, requests_for=slow)
+    typer.echo(out.with_suffix(".txt").read_text())
+
+
 # Commands owned by other modules (server, client, statistics, drafts) plug themselves in here.
 cli_serve.register(app)
 cli_client.register(app)

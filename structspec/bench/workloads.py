@@ -28,7 +28,8 @@ from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.prompts import FewShotExample, schema_title
 from structspec.schemas import load_builtin_schemas, load_builtin_tools
 
-WORKLOADS = ("extraction", "toolcall", "freetext", "mixed", "shift", "chat")
+WORKLOADS = ("extraction", "toolcall", "freetext", "mixed", "shift", "chat", "manifest", "classify", "nested_tools")
+# manifest, classify and nested_tools: held out from the demo corpus and the policy's tuning (``heldout_workloads``)
 # The ``chat`` workload: free-text answers (no schema, no tools) the model writes itself, nothing to copy from the
 # prompt: where copy lookup has little to find and a draft model earns its keep.
 CHAT_ASKS = ("Write a short paragraph about {}.", "Describe {} in three sentences.", "Explain {} to a child.",
@@ -92,8 +93,8 @@ class WorkItem:
                 continue
             if isinstance(v, (int, float)):
                 counted += 1
-                copied += int(float(v) not in source_numbers and
-                              (float(v) in shown_numbers or _hashable(v) in shown_values))
+                copied += int(_number(v) not in source_numbers and
+                              (_number(v) in shown_numbers or _hashable(v) in shown_values))
             elif isinstance(v, str) and len(v.strip()) >= 3:
                 counted += 1
                 runs = _runs(v)
@@ -124,7 +125,15 @@ def _numbers(text: str) -> set[float]:
 
 
 def _hashable(v: Any) -> Any:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v if isinstance(v, str) else None
+    return _number(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v if isinstance(v, str) else None
+
+
+def _number(v: int | float) -> float:
+    """``v`` as a float; an integer too large for one (a model can write 400 digits) as infinity."""
+    try:
+        return float(v)
+    except OverflowError:
+        return float("inf")
 
 
 def _enumerated(schema: Any) -> set[Any]:
@@ -185,6 +194,9 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
         raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
     if workload == "chat":
         return chat_items(n, seed)
+    from structspec.bench.heldout_workloads import HELDOUT_WORKLOADS, build_heldout_workload  # it imports WorkItem
+    if workload in HELDOUT_WORKLOADS:
+        return build_heldout_workload(workload, n, seed)
     share = {"toolcall": 0.9, "extraction": 0.0, "freetext": 0.0, "mixed": 0.25, "shift": 0.0}[workload]
     pool = [e for e in generate(seed, max(400, n * 12), toolcall_share=share) if _wanted(e, workload)]
     if workload == "mixed":  # a short-output schema among the rest: triage items from support tickets

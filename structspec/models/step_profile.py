@@ -8,14 +8,15 @@ Terms:
   the rest of the output layer; with Gemma's 262k vocabulary that layer is most of a step);
 - the *draft token* time: the draft model's decode step at batch b, per drafted token.
 
-``measure_step_profile`` times them on synthetic sequences (medians of ``reps``), bucket by bucket until its time
-budget is spent; ``StepProfileCache`` keeps a profile per (model, executor, device, dtype, threads, machine), so
+``measure_step_profile`` times them on synthetic sequences (the fastest of ``reps``: interference only adds time;
+then made non-decreasing in k), bucket by bucket until its time budget is spent; ``StepProfileCache`` keeps a profile per (model, executor, device, dtype, threads, machine), so
 only the first start of a model on a machine measures. The drafting policy prices a draft with it from the first
 request (``structspec.stats.evidence.CostEvidence``): on llama.cpp with Gemma 3 270M a k-row step costs about
 k + 1 decode steps, on a GPU barely more than one, and a cold schema drafts accordingly.
 
-Cost: about ``reps + 1`` steps per (bucket, k); ``budget_seconds`` bounds the whole measurement (the buckets
-not reached are left out, and priced from the largest measured one).
+Cost: about ``reps + 1`` steps per (bucket, k); ``budget_seconds`` bounds the whole measurement: a bucket is
+measured only where twice the previous bucket's time still fits (the buckets left out are priced from the largest
+measured one, ``CostEvidence``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +45,7 @@ PROMPT_TOKENS = 64  # each synthetic sequence's context before the timed steps
 
 @dataclass(frozen=True)
 class StepProfile:
-    """Median seconds per step, keyed by (batch bucket, draft length k). Immutable; JSON round-trips."""
+    """Seconds per step, keyed by (batch bucket, draft length k). Immutable; JSON round-trips."""
 
     key: str  # what was measured: model, executor, device, dtype, threads, machine (``profile_key``)
     full: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -95,7 +95,7 @@ def profile_key(model: str, executor: str, device: str, dtype: str) -> str:
 
 def measure_step_profile(executor: ForwardStep, key: str, buckets: Sequence[int] = (1, 2, 4, 8, 16),
                          lengths: Sequence[int] = DRAFT_LENGTHS, draft: ForwardStep | None = None,
-                         budget_seconds: float = 20.0, reps: int = 3) -> StepProfile:
+                         budget_seconds: float = 20.0, reps: int = 5) -> StepProfile:
     """Time k-row steps (full head, and restricted where the executor has it) and the draft's decode steps at each
     bucket in turn, until ``budget_seconds`` is spent (the smallest bucket is always measured whole). Each
     sequence is freed after. Raises: whatever the executor raises (the caller starts without a profile)."""
@@ -104,14 +104,17 @@ def measure_step_profile(executor: ForwardStep, key: str, buckets: Sequence[int]
     restricted: dict[tuple[int, int], float] = {}
     draft_token: dict[int, float] = {}
     fits = [k for k in lengths if PROMPT_TOKENS + k + 1 < executor.max_context]
+    last = 0.0  # the previous bucket's measuring time: a bucket twice the batch takes about twice as long
     for i, b in enumerate(sorted(buckets)):
-        if i > 0 and time.perf_counter() - started > budget_seconds:
+        elapsed = time.perf_counter() - started
+        if i > 0 and elapsed + 2 * last > budget_seconds:
             break
         full.update(_time_rows(executor, b, fits, reps, False))
         if executor.restricted_logits_max >= RESTRICTED_ROWS:
             restricted.update(_time_rows(executor, b, fits, reps, True))
         if draft is not None:
             draft_token[b] = _time_rows(draft, b, [0], reps, False)[(b, 0)]
+        last = time.perf_counter() - started - elapsed
     spent = time.perf_counter() - started
     return StepProfile(key, full, restricted, draft_token, time.time(), spent)
 
@@ -137,7 +140,9 @@ def _time_rows(executor: ForwardStep, batch: int, lengths: Sequence[int], reps: 
                     times.append(time.perf_counter() - t0)
                 for s in seqs:
                     executor.rollback(s, k + 1)
-            out[(batch, k)] = statistics.median(times)
+            out[(batch, k)] = min(times)  # noise only adds time: a neighbour, a page fault, a collection
+        for a, b in zip(lengths, lengths[1:]):  # a step scoring more rows is never cheaper than one scoring fewer
+            out[(batch, b)] = max(out[(batch, b)], out[(batch, a)])
         return out
     finally:
         for s in seqs:

@@ -282,7 +282,8 @@ class ServiceSettings:
                      "traffic_samples_per_hour"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
-        for name in ("drain_grace_seconds", "stats_retention_days", "max_connection_age_seconds"):
+        for name in ("drain_grace_seconds", "stats_retention_days", "max_connection_age_seconds",
+                     "step_profile_seconds"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}: must be >= 0")
         for name in ("stats_flush_interval_seconds", "stats_refresh_seconds", "store_timeout_seconds"):

@@ -100,9 +100,18 @@ def _engine(demo_models, costly: bool, monkeypatch, book: StatsBook):
         real = assembly.make_executor
         monkeypatch.setattr(assembly, "make_executor", lambda *a, **kw: RowsCostForwards(real(*a, **kw)))
     recorder = book.recorder("demo-costs" + ("-costly" if costly else ""))
-    return assemble_engine(demo_models, AssemblyConfig(proposers=ProposerSet(ngram=True, history=True, draft=True),
+    engine = assemble_engine(demo_models, AssemblyConfig(proposers=ProposerSet(ngram=True, history=True, draft=True),
                                                        policy=PolicyConfig(), stats=recorder, seed=0,
                                                        step_profile_seconds=10.0))
+    _check_profile(engine, costly)
+    return engine
+
+
+def _check_profile(engine, costly: bool) -> None:
+    """The profile the policy got is this executor's: a 4-row step costs about 5 forwards on the costly one."""
+    profile = engine.core.speculator.decider.step_profile
+    ratio = profile.ratio(1, 4)
+    assert ratio is not None and (ratio > 3.0 if costly else ratio < 2.0), step_profile.describe(profile)
 
 
 async def _extract(engine, requests):
@@ -140,3 +149,20 @@ def test_the_same_cold_schema_drafts_on_an_executor_where_rows_are_cheap(demo_mo
     assert all(r.speculation is not None and r.speculation.reason == Reason.COLD for r in results)
     assert sum(sum(r.usage.drafted.values()) for r in results) > 0
     assert json.dumps([r.value for r in results])  # valid outputs
+
+
+def test_a_probe_of_a_priced_out_proposer_drafts_at_most_its_token_budget(demo_models, monkeypatch):
+    monkeypatch.setattr(step_profile, "_MEMORY", {})
+    real = assembly.make_executor
+    monkeypatch.setattr(assembly, "make_executor", lambda *a, **kw: RowsCostForwards(real(*a, **kw)))
+    policy = PolicyConfig(probe_rate=1.0, probe_max_tokens=10)  # every request probes what is priced out
+    engine = assemble_engine(demo_models, AssemblyConfig(proposers=ProposerSet(ngram=True, history=True, draft=False),
+                                                         policy=policy, stats=StatsBook().recorder("probe-budget"),
+                                                         seed=0, step_profile_seconds=10.0))
+    _check_profile(engine, True)
+    results = asyncio.run(_extract(engine, _requests(2)))
+    for r in results:
+        assert r.speculation is not None and r.speculation.probe
+        drafted = sum(r.usage.drafted.values())
+        assert 0 < drafted <= 10, r.usage.drafted  # it measured, within its budget, on outputs of 60+ tokens
+        assert r.usage.output_tokens > 40
