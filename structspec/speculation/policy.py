@@ -8,11 +8,12 @@ decision with its reason. In order:
 1. overrides: the request said OFF; the schema's owner said off (or on: every proposer,
    the switches below bypassed);
 2. short outputs: a predicted output (p50 of the schema's recent outputs; with too few, an
-   estimate from the schema) under ``min_predicted_length`` tokens: the draft model is off (its
-   prefill of the prompt, which no step price holds, buys few tokens); the cheap proposers are priced
-   like any (step 3) where the step costs at this bucket are known, and off where not (fast-forward
-   only): a short output gives a draft little room, but where a verification costs about a decode
-   step even a 3-token draft of an enum value pays;
+   estimate from the schema) under ``min_predicted_length`` tokens has few model decisions (most of
+   it is forced), so a draft saves a pass only now and then: the draft model is off (its prefill of
+   the prompt buys few tokens), and the cheap proposers draft only as far as a verification costs
+   about what a decode step costs (within ``gain_margin``, ``free_draft_length``; off where no step
+   cost is known): on the demo target, where it does, history drafts of a classification's enum
+   values paid; on llama.cpp with Gemma, where a 1-token draft costs 13% more, they lost;
 3. per proposer: the draft model is off past ``draft_model_max_batch`` running sequences;
    with under ``min_evidence_tokens`` drafted tokens of evidence it is cold: it drafts the length
    the cost model picks at ``prior_acceptance`` (held as ``prior_tokens`` examined tokens, its own
@@ -118,8 +119,12 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
         if p == DRAFT_MODEL and batch_size > config.draft_model_max_batch:
             reasons[p] = Reason.BATCH_SIZE
             continue
-        if p == DRAFT_MODEL and short:  # its prefill of the prompt, which no step price holds, buys few tokens
-            reasons[p] = Reason.SHORT_OUTPUT
+        if short:
+            k = 0 if p == DRAFT_MODEL else free_draft_length(costs, batch_size, config)
+            if k == 0:
+                reasons[p] = Reason.SHORT_OUTPUT
+            else:
+                caps[p], reasons[p] = k, Reason.DRAFTED
             continue
         ev = evidence.at_bucket(p, batch_size, config.min_evidence_tokens)
         if ev is None or ev.drafted < config.min_evidence_tokens:
@@ -206,13 +211,15 @@ def _none(proposers: tuple[str, ...], reason: str) -> SpeculationReport:
     return SpeculationReport(False, reason, False, {}, {p: reason for p in proposers})
 
 
-_PRIORITY = (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.PRICED_OUT, Reason.BATCH_SIZE, Reason.EXPLORE, Reason.COLD)
+_PRIORITY = (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.PRICED_OUT, Reason.SHORT_OUTPUT, Reason.BATCH_SIZE,
+             Reason.EXPLORE, Reason.COLD)
 
 
 def _dominant(reasons: Mapping[str, str]) -> str:
-    """The request's reason when no proposer drafts: the most frequent one (ties by _PRIORITY)."""
+    """The request's reason when no proposer drafts: the most frequent one (ties by _PRIORITY, then by name)."""
     values = list(reasons.values())
-    return max(_PRIORITY, key=lambda r: (values.count(r), -_PRIORITY.index(r)))
+    rank = {r: i for i, r in enumerate(_PRIORITY)}
+    return max(values, key=lambda r: (values.count(r), -rank.get(r, len(rank)), r)) if values else Reason.SERVER_OFF
 
 
 def predicted_length(evidence: SchemaEvidence, schema: Mapping[str, Any] | None, config: PolicyConfig) -> float:
@@ -229,6 +236,22 @@ def guarded_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: st
     if config.acceptance_guard == "always" or costs.step_seconds(batch_size, 0) is None:
         return 0
     return best_draft_length(ev, costs, proposer, batch_size, config)
+
+
+def free_draft_length(costs: CostEvidence, batch_size: int, config: PolicyConfig) -> int:
+    """A short output's draft length: the longest k whose step costs at most ``gain_margin`` more than a plain step
+    (0: none). A short output has few model decisions (most of it is forced), so a draft saves a pass only now and
+    then, and the per-token price of a long output overrates it: where the rows cost more (llama.cpp with Gemma's
+    262k-row output layer) such drafts lost 5-7% to fast-forward alone on a classification schema."""
+    plain = costs.step_seconds(batch_size, 0)
+    if plain is None:
+        return 0
+    best = 0
+    for k in range(1, config.max_draft + 1):
+        step = costs.step_seconds(batch_size, k)
+        if step is not None and step <= plain * (1.0 + config.gain_margin):
+            best = k
+    return best
 
 
 def cold_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,

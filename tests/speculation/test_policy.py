@@ -96,15 +96,17 @@ def test_short_outputs_run_fast_forward_only():
     assert predicted_length(SchemaEvidence(output_p50=80.0, finished=40.0), triage, CFG) == 80.0
 
 
-def test_a_short_output_with_measured_costs_prices_the_cheap_proposers_and_leaves_the_draft_model_out():
+def test_a_short_output_drafts_with_the_cheap_proposers_only_as_far_as_a_verification_is_free():
     triage = json.loads((SCHEMAS / "ticket_triage.json").read_text())
-    report = run(SchemaEvidence(), GPU, request(schema=triage))
+    flat = CostEvidence({(1, k): 0.010 * (1 + (0.004 * k if k <= 4 else 0.1 * k)) for k in range(9)})
+    report = run(SchemaEvidence(), flat, request(schema=triage))
     assert report.reasons["draft"] == Reason.SHORT_OUTPUT and "draft" not in report.max_draft
-    assert report.drafted and set(report.max_draft) == {"ngram", "history"}
-    forwards = CostEvidence({(1, k): 0.014 * (k + 1) for k in range(9)})
-    dear = run(SchemaEvidence(), forwards, request(schema=triage))
-    assert (dear.drafted, dear.reasons) == (False, {"draft": Reason.SHORT_OUTPUT, "ngram": Reason.PRICED_OUT,
-                                                    "history": Reason.PRICED_OUT})
+    assert report.drafted and report.max_draft == {"ngram": 4, "history": 4}  # k = 5 costs 50% more
+    # a 1-token draft costing 13% more than a decode step (llama.cpp, Gemma): fast-forward only
+    llamacpp = CostEvidence({(1, k): 0.0194 * (1 + 0.13 * k) for k in range(9)})
+    dear = run(SchemaEvidence(), llamacpp, request(schema=triage))
+    assert (dear.drafted, dear.reason, set(dear.reasons.values())) == (False, Reason.SHORT_OUTPUT,
+                                                                       {Reason.SHORT_OUTPUT})
 
 
 def test_cold_proposers_draft_at_full_length_where_no_step_cost_is_known():
