@@ -40,7 +40,8 @@ class PolicyConfig:
     probe_interval_hours: float = 6.0  # a switched-off proposer not drafting for this long is probed (the floor)
     probe_max_draft: int = 3  # a probe's draft-length cap
     probe_max_tokens: int = 24  # a probe's drafted tokens per request (its evidence), then it decodes plainly
-    prior_acceptance: float = 0.4  # a cold proposer is priced at this acceptance per position ...
+    prior_acceptance: float = 0.4  # a cold proposer is priced at this acceptance at a draft's first position ...
+    prior_continuation: float = 0.7  # ... and this at each later one, given the one before was accepted ...
     prior_tokens: float = 24.0  # ... held as this many examined tokens of evidence (its own evidence outweighs it)
     gain_margin: float = 0.05  # a draft length must beat plain decoding's time per token by this share
     max_draft: int = 8  # the longest draft (the scheduler's KV headroom)
@@ -65,6 +66,7 @@ class PolicyConfig:
             (self.probe_max_draft >= 1, "probe_max_draft", "must be >= 1"),
             (self.probe_max_tokens >= 1, "probe_max_tokens", "must be >= 1"),
             (0.0 <= self.prior_acceptance <= 1.0, "prior_acceptance", "must be in [0, 1]"),
+            (0.0 <= self.prior_continuation <= 1.0, "prior_continuation", "must be in [0, 1]"),
             (self.prior_tokens >= 0 and math.isfinite(self.prior_tokens), "prior_tokens", "must be >= 0"),
             (0.0 <= self.gain_margin < 1.0, "gain_margin", "must be in [0, 1)"),
             (self.max_draft >= 1, "max_draft", "must be >= 1"),

@@ -64,7 +64,7 @@ _POLICY_NAMES = {"acceptance_half_life_hours": "half_life_hours"}
 _POLICY_FIELDS = ("acceptance_threshold", "acceptance_guard", "min_evidence_tokens", "evidence_window_tokens", "evidence_max_age_hours",
                   "acceptance_half_life_hours", "min_predicted_length", "min_length_evidence", "draft_model_max_batch",
                   "min_arm_requests", "probe_rate", "probe_interval_hours", "probe_max_draft", "probe_max_tokens",
-                  "prior_acceptance", "prior_tokens", "gain_margin")
+                  "prior_acceptance", "prior_continuation", "prior_tokens", "gain_margin")
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,11 @@ class ServiceSettings:
     probe_max_tokens: int = _opt(_POLICY.probe_max_tokens, "a recovery probe drafts this many tokens in all (its "
                                  "evidence), then its request decodes without the probed proposers")
     prior_acceptance: float = _opt(_POLICY.prior_acceptance, "the acceptance a proposer with too little evidence for a "
-                                   "schema is priced at, against the step costs measured at start (a cold schema "
+                                   "schema is priced at (a draft's first position), against the step costs measured at start (a cold schema "
                                    "drafts only where a draft pays at this acceptance)")
+    prior_continuation: float = _opt(_POLICY.prior_continuation, "the acceptance a cold proposer is priced at past a "
+                                     "draft's first position, given the position before was accepted (a copy that "
+                                     "starts tends to go on)")
     prior_tokens: float = _opt(_POLICY.prior_tokens, "how many examined tokens of evidence prior_acceptance weighs "
                                "(per draft position); the schema's own evidence outweighs it as it comes in")
     step_profile_seconds: float = _opt(20.0, "time budget for measuring the executor's step costs at the first start "

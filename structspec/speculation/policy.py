@@ -9,15 +9,15 @@ decision with its reason. In order:
    the switches below bypassed);
 2. short outputs: a predicted output (p50 of the schema's recent outputs; with too few, an
    estimate from the schema) under ``min_predicted_length`` tokens has few model decisions (most of
-   it is forced), so a draft saves a pass only now and then: the draft model is off (its prefill of
-   the prompt buys few tokens), and the cheap proposers draft only as far as a verification costs
-   about what a decode step costs (within ``gain_margin``, ``free_draft_length``; off where no step
-   cost is known): on the demo target, where it does, history drafts of a classification's enum
-   values paid; on llama.cpp with Gemma, where a 1-token draft costs 13% more, they lost;
+   it is forced), so a draft saves a pass only where it covers the rest of the output: the draft
+   model is off (its prefill of the prompt buys few tokens), and each cheap proposer drafts
+   ``max_draft`` tokens where a draft that long pays at its priced acceptance, else nothing
+   (``short_draft_length``; fast-forward only where no step cost is known);
 3. per proposer: the draft model is off past ``draft_model_max_batch`` running sequences;
    with under ``min_evidence_tokens`` drafted tokens of evidence it is cold: it drafts the length
-   the cost model picks at ``prior_acceptance`` (held as ``prior_tokens`` examined tokens, its own
-   thin evidence added: it widens as evidence comes in), or nothing (priced out) where no length
+   the cost model picks at the prior (``prior_acceptance`` at a draft's first position,
+   ``prior_continuation`` at each later one, held as ``prior_tokens`` examined tokens, its own thin
+   evidence added: it widens as evidence comes in, ``priced_evidence``), or nothing (priced out) where no length
    pays at the measured step costs (the executor's step profile, measured at start, and the steps
    measured while serving); with no step cost known at all it drafts at the cap to measure; unless
    it was switched off before (below); under ``acceptance_threshold`` over the
@@ -120,7 +120,8 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             reasons[p] = Reason.BATCH_SIZE
             continue
         if short:
-            k = 0 if p == DRAFT_MODEL else free_draft_length(costs, batch_size, config)
+            k = 0 if p == DRAFT_MODEL else short_draft_length(evidence.at_bucket(p, batch_size, 1), costs, p,
+                                                               batch_size, config)
             if k == 0:
                 reasons[p] = Reason.SHORT_OUTPUT
             else:
@@ -238,20 +239,29 @@ def guarded_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: st
     return best_draft_length(ev, costs, proposer, batch_size, config)
 
 
-def free_draft_length(costs: CostEvidence, batch_size: int, config: PolicyConfig) -> int:
-    """A short output's draft length: the longest k whose step costs at most ``gain_margin`` more than a plain step
-    (0: none). A short output has few model decisions (most of it is forced), so a draft saves a pass only now and
-    then, and the per-token price of a long output overrates it: where the rows cost more (llama.cpp with Gemma's
-    262k-row output layer) such drafts lost 5-7% to fast-forward alone on a classification schema."""
-    plain = costs.step_seconds(batch_size, 0)
-    if plain is None:
+def short_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
+                       config: PolicyConfig) -> int:
+    """A short output's draft length: ``max_draft`` where a draft that long pays at the schema's acceptance (with
+    the prior: ``priced_evidence``), else 0. A short output has few model decisions and most of it is forced, so a
+    draft saves a pass only where it covers the rest of the output: a 1- or 2-token draft there costs its rows and
+    saves nothing (on the held-out classify workload, Gemma on transformers: the policy's short drafts left the
+    passes per token at fast-forward's 0.182 while 8-token drafts made them 0.106)."""
+    k = config.max_draft
+    step, plain = costs.step_seconds(batch_size, k), costs.step_seconds(batch_size, 0)
+    if step is None or plain is None:
         return 0
-    best = 0
-    for k in range(1, config.max_draft + 1):
-        step = costs.step_seconds(batch_size, k)
-        if step is not None and step <= plain * (1.0 + config.gain_margin):
-            best = k
-    return best
+    priced = priced_evidence(ev, config)
+    per_token = (step + costs.propose_seconds(proposer, k)) / (1.0 + priced.expected_accepted(k))
+    return k if per_token < plain * (1.0 - config.gain_margin) else 0
+
+
+def priced_evidence(ev: ProposerEvidence | None, config: PolicyConfig) -> ProposerEvidence:
+    """The evidence a proposer is priced with: under ``min_evidence_tokens`` with the prior added
+    (``prior_acceptance`` at a draft's first position, ``prior_continuation`` after it, ``prior_tokens`` strong)."""
+    if ev is not None and ev.drafted >= config.min_evidence_tokens:
+        return ev
+    return (ev or ProposerEvidence()).with_prior(config.prior_acceptance, config.prior_tokens, config.max_draft,
+                                                 config.prior_continuation)
 
 
 def cold_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
@@ -261,8 +271,7 @@ def cold_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer
     its evidence comes in; ``max_draft`` (measuring) where no step cost at this bucket is known at all."""
     if costs.step_seconds(batch_size, 0) is None:
         return config.max_draft
-    prior = (ev or ProposerEvidence()).with_prior(config.prior_acceptance, config.prior_tokens, config.max_draft)
-    return best_draft_length(prior, costs, proposer, batch_size, config)
+    return best_draft_length(priced_evidence(ev, config), costs, proposer, batch_size, config)
 
 
 def best_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
@@ -315,8 +324,7 @@ def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, ba
     schema owners' view. The guard, overrides, short outputs and probes are ``decide``'s, not priced here."""
     ev = evidence.at_bucket(proposer, batch_size, config.min_evidence_tokens)
     cold = ev is None or ev.drafted < config.min_evidence_tokens
-    priced = (ev or ProposerEvidence()).with_prior(config.prior_acceptance, config.prior_tokens, config.max_draft) \
-        if cold or ev is None else ev
+    priced = priced_evidence(ev, config)
     chosen = cold_draft_length(ev, costs, proposer, batch_size, config) if cold else \
         best_draft_length(priced, costs, proposer, batch_size, config)
     prices = []

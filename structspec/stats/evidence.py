@@ -53,15 +53,17 @@ class ProposerEvidence:
             total += chain
         return total
 
-    def with_prior(self, mean: float, strength: float, depth: int) -> ProposerEvidence:
-        """The evidence with ``strength`` examined tokens at acceptance ``mean`` added at each of the first ``depth``
-        positions (a Beta prior on each position's acceptance): what a cold proposer is priced with. Thin evidence
-        moves it little; ``strength`` tokens of evidence move it halfway."""
+    def with_prior(self, first: float, strength: float, depth: int, later: float | None = None) -> ProposerEvidence:
+        """The evidence with ``strength`` examined tokens added at each of the first ``depth`` positions, accepted at
+        ``first`` at position 1 and ``later`` (default ``first``) after it (a Beta prior on each position's
+        acceptance given the one before): what a cold proposer is priced with. Thin evidence moves it little;
+        ``strength`` tokens of evidence move it halfway."""
         n = max(depth, len(self.reached))
+        rate = [first] + [first if later is None else later] * (n - 1)
         reached = tuple((self.reached[i] if i < len(self.reached) else 0.0) + (strength if i < depth else 0.0)
                         for i in range(n))
         accepted_at = tuple((self.accepted_at[i] if i < len(self.accepted_at) else 0.0)
-                            + (mean * strength if i < depth else 0.0) for i in range(n))
+                            + (rate[i] * strength if i < depth else 0.0) for i in range(n))
         return ProposerEvidence(self.drafted, self.accepted, reached, accepted_at)
 
 

@@ -96,17 +96,21 @@ def test_short_outputs_run_fast_forward_only():
     assert predicted_length(SchemaEvidence(output_p50=80.0, finished=40.0), triage, CFG) == 80.0
 
 
-def test_a_short_output_drafts_with_the_cheap_proposers_only_as_far_as_a_verification_is_free():
+def test_a_short_output_drafts_the_whole_rest_where_a_long_draft_pays_and_nothing_where_it_does_not():
     triage = json.loads((SCHEMAS / "ticket_triage.json").read_text())
-    flat = CostEvidence({(1, k): 0.010 * (1 + (0.004 * k if k <= 4 else 0.1 * k)) for k in range(9)})
-    report = run(SchemaEvidence(), flat, request(schema=triage))
+    # transformers with Gemma: an 8-token draft costs 1.42 decode steps
+    cheap = CostEvidence({(1, k): 0.137 * (1 + 0.0525 * k) for k in range(9)})
+    report = run(SchemaEvidence(), cheap, request(schema=triage))
     assert report.reasons["draft"] == Reason.SHORT_OUTPUT and "draft" not in report.max_draft
-    assert report.drafted and report.max_draft == {"ngram": 4, "history": 4}  # k = 5 costs 50% more
-    # a 1-token draft costing 13% more than a decode step (llama.cpp, Gemma): fast-forward only
-    llamacpp = CostEvidence({(1, k): 0.0194 * (1 + 0.13 * k) for k in range(9)})
+    assert report.drafted and report.max_draft == {"ngram": 8, "history": 8}  # a short draft would save no pass
+    # llama.cpp with Gemma: an 8-token draft costs 3 decode steps; fast-forward only
+    llamacpp = CostEvidence({(1, k): 0.0194 * (1 + 0.25 * k) for k in range(9)})
     dear = run(SchemaEvidence(), llamacpp, request(schema=triage))
     assert (dear.drafted, dear.reason, set(dear.reasons.values())) == (False, Reason.SHORT_OUTPUT,
                                                                        {Reason.SHORT_OUTPUT})
+    # ... unless the schema's own evidence says its drafts run long enough to pay there too
+    sure = run(evidence(ngram=positional(0.97, drafts=200)), llamacpp, request(schema=triage), proposers=("ngram",))
+    assert sure.max_draft == {"ngram": 8}
 
 
 def test_cold_proposers_draft_at_full_length_where_no_step_cost_is_known():
