@@ -10,6 +10,18 @@
 #                                            network): install only what is carried and missing, then measure
 #   bench/device_check.sh --device cpu --tiny   the same steps on a tiny config (4 layers, hidden 64) with the
 #                                            demo tokenizer, on the CPU, in about a minute ($OUT or reports/device-check)
+#   bench/device_check.sh --vllm             instead: the vLLM path. Gemma 3 1B's config on dummy weights, the
+#                                            extraction workload at concurrency 1, 4, 16 and 32, structspec's own
+#                                            engine (off, ff+ngram, policy) beside vLLM (vllm:off, vllm:ngram,
+#                                            vllm:policy) on the same GPU, one `bench decode` report per
+#                                            concurrency (decode-vllm-c<N>.json), under 8 minutes. vLLM must be
+#                                            installed on the machine (its CUDA wheel is far over what a run
+#                                            carries); without it the own engine's rows run and the log says so.
+#                                            Both engines run the same seeded random weights (written once as a
+#                                            folder under /tmp); a random model seldom closes a string, so every
+#                                            output runs to max_tokens (valid 0: truncated, each token under the
+#                                            grammar) and "= off" (same_as_off) compares the engines' tokens.
+#                                            With --device cpu --tiny: the tiny config, concurrency 1 and 4.
 #
 # bench/device_carry/ (git-ignored) holds two sets, carried apart because both together may not fit:
 #   steps/   the wheels the step timings import and the device lacks (gguf: models.loading imports it)
@@ -35,12 +47,15 @@ jsonschema:jsonschema jsonschema-specifications:jsonschema_specifications refere
 device=cuda
 tiny=0
 fetch=0
+vllm=0
+VLLM_S=440  # the vLLM path's whole budget, shared by its concurrency levels
 while [ $# -gt 0 ]; do
   case "$1" in
     --fetch-wheels) fetch=1 ;;
     --device) device="$2"; shift ;;
     --tiny) tiny=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --vllm) vllm=1 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -122,6 +137,55 @@ bench_one() {  # bench_one NAME MODEL TOKENIZER [bench device options...]
   return $rc
 }
 
+vllm_summary() {  # vllm_summary REPORT — one line per row: rate, validity, identity, acceptance, or its error
+                  # (a row's error fails the check)
+  "$PY" - "$1" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+failed = 0
+for r in report["runs"]:
+    if "error" in r:
+        print(f"[device-check]   {r['config']:<12} error: {r['error']}")
+        failed = 1
+        continue
+    same = " ".join(f"{k}={r[k]:.2f}" for k in ("same_as_off", "same_as_vllm_off") if k in r)
+    acc = " ".join(f"{k} {v:.2f}" for k, v in r["acceptance"].items()) or "-"
+    print(f"[device-check]   {r['config']:<12} {r['tokens_per_s']:8.1f} tok/s  p50 {r['latency_ms_p50']:7.1f} ms  "
+          f"valid {r['valid_rate']:.2f} stop {r['stop_rate']:.2f}  {same}  acceptance {acc}")
+sys.exit(failed)
+PY
+}
+
+vllm_check() {  # vllm_check TOKENIZER DTYPE — both engines on one config's dummy weights, a report per level
+  local tokenizer="$1" dtype="$2" name=gemma-3-1b levels="1 4 16 32" rows="off,ff+ngram,policy" status=0
+  local args='{"gpu_memory_utilization": 0.5}'  # the own engine's model shares the GPU
+  if [ $tiny -eq 1 ]; then name=tiny; levels="1 4"; fi
+  [ "$device" = cpu ] && args='{"enforce_eager": true}'
+  if "$PY" -c "import vllm" 2>/dev/null; then
+    rows="$rows,vllm:off,vllm:ngram,vllm:policy"
+  else
+    say "vLLM is not installed here (pip install -e '.[vllm]'; its wheel is far over a device run's carry): the own engine's rows only"
+  fi
+  local left share level end=$((SECONDS + VLLM_S))
+  left=$(echo "$levels" | wc -w)
+  for level in $levels; do
+    share=$(((end - SECONDS) / left))  # what the earlier levels left, shared by this one and the rest
+    left=$((left - 1))
+    say "vllm path: $name, concurrency $level, rows $rows (at most ${share} s)"
+    timeout "$share" "$PY" -m structspec.cli bench decode --model "$CONFIGS/$name" --tokenizer "$tokenizer" \
+      --load-format dummy --device "$device" --dtype "$dtype" --executor transformers --workload extraction \
+      --concurrency "$level" --requests $((level < 4 ? 8 : 2 * level)) --max-tokens 48 --configs "$rows" \
+      --max-model-len 2048 --vllm-args "$args" --save-outputs --out "$OUT/decode-vllm-c$level.json"
+    local rc=$?
+    if [ $rc -eq 0 ]; then
+      vllm_summary "$OUT/decode-vllm-c$level.json" || status=1
+    else
+      say "concurrency $level: exit $rc$([ $rc -eq 124 ] && echo " (over ${share} s)")"; status=1
+    fi
+  done
+  return $status
+}
+
 run_check() {
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   install_carried || { say "installing the carried wheels failed"; return 1; }
@@ -130,6 +194,10 @@ run_check() {
     say "the engine's packages are not all here (engine/ not carried?): step timings only, no perfect draft"
     "$PY" -c "import structspec.bench.decode_bench" 2>&1 | tail -1
     perfect=(--no-perfect-draft)
+  fi
+  if [ $vllm -eq 1 ] && [ $tiny -eq 1 ]; then
+    vllm_check "$tokenizer" float32
+    return $?
   fi
   if [ $tiny -eq 1 ]; then
     bench_one tiny "$CONFIGS/tiny" "$tokenizer" --dtype float32 --steps 5 --requests 3 --max-tokens 48 "${perfect[@]}"
@@ -147,6 +215,10 @@ run_check() {
   fi
   local dtype=bfloat16
   [ "$device" = cpu ] && dtype=float32
+  if [ $vllm -eq 1 ]; then
+    vllm_check "$tokenizer" "$dtype"
+    return $?
+  fi
   for name in $MODELS; do
     # shellcheck disable=SC2086 - the extra options are words
     bench_one "$name" "$CONFIGS/$name" "$tokenizer" --dtype "$dtype" "${perfect[@]}" $EXTRA || status=1

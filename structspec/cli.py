@@ -171,6 +171,9 @@ def bench_decode(
                                                     "vllm:policy as JSON (default: ngram, 4 tokens, lookup 2-4)"),
     vllm_args: str = typer.Option('{"enforce_eager": true}', help="vLLM rows: other engine arguments as JSON"),
     tensor_parallel_size: int = typer.Option(1, help="vLLM rows: tensor parallel workers"),
+    tokenizer: str = typer.Option("", help="a tokenizer folder, for a model folder without one"),
+    load_format: str = typer.Option("auto", help="auto | dummy (seeded random weights of the folder's config, the "
+                                                 "same on both engines: timings only)"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
     from structspec.bench.vllm_rows import VllmOptions  # the rows' engine options
@@ -187,7 +190,8 @@ def bench_decode(
                                   dtype=dtype, save_outputs=save_outputs, temperature=temperature, progress=progress,
                                   warmup_requests=warmup_requests, interleave=interleave, examples=examples,
                                   policy={"acceptance_threshold": acceptance_threshold}, data_dir=data_dir,
-                                  executor=executor, block=interleave_block, vllm=vllm)
+                                  executor=executor, block=interleave_block, vllm=vllm, tokenizer=tokenizer,
+                                  load_format=load_format)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_json(report) + "\n")
     out.with_suffix(".txt").write_text(format_table(report))

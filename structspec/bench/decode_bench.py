@@ -57,7 +57,7 @@ from structspec.bench.llamacpp_baselines import (LLAMACPP_BASELINES, LlamaCppBas
 from structspec.bench.perfect_draft import install_perfect_draft
 from structspec.bench.workloads import WorkItem, build_workload, shift_phases
 from structspec.engine.api import ChatMessage, ExtractionRequest, TextRequest, ToolCallRequest
-from structspec.bench.vllm_rows import VLLM_CONFIGS, run_vllm_row
+from structspec.bench.vllm_rows import VLLM_CONFIGS, run_vllm_row, vllm_model
 from structspec.engine.config import PolicyConfig, SchedulerLimits, VllmOptions
 from structspec.engine.postcheck import check_json_text
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
@@ -411,7 +411,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
                      progress: Callable[[str, int, int, int, int], None] | None = None, warmup_requests: int = 0,
                      policy: Any = None, interleave: bool = False, examples: str = "shipped",
                      data_dir: Any = None, executor: str = "auto", block: int = INTERLEAVE_BLOCK,
-                     vllm: VllmOptions | None = None) -> dict[str, Any]:
+                     vllm: VllmOptions | None = None, tokenizer: str = "", load_format: str = "auto") -> dict[str, Any]:
     """All ``configs`` at every concurrency on the same prompts; ``{"runs": [...]}`` plus the setup.
 
     ``executor``: what runs the engine configurations (auto | llamacpp | transformers, as ``structspec serve``);
@@ -432,13 +432,18 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     concurrency 1 only), for per-schema comparisons that the machine's drift does not bias; ``block`` requests a turn.
     ``data_dir``: where the engine configurations record their statistics (a server's data directory layout).
     ``vllm``: vLLM's engine options of the vLLM rows (``bench.vllm_rows``: vllm:off, vllm:ngram, vllm:policy).
+    ``tokenizer``: a tokenizer folder for a model folder without one; ``load_format`` dummy: seeded random weights
+    of the folder's config, the same ones on both engines (``vllm_rows.vllm_model``). Timings only: a random model
+    seldom closes a string, so its outputs run to ``max_tokens`` (truncated, so not valid, but every token under
+    the grammar) and the rows decode equal token counts.
     """
     levels = (concurrency,) if isinstance(concurrency, int) else tuple(concurrency)
     if isinstance(policy, dict):
         policy = PolicyConfig(**policy)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     # Model work never runs on the main thread: an OpenMP pool there slows the engine thread (worker_thread).
-    models = run_in_worker(load_profile, profile, device=device, dtype=dtype, with_draft=True, executor=executor)
+    models = run_in_worker(load_profile, profile, tokenizer=tokenizer or None, device=device, dtype=dtype,
+                           with_draft=load_format != "dummy", executor=executor, load_format=load_format)
     if workload == "chat":  # free text: the baselines decode JSON (constrained, or cut at a line's end)
         baselines = [c for c in configs or () if c not in ENGINE_CONFIGS and c != PERFECT_DRAFT]
         if baselines:
@@ -467,6 +472,7 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     }
     compiler = None
     vllm_book = StatsBook()  # the vLLM rows' statistics: vllm:policy reads what vllm:ngram measured
+    on_vllm = None  # what the vLLM rows load: with dummy weights, the own engine's (written out by the first)
     if interleave and any(c in VLLM_CONFIGS for c in configs):
         raise ValueError("the vLLM rows run one after another, not --interleave")
     if PERFECT_DRAFT in configs and (not interleave or "off" not in configs or temperature > 0):
@@ -489,7 +495,8 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
             try:
                 step = None if progress is None else (lambda d, n, t, c=name, lv=level: progress(c, lv, d, n, t))
                 if name in VLLM_CONFIGS:
-                    row.update(run_vllm_row(name, profile, dtype, vllm or VllmOptions(), vllm_book, items, warm,
+                    on_vllm = on_vllm or run_in_worker(vllm_model, profile, tokenizer, load_format, models)
+                    row.update(run_vllm_row(name, on_vllm, dtype, vllm or VllmOptions(), vllm_book, items, warm,
                                             extra_warm, level, max_tokens, temperature, _run_engine, summarize,
                                             save_outputs, step, policy))
                     report["runs"].append(row)
