@@ -36,7 +36,7 @@ from structspec.service.settings import ServiceSettings, load_settings
 from structspec.store import DEFAULT_DB_NAME, Store, open_store, redact_url
 
 if TYPE_CHECKING:  # annotations only: the views cost every command ~18 ms to import
-    from structspec.front.views import RejectedDraft, SchemaStats
+    from structspec.front.views import DraftPricing, ProposerPolicyState, RejectedDraft, SchemaStats
 
 SCHEMA_HELP = ("a registered schema id (its latest version), id@version, or a statistics key such as inline:3f2a... "
                "or tools:...; default: every schema")
@@ -100,6 +100,8 @@ class StoreSource:
         return redact_url(self.store_url) if self.store_url else str(self._path())
 
     def _settings(self) -> ServiceSettings:
+        """The settings a server on this data directory reads (its env and TOML, no flags): the drafting policy's
+        configuration the draft pricing uses comes from them."""
         return load_settings(None, overrides={"data_dir": self.data_dir, "store_url": self.store_url}, validate=False)
 
     def _path(self) -> Path:
@@ -131,9 +133,12 @@ class StoreSource:
               timeline: bool) -> list[SchemaStats]:
         from structspec.front import stats  # the statistics' classes: ~60 ms CPU (+15%) on every command's start-up
 
+        policy = self._settings().engine_config().policy
+
         async def read(store: Store) -> list[SchemaStats]:
             key = await self._key(store, schema)
-            return await stats.read_stats(store, windows, model=model, schema_key=key, include_timeline=timeline)
+            return await stats.read_stats(store, windows, model=model, schema_key=key, include_timeline=timeline,
+                                          policy=policy)
 
         return asyncio.run(self._with_store(read))
 
@@ -258,6 +263,68 @@ def schema_tables(entry: SchemaStats, window_seconds: int) -> list[Table]:
     return tables
 
 
+_ON_REASONS = ("drafted", "cold", "schema_on", "probe", "explore")  # a proposer drafting (a probe: a little)
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{1000 * seconds:.1f} ms" if seconds is not None else "-"
+
+
+def pricing_line(p: DraftPricing, state: ProposerPolicyState | None) -> str:
+    """One proposer's draft pricing in a sentence: the policy's decision, the evidence and the acceptance it is
+    priced at, the plain step and the chosen (or the cheapest) draft length's price."""
+    if state is not None:
+        decision = f"{state.state} ({state.reason})"
+    elif p.reason:
+        decision = f"{'on' if p.reason in _ON_REASONS else 'off'} ({p.reason})"
+    else:
+        decision = "no policy decision recorded"
+    first = p.priced_acceptance
+    if p.cold:
+        prior = "prior" if p.evidence_tokens <= 0 else f"prior + {p.evidence_tokens:.0f} tokens of evidence"
+        evidence = f"cold, {p.evidence_tokens:.0f} of {p.min_evidence_tokens} drafted tokens"
+    else:
+        prior = "measured"
+        measured = f", acceptance {p.acceptance:.2f} per examined token" if p.acceptance is not None else ""
+        evidence = f"{p.evidence_tokens:.0f} drafted tokens read{measured}"
+    priced = f"priced at acceptance {first:.2f} ({prior})" if first is not None else "not priced"
+    plain = p.plain
+    if plain is None or plain.step_seconds is None:
+        return (f"{p.proposer} at batch {p.batch_bucket}: {decision}: {evidence}, {priced}; no step cost known "
+                f"(the cost model drafts k={p.chosen} to measure)")
+    text = f"{p.proposer} at batch {p.batch_bucket}: {decision}: {evidence}, {priced}; plain step {_ms(plain.step_seconds)}; "
+    best = p.best
+    if best is None:
+        return text + "no draft length priced"
+    drafting = f" + {_ms(best.propose_seconds)} drafting" if best.propose_seconds > 0 else ""
+    head = f"chose k={best.k}" if p.chosen else f"none pays by {100 * p.gain_margin:.0f}%, best k={best.k}"
+    return (text + f"{head}: {_ms(best.step_seconds)}/step{drafting}, {best.expected_accepted:.2f} accepted -> "
+            f"{_ms(best.seconds_per_token)}/token vs {_ms(plain.step_seconds)} plain")
+
+
+def pricing_table(p: DraftPricing) -> Table:
+    """Each draft length's price: the step, its ratio to the plain step, the drafting time, the expected accepted
+    tokens and the time per committed token (the chosen length marked)."""
+    table = Table("k", "step ms", "step / plain", "drafting ms", escape("E[accepted]"), "ms / token", "step from")
+    plain = p.plain.step_seconds if p.plain is not None else None
+    for d in p.prices:
+        ratio = f"{d.step_seconds / plain:.2f}" if d.step_seconds is not None and plain else "-"
+        table.add_row(f"{d.k}{' (chosen)' if d.k == p.chosen and d.k else ''}",
+                      f"{1000 * d.step_seconds:.1f}" if d.step_seconds is not None else "-", ratio,
+                      f"{1000 * d.propose_seconds:.2f}", f"{d.expected_accepted:.2f}",
+                      f"{1000 * d.seconds_per_token:.1f}" if d.seconds_per_token is not None else "-",
+                      d.step_source or "-")
+    return table
+
+
+def print_pricing(console: Console, entry: SchemaStats) -> None:
+    """Per proposer: the decision and its numbers (``pricing_line``), then the prices by draft length."""
+    states = {st.proposer: st for st in entry.policy}
+    for p in entry.pricing:
+        console.print(pricing_line(p, states.get(p.proposer)), markup=False, highlight=False, soft_wrap=True)
+        console.print(pricing_table(p))
+
+
 def _strict(value: Any) -> Any:
     if isinstance(value, float) and math.isinf(value):
         return "inf"
@@ -305,7 +372,8 @@ def show(
 ) -> None:
     """A table per schema: requests, output tokens (mean, p50, p95), tokens per target pass, the estimated speedup
     over no drafting, the share truncated / cancelled / failed; acceptance per proposer, batch bucket and draft
-    position; the drafting policy's state per proposer, why, and when it last switched it off and on."""
+    position; the drafting policy's state per proposer, why, and when it last switched it off and on; per proposer
+    the draft pricing: the decision, the acceptance it is priced at and each draft length's measured cost."""
     seconds = parse_window(window)
     stats = _source(conn, server, data_dir, store_url).stats((seconds,), schema, model, False)
     if as_json:
@@ -317,6 +385,7 @@ def show(
     for entry in stats:
         for table in schema_tables(entry, seconds):
             console.print(table)
+        print_pricing(console, entry)
 
 
 @stats_app.command("rejections")

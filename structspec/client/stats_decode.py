@@ -1,6 +1,6 @@
 """The statistics RPCs' answers decoded into the statistics views (``structspec.front.views``), the same values
-``structspec stats`` reads from a store: a time sent as 0 (never recorded) becomes None, an unset acceptance or
-threshold None."""
+``structspec stats`` reads from a store: a time sent as 0 (never recorded) becomes None, an unset acceptance,
+threshold or draft price's step time None."""
 
 from __future__ import annotations
 
@@ -49,11 +49,19 @@ def hour_stats(h: pb.HourStats) -> views.HourStats:
                                                                  p.accepted_examined) for p in h.proposers])
 
 
+def draft_pricing(p: pb.DraftPricing) -> views.DraftPricing:
+    return views.DraftPricing(p.proposer, p.batch_bucket, p.evidence_tokens, p.min_evidence_tokens,
+                              _optional(p, "acceptance"), p.cold, p.chosen, p.gain_margin,
+                              [views.DraftPrice(d.k, _optional(d, "step_seconds"), d.propose_seconds,
+                                                d.expected_accepted, _optional(d, "seconds_per_token"), d.step_source)
+                               for d in p.prices], p.reason)
+
+
 def schema_stats(s: pb.SchemaStats) -> views.SchemaStats:
     """The windows keyed by their length, in the order sent."""
     return views.SchemaStats(s.schema_key, {w.window_seconds: stats_window(w) for w in s.windows}, s.model,
                              [policy_state(p) for p in s.policy], [policy_change(c) for c in s.policy_changes],
-                             [hour_stats(h) for h in s.timeline])
+                             [hour_stats(h) for h in s.timeline], [draft_pricing(p) for p in s.pricing])
 
 
 def rejected_draft(r: pb.RejectedDraft) -> views.RejectedDraft:

@@ -4,8 +4,11 @@ ListRejectedDrafts, and behind ``structspec stats`` reading a data directory its
 Per (model, schema key) and window: the summary of its counters, the estimated speedup (priced
 with the model's own step times in the same window); per (model, schema key): the policy's
 state per proposer and, on request, the hourly timeline and the policy's changes within the
-longest window. Each comes back as a ``structspec.front.views`` value (no protocol types), with
-the values the wire carries: floats where the wire has doubles, a time never recorded as None.
+longest window; and per proposer the drafting policy's pricing of its draft lengths (``draft_pricing``: the
+schema's evidence as the policy reads it, priced with the model's step costs: the steps measured while serving and
+the step profile the engine measured at start, both from the store). Each comes back as a ``structspec.front.views``
+value (no protocol types), with the values the wire carries: floats where the wire has doubles, a time never
+recorded as None.
 
 Who reads what (``readable_by_tenants``): where auth tokens are configured, a caller without the admin token reads
 the statistics of registered schemas alone (``<id>@<version>``: schemas every caller may read, registered by an
@@ -20,12 +23,14 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+from structspec.engine.config import PolicyConfig
 from structspec.front import views
 from structspec.front.errors import invalid
 from structspec.front.keys import DEFAULT_WINDOWS, MAX_WINDOW_SECONDS, MAX_WINDOWS, SCHEMA_ID_RE
+from structspec.speculation.policy import DraftPricing, price_draft
 from structspec.stats.book import Counters
-from structspec.stats.counters import LATENCY_BOUNDS_MS, LENGTH_BOUNDS, hour_of, label_bound
-from structspec.stats.evidence import CostEvidence, cost_evidence
+from structspec.stats.counters import HOUR, LATENCY_BOUNDS_MS, LENGTH_BOUNDS, Series, hour_of, label_bound
+from structspec.stats.evidence import CostEvidence, cost_evidence, schema_evidence
 from structspec.stats.policy_states import PolicyChange, ProposerState, proposer_states
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.speedup import SpeedupEstimate, estimate_speedup
@@ -147,6 +152,93 @@ def rejected_draft(r: RejectedDraft) -> views.RejectedDraft:
         target_text=r.target_text, grammatical=bool(r.grammatical))
 
 
+def stored_profile(counters: Counters) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
+    """The step profile an engine recorded at start (``Series.PROFILE_STEPS``/``PROFILE_SECONDS``, the model's own
+    rows; ``Recorder.record_profile``): the full head's k-row steps, {(batch bucket, k): mean seconds}, and the draft
+    model's decode step, {batch bucket: seconds per token}; the means over every start the rows hold (restarts and
+    replicas add up). The restricted head's rows are not read: the policy prices with the full head."""
+    sums: dict[tuple[str, int, int], list[float]] = {}
+    for key, value in counters.items():
+        if key.series not in (Series.PROFILE_STEPS, Series.PROFILE_SECONDS) or key.proposer not in ("full", "draft"):
+            continue
+        try:
+            k = int(key.label)
+        except ValueError:
+            continue
+        row = sums.setdefault((key.proposer, key.batch_bucket, k), [0.0, 0.0])
+        row[0 if key.series == Series.PROFILE_STEPS else 1] += value
+    full: dict[tuple[int, int], float] = {}
+    draft_token: dict[int, float] = {}
+    for (head, bucket, k), (n, seconds) in sums.items():
+        if n <= 0:
+            continue
+        if head == "full":
+            full[(bucket, k)] = seconds / n
+        else:  # the draft model's rows: k tokens (recorded as one)
+            draft_token[bucket] = seconds / n / max(k, 1)
+    return full, draft_token
+
+
+def _step_source(costs: CostEvidence, bucket: int, k: int, step: float | None) -> str:
+    """Where a priced step time comes from: served (measured while serving), profile (the start's profile, scaled
+    to serving's plain step where that is measured), interpolated (between served lengths); "" none."""
+    if step is None:
+        return ""
+    if (bucket, k) in costs.steps:
+        return "served"
+    if CostEvidence(profile=costs.profile).step_seconds(bucket, k) is not None:
+        return "profile"
+    return "interpolated"
+
+
+def draft_price_view(pricing: DraftPricing, costs: CostEvidence, config: PolicyConfig,
+                     reason: str = "") -> views.DraftPricing:
+    b = pricing.batch_bucket
+    return views.DraftPricing(
+        proposer=pricing.proposer, batch_bucket=b, evidence_tokens=float(pricing.evidence_tokens),
+        min_evidence_tokens=config.min_evidence_tokens, acceptance=_float_or_none(pricing.acceptance),
+        cold=pricing.cold, chosen=pricing.chosen, gain_margin=float(config.gain_margin),
+        prices=[views.DraftPrice(k=p.k, step_seconds=_float_or_none(p.step_seconds),
+                                 propose_seconds=float(p.propose_seconds), expected_accepted=float(p.expected_accepted),
+                                 seconds_per_token=_float_or_none(p.seconds_per_token),
+                                 step_source=_step_source(costs, b, p.k, p.step_seconds)) for p in pricing.prices],
+        reason=reason)
+
+
+def latest_decisions(schema_rows: Counters) -> dict[str, str]:
+    """Per proposer, its most frequent reason (ties by name) in the newest hour the policy decided for it in
+    (``Series.DECISION``): what it decided for the proposers it keeps no state for (a cold proposer priced out)."""
+    newest: dict[str, int] = {}
+    counts: dict[tuple[str, int, str], float] = {}
+    for key, value in schema_rows.items():
+        if key.series != Series.DECISION or not key.proposer or value <= 0:
+            continue
+        newest[key.proposer] = max(newest.get(key.proposer, key.hour), key.hour)
+        counts[(key.proposer, key.hour, key.label)] = counts.get((key.proposer, key.hour, key.label), 0.0) + value
+    out = {}
+    for p, hour in newest.items():
+        reasons = {r: n for (pp, h, r), n in counts.items() if (pp, h) == (p, hour)}
+        out[p] = max(sorted(reasons), key=lambda r: reasons[r])
+    return out
+
+
+def draft_pricing(schema_rows: Counters, costs: CostEvidence, states: Sequence[ProposerState], now: float,
+                  config: PolicyConfig) -> list[views.DraftPricing]:
+    """Per proposer the policy has a state for (priced at the batch bucket of its latest state, with its reason),
+    decided for or that drafted within the policy's horizon (at batch bucket 1, with its latest decision's reason),
+    by proposer: the schema's evidence read as the policy reads it (``schema_rows``: the schema's counters of the
+    horizon) priced with ``costs``."""
+    evidence = schema_evidence(schema_rows, hour_of(now), config.half_life_hours, config.evidence_window_tokens,
+                               config.evidence_max_age_hours)
+    reasons = latest_decisions(schema_rows)
+    buckets = {}
+    for st in states:
+        buckets[st.proposer], reasons[st.proposer] = st.batch_bucket, st.reason
+    drafted = {p for p, ev in evidence.pooled.items() if ev.drafted > 0}
+    return [draft_price_view(price_draft(evidence, costs, p, buckets.get(p) or 1, config), costs, config,
+                             reasons.get(p, "")) for p in sorted(set(reasons) | drafted)]
+
+
 # -- reading ---------------------------------------------------------------------------------------
 
 
@@ -159,16 +251,31 @@ def _costs(window: Counters, now: float) -> dict[str, CostEvidence]:
     return {m: cost_evidence(rows, hour_of(now), FLAT_HALF_LIFE_HOURS) for m, rows in own.items()}
 
 
+async def _model_costs(store: Store, model: str, own: Counters, now: float, config: PolicyConfig) -> CostEvidence:
+    """The step costs the policy prices with: the model's own series of the horizon (``own``) with the step profile
+    the store holds; a profile recorded before the horizon (a server up longer) is read from every kept hour."""
+    full, draft_token = stored_profile(own)
+    if not full:
+        full, draft_token = stored_profile(await store.read_counters(since=0.0, model=model, schema_key=""))
+    return cost_evidence(own, hour_of(now), config.half_life_hours).with_profile(full, draft_token)
+
+
 async def read_stats(store: Store, windows: Sequence[int], *, model: str | None = None, schema_key: str | None = None,
-                     include_timeline: bool = False, now: float | None = None) -> list[views.SchemaStats]:
+                     include_timeline: bool = False, now: float | None = None,
+                     policy: PolicyConfig | None = None) -> list[views.SchemaStats]:
     """One entry per (model, schema key) with any record in the longest window, sorted; with ``model`` and
-    ``schema_key`` both given, exactly that one (its windows empty when nothing was recorded)."""
+    ``schema_key`` both given, exactly that one (its windows empty when nothing was recorded). ``policy``: the
+    drafting policy's configuration the draft pricing reads (its horizon, half life, prior and margins; None: the
+    defaults)."""
+    config = PolicyConfig() if policy is None else policy
     now = time.time() if now is None else now
     longest = max(windows)
     since = now - longest
-    counters = await store.read_counters(since=since, model=model, schema_key=schema_key)
+    horizon = now - config.evidence_max_age_hours * HOUR  # what the policy reads of a schema's evidence
+    read_since = min(since, horizon)
+    counters = await store.read_counters(since=read_since, model=model, schema_key=schema_key)
     if schema_key is not None:  # the model's own series (schema key "") price the drafted passes
-        counters.update(await store.read_counters(since=since, model=model, schema_key=""))
+        counters.update(await store.read_counters(since=read_since, model=model, schema_key=""))
     changes = await store.read_policy_changes(model, schema_key)
     states = proposer_states(changes)
     per_window = []
@@ -178,6 +285,10 @@ async def read_stats(store: Store, windows: Sequence[int], *, model: str | None 
     found = max(per_window, key=lambda x: x[0])[1]
     keys = sorted(found) if model is None or schema_key is None else [(model, schema_key)]
     hours = timeline(sum_counters(counters.items(), since, None)) if include_timeline else {}
+    recent: dict[tuple[str, str], Counters] = {}  # (model, schema key) -> its counters of the policy's horizon
+    for k, v in sum_counters(counters.items(), horizon, None).items():
+        recent.setdefault((k.model, k.schema_key), {})[k] = v
+    model_costs = {m: await _model_costs(store, m, recent.get((m, ""), {}), now, config) for m in sorted({m for m, _ in keys})}
     out = []
     for m, key in keys:
         by_window = {}
@@ -185,14 +296,16 @@ async def read_stats(store: Store, windows: Sequence[int], *, model: str | None 
             s = summaries.get((m, key))
             speedup = estimate_speedup(s, costs.get(m, CostEvidence())) if s is not None else None
             by_window[w] = stats_window(w, s, speedup)
-        policy = [policy_state(p) for (mm, kk, _), p in sorted(states.items()) if (mm, kk) == (m, key)]
+        own_states = [p for (mm, kk, _), p in sorted(states.items()) if (mm, kk) == (m, key)]
+        shown = [policy_state(p) for p in own_states]
+        pricing = draft_pricing(recent.get((m, key), {}), model_costs[m], own_states, now, config)
         if include_timeline:
             out.append(views.SchemaStats(
-                key, by_window, m, policy,
+                key, by_window, m, shown,
                 [policy_change(c) for c in changes if (c.model, c.schema_key) == (m, key) and c.at >= since],
-                [hour_stats(h) for h in hours.get((m, key), [])]))
+                [hour_stats(h) for h in hours.get((m, key), [])], pricing))
         else:
-            out.append(views.SchemaStats(key, by_window, m, policy))
+            out.append(views.SchemaStats(key, by_window, m, shown, pricing=pricing))
     return out
 
 

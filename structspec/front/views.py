@@ -4,7 +4,8 @@ One ``SchemaStats`` per (model, schema key): a ``StatsWindow`` per window asked 
 output tokens, target passes, finish reasons, quantiles, histograms, the estimated speedup and
 a ``ProposerStats`` per proposer and batch bucket), the drafting policy's state per proposer
 (``ProposerPolicyState``) and, on request, its changes (``PolicyChange``) and the hourly timeline
-(``HourStats``). A ``RejectedDraft`` is one sampled draft the target refused.
+(``HourStats``), and per proposer the cost model's pricing of its draft lengths (``DraftPricing``: why it drafts
+as far as it does). A ``RejectedDraft`` is one sampled draft the target refused.
 
 ``structspec.front.stats`` builds them from a store; the gRPC front sends them
 (``structspec.service.stats_convert``), the client decodes them back into these same classes,
@@ -149,6 +150,60 @@ class HourStats:
 
 
 @dataclass(frozen=True)
+class DraftPrice:
+    """One draft length k as the drafting policy's cost model prices it: (step + drafting) / (1 + E[accepted])."""
+
+    k: int  # 0: the plain step
+    step_seconds: float | None  # the target step carrying a k-token draft at the batch bucket (None: no cost known)
+    propose_seconds: float  # the proposer's own drafting time for k tokens
+    expected_accepted: float  # E[accepted drafted tokens | a k-token draft] at the priced acceptance
+    seconds_per_token: float | None  # per committed token (k = 0: the plain step)
+    step_source: str = ""  # served (measured while serving) | profile (measured at start) | interpolated | ""
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Committed tokens a step: the target's own plus the accepted drafted ones."""
+        return 1.0 + self.expected_accepted
+
+
+@dataclass(frozen=True)
+class DraftPricing:
+    """Why a proposer drafts as far as it does for one schema at one batch bucket: the schema's drafting evidence,
+    the acceptance it is priced at (cold: a prior added to thin evidence), each draft length's price and the length
+    the cost model chose (0: none beats the plain step by ``gain_margin``). The guard, the owner's override, short
+    outputs and probes are the policy's decision (``SchemaStats.policy``), not priced here."""
+
+    proposer: str
+    batch_bucket: int
+    evidence_tokens: float  # the schema's drafted tokens the policy reads (its window, age-limited)
+    min_evidence_tokens: int  # under this the proposer is cold
+    acceptance: float | None  # measured, per examined drafted token (None: nothing drafted)
+    cold: bool  # priced at the prior acceptance, its thin evidence added
+    chosen: int  # the draft length the cost model picks (0: none pays)
+    gain_margin: float  # a draft length must beat the plain step's time per token by this share
+    prices: list[DraftPrice] = field(default_factory=list)  # k = 0 .. the longest draft
+    reason: str = ""  # the policy's latest reason for the proposer (its state's, else its latest decisions'); "" none
+
+    @property
+    def plain(self) -> DraftPrice | None:
+        """The plain step (k = 0)."""
+        return next((p for p in self.prices if p.k == 0), None)
+
+    @property
+    def best(self) -> DraftPrice | None:
+        """The chosen length's price; where none was chosen, the cheapest priced draft (the one that came closest)."""
+        if self.chosen:
+            return next((p for p in self.prices if p.k == self.chosen), None)
+        drafts = [p for p in self.prices if p.k > 0 and p.seconds_per_token is not None]
+        return min(drafts, key=lambda p: (p.seconds_per_token or 0.0, p.k)) if drafts else None
+
+    @property
+    def priced_acceptance(self) -> float | None:
+        """The acceptance at a draft's first position the prices were computed at (E[accepted | k = 1])."""
+        return next((p.expected_accepted for p in self.prices if p.k == 1), None)
+
+
+@dataclass(frozen=True)
 class SchemaStats:
     schema_key: str
     windows: dict[int, StatsWindow]  # window seconds -> its statistics, in the order asked for
@@ -156,6 +211,7 @@ class SchemaStats:
     policy: list[ProposerPolicyState] = field(default_factory=list)
     policy_changes: list[PolicyChange] = field(default_factory=list)  # with include_timeline, oldest first
     timeline: list[HourStats] = field(default_factory=list)  # with include_timeline, oldest first
+    pricing: list[DraftPricing] = field(default_factory=list)  # per proposer: the cost model's view, by proposer
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,41 @@ def _policy_table(entry: SchemaStats) -> str:
             f"<th>last switched on</th><th>acceptance the policy read</th></tr>{''.join(rows)}</table>")
 
 
+def _ms(seconds: float | None, digits: int = 1) -> str:
+    return f"{1000 * seconds:.{digits}f}" if seconds is not None else "-"
+
+
+def _pricing_tables(entry: SchemaStats) -> str:
+    """Per proposer: the evidence and the acceptance it is priced at, then each draft length's price."""
+    if not entry.pricing:
+        return '<p class="note">No proposer priced: the policy has not decided for this schema and none drafted.</p>'
+    out = []
+    for p in entry.pricing:
+        first = p.priced_acceptance
+        if p.cold:
+            evidence = f"cold: {p.evidence_tokens:.0f} of {p.min_evidence_tokens} drafted tokens, priced at the prior"
+        else:
+            read = f", acceptance {p.acceptance:.2f}" if p.acceptance is not None else ""
+            evidence = f"{p.evidence_tokens:.0f} drafted tokens read{read}"
+        priced = f"; acceptance at a draft's first position {first:.2f}" if first is not None else ""
+        chosen = f"chose k={p.chosen}" if p.chosen else f"no draft length beats the plain step by {100 * p.gain_margin:.0f}%"
+        plain = p.plain.step_seconds if p.plain is not None else None
+        rows = []
+        for d in p.prices:
+            ratio = f"{d.step_seconds / plain:.2f}" if d.step_seconds is not None and plain else "-"
+            mark = ' class="on"' if d.k == p.chosen and d.k else ""
+            rows.append(f"<tr><td{mark}>{d.k}</td><td class=\"num\">{_ms(d.step_seconds)}</td>"
+                        f"<td class=\"num\">{ratio}</td><td class=\"num\">{_ms(d.propose_seconds, 2)}</td>"
+                        f"<td class=\"num\">{d.expected_accepted:.2f}</td>"
+                        f"<td class=\"num\">{_ms(d.seconds_per_token)}</td><td>{_e(d.step_source or '-')}</td></tr>")
+        decided = f" (the policy's latest: {p.reason})" if p.reason else ""
+        out.append(f"<p>{_e(p.proposer)} at batch \u2264{p.batch_bucket}{_e(decided)}: {_e(evidence + priced)}; "
+                   f"{_e(chosen)}.</p>"
+                   "<table><tr><th>k</th><th>step ms</th><th>step / plain</th><th>drafting ms</th><th>E[accepted]</th>"
+                   f"<th>ms / token</th><th>step from</th></tr>{''.join(rows)}</table>")
+    return "".join(out)
+
+
 def _rejected_table(samples: list[RejectedDraft]) -> str:
     rows = []
     for r in samples:
@@ -144,6 +179,7 @@ def render(report: ReportInput) -> str:
             f'<section class="schema" id="{_anchor(entry)}"><h2>{_e(entry.schema_key)}'
             f'{" (" + _e(", ".join(names)) + ")" if names else ""} on {_e(entry.model)}</h2>'
             f'<div class="plots">{"".join(plots)}</div><h3>Drafting policy</h3>{_policy_table(entry)}'
+            f"<h3>Draft pricing (the cost model, per proposer)</h3>{_pricing_tables(entry)}"
             f"<h3>Rejected drafts (newest first)</h3>{rejected}</section>")
     body = "".join(sections) or '<p class="note">No statistics recorded in the window.</p>'
     days = w / 86400

@@ -218,7 +218,8 @@ class StructSpecServer:
         )
         limits = Limits(s.max_tokens_cap, s.max_message_bytes,
                         history_per_token=s.history_scope == "per_token" and auth.enabled, tenants=auth.enabled)
-        servicer = StructSpecServicer(self._slot, self.registry, self.store, self.metrics, limits, auth=auth)
+        servicer = StructSpecServicer(self._slot, self.registry, self.store, self.metrics, limits, auth=auth,
+                                      policy=s.engine_config().policy)  # the statistics price drafts as it does
         pb_grpc.add_StructSpecServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import Message
 
 from structspec.engine.api import ExtractionRequest
+from structspec.engine.config import PolicyConfig
 from structspec.engine.types import GenerationResult, TextDelta
 from structspec.front import errors, failures, requests, stats
 from structspec.front.auth import AuthConfig, bearer_token, reads_every_schema
@@ -62,6 +63,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         limits: Limits,
         clock: Callable[[], float] = time.time,
         auth: AuthConfig = AuthConfig(),
+        policy: PolicyConfig | None = None,  # the drafting policy's configuration the statistics' draft pricing reads
     ):
         self._engine = engine
         self._registry = registry
@@ -71,6 +73,7 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         self._limits = limits
         self._clock = clock
         self._auth = auth
+        self._policy = policy
 
     # -- the one place errors are mapped ----------------------------------------------------------
 
@@ -267,7 +270,8 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
                                  "ADMIN_TOKEN_REQUIRED")
             model = request.model or self._engine.model_key()
             (found,) = await stats.read_stats(self._store, windows, model=model, schema_key=key,
-                                              include_timeline=request.include_timeline, now=self._clock())
+                                              include_timeline=request.include_timeline, now=self._clock(),
+                                              policy=self._policy)
             return pb.GetSchemaStatsResponse(stats=stats_convert.schema_stats(found, windows))
         raise AssertionError("unreachable")
 
@@ -275,7 +279,8 @@ class StructSpecServicer(pb_grpc.StructSpecServicer):
         async with self._rpc("ListSchemaStats", request, context):
             windows = stats.windows(request.window_seconds)
             found = await stats.read_stats(self._store, windows, model=request.model or None,
-                                           include_timeline=request.include_timeline, now=self._clock())
+                                           include_timeline=request.include_timeline, now=self._clock(),
+                                           policy=self._policy)
             if not self._reads_every_schema(context):
                 found = [s for s in found if stats.readable_by_tenants(s.schema_key)]
             return pb.ListSchemaStatsResponse(stats=[stats_convert.schema_stats(s, windows) for s in found])

@@ -1,7 +1,8 @@
 """The statistics views (``structspec.front.views``) as protobuf messages: what GetSchemaStats, ListSchemaStats and
 ListRejectedDrafts send. The client decodes them back into the same views (``structspec.client.stats_decode``).
 
-A time never recorded (a view's None) travels as 0; an acceptance or threshold never read is left unset.
+A time never recorded (a view's None) travels as 0; an acceptance or threshold never read is left unset, as is a
+draft price's step time where no step cost is known.
 """
 
 from __future__ import annotations
@@ -72,12 +73,30 @@ def hour_stats(h: views.HourStats) -> pb.HourStats:
                                    accepted_examined=p.accepted_examined) for p in h.proposers])
 
 
+def _set(**values: float | None) -> dict[str, float]:
+    """The optional fields that hold a value (a None stays unset)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def draft_pricing(p: views.DraftPricing) -> pb.DraftPricing:
+    return pb.DraftPricing(
+        proposer=p.proposer, batch_bucket=p.batch_bucket, evidence_tokens=p.evidence_tokens,
+        min_evidence_tokens=p.min_evidence_tokens, cold=p.cold, chosen=p.chosen, gain_margin=p.gain_margin,
+        reason=p.reason,
+        prices=[pb.DraftPrice(k=d.k, propose_seconds=d.propose_seconds, expected_accepted=d.expected_accepted,
+                              step_source=d.step_source,
+                              **_set(step_seconds=d.step_seconds, seconds_per_token=d.seconds_per_token))
+                for d in p.prices],
+        **_set(acceptance=p.acceptance))
+
+
 def schema_stats(s: views.SchemaStats, windows: Sequence[int]) -> pb.SchemaStats:
     """``windows``: those the request asked for, in its order (a window asked for twice is sent twice)."""
     return pb.SchemaStats(model=s.model, schema_key=s.schema_key, windows=[stats_window(s.windows[w]) for w in windows],
                           policy=[policy_state(p) for p in s.policy],
                           policy_changes=[policy_change(c) for c in s.policy_changes],
-                          timeline=[hour_stats(h) for h in s.timeline])
+                          timeline=[hour_stats(h) for h in s.timeline],
+                          pricing=[draft_pricing(p) for p in s.pricing])
 
 
 def rejected_draft(r: views.RejectedDraft) -> pb.RejectedDraft:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from structspec.engine.config import PolicyConfig
 from structspec.front import stats
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import HOUR, Reason
@@ -70,3 +71,99 @@ async def test_rejected_drafts_are_read_newest_first_and_bounded(store: SQLiteSt
     assert (r.model, r.proposer, list(r.draft_tokens), r.position, r.rejected_text, r.target_text) == (
         "m", "ngram", [3, 4], 0, "(3,)", "[9]")
     assert await stats.read_rejected_drafts(store, proposer="draft") == []
+
+
+# -- the draft pricing: the policy's cost model per proposer, priced with the stored step profile -----------------
+
+DEAR = {0: 0.010, 1: 0.020, 2: 0.030, 4: 0.050, 8: 0.090}  # a CPU's full head: each drafted row costs a step
+CHEAP = {0: 0.010, 1: 0.0105, 2: 0.011, 4: 0.012, 8: 0.014}  # a GPU's at batch 1: drafted rows nearly free
+
+
+def profile(steps: dict[int, float], draft_token: float = 0.004) -> dict[tuple[str, int, int], float]:
+    return {**{("full", 1, k): s for k, s in steps.items()}, ("restricted", 1, 0): 1.0, ("draft", 1, 1): draft_token}
+
+
+@pytest.fixture
+async def priced():
+    """Model "dear" (its profile recorded twice, by two starts) with a cold schema the policy priced out; model
+    "cheap" with a schema whose copies are accepted 3 in 4 (drafts of 4, the 4th always refused); model "old",
+    its profile recorded 200 hours ago (past the policy's horizon)."""
+    clock = [NOW - 200 * HOUR]
+    s = SQLiteStore(":memory:", StatsBook(clock=lambda: clock[0]))
+    await s.open()
+    s.stats.recorder("old").record_profile(profile(CHEAP))
+    await s.flush()
+    clock[0] = NOW - HOUR
+    dear, cheap, old = s.stats.recorder("dear"), s.stats.recorder("cheap"), s.stats.recorder("old")
+    dear.record_profile(profile({k: v * 0.9 for k, v in DEAR.items()}))
+    await s.flush()
+    clock[0] = NOW
+    dear.record_profile(profile({k: v * 1.1 for k, v in DEAR.items()}, 0.006))  # a restart: the mean is read
+    dear.record_policy("cold@1", {"ngram": Reason.PRICED_OUT}, 1, {"ngram": None}, 0.55)
+    dear.record_decision("cold@1", Reason.PRICED_OUT, {"ngram": Reason.PRICED_OUT, "history": Reason.PRICED_OUT})
+    dear.record_request("cold@1", 40, 30, 10, "stop", 400.0)
+    cheap.record_profile(profile(CHEAP))
+    for _ in range(150):
+        cheap.record_verification("copy@1", "ngram", 1, 4, 3, False)
+    cheap.record_request("copy@1", 600, 150, 0, "stop", 2000.0)
+    old.record_request("cold@1", 40, 30, 10, "stop", 400.0)
+    await s.flush()
+    yield s
+    await s.close()
+
+
+async def test_a_cold_schema_on_a_dear_profile_is_priced_out_with_its_prices(priced: SQLiteStore) -> None:
+    (entry,) = await stats.read_stats(priced, (HOUR,), model="dear", now=NOW)
+    assert [p.proposer for p in entry.pricing] == ["history", "ngram"]  # decided for: priced though nothing drafted
+    p = entry.pricing[1]
+    assert (p.proposer, p.batch_bucket, p.cold, p.chosen, p.evidence_tokens, p.acceptance, p.reason) == (
+        "ngram", 1, True, 0, 0, None, Reason.PRICED_OUT)
+    assert (p.min_evidence_tokens, p.gain_margin) == (500, 0.05)
+    assert [d.k for d in p.prices] == list(range(9))  # k = 0 (plain) .. max_draft
+    plain, one = p.prices[0], p.prices[1]
+    assert plain.step_seconds == pytest.approx(0.010) and plain.seconds_per_token == pytest.approx(0.010)  # the mean
+    assert one.expected_accepted == pytest.approx(0.4) and p.priced_acceptance == pytest.approx(0.4)  # the prior
+    assert one.seconds_per_token == pytest.approx(0.020 / 1.4)
+    assert p.prices[2].expected_accepted == pytest.approx(0.4 + 0.4 * 0.7)  # prior_continuation after the first
+    assert p.prices[3].step_seconds == pytest.approx(0.040)  # between the profile's lengths
+    assert {d.step_source for d in p.prices} == {"profile"}
+    assert all(d.seconds_per_token is not None and d.seconds_per_token > 0.0095 for d in p.prices[1:])  # none pays
+    assert p.best is not None and p.best.k == 1  # the cheapest that still lost
+
+
+async def test_measured_high_acceptance_on_a_cheap_profile_drafts(priced: SQLiteStore) -> None:
+    (entry,) = await stats.read_stats(priced, (HOUR,), model="cheap", now=NOW)
+    assert entry.policy == []  # no decision recorded: priced because it drafted
+    (p,) = entry.pricing
+    assert (p.cold, p.evidence_tokens, p.acceptance, p.reason) == (False, 600, pytest.approx(450 / 600), "")
+    assert [round(d.expected_accepted, 6) for d in p.prices[:6]] == [0, 1, 2, 3, 3, 3]  # the 4th is always refused
+    assert p.chosen == 3 and p.best is not None and p.best.k == 3
+    assert p.prices[3].seconds_per_token == pytest.approx(0.0115 / 4)
+    # the server's own configuration is read: past its min_evidence_tokens the same evidence is cold
+    (cold,) = await stats.read_stats(priced, (HOUR,), model="cheap", now=NOW,
+                                     policy=PolicyConfig(min_evidence_tokens=1000, evidence_window_tokens=1000))
+    assert cold.pricing[0].cold and cold.pricing[0].min_evidence_tokens == 1000
+
+
+async def test_served_steps_price_before_the_profile_and_an_old_profile_is_still_read(priced: SQLiteStore) -> None:
+    rec = priced.stats.recorder("dear")
+    for _ in range(10):
+        rec.record_step(1, 0, 0.020)  # serving's plain step: twice the profile's
+        rec.record_step(1, 1, 0.025)
+    (entry,) = await stats.read_stats(priced, (HOUR,), model="dear", now=NOW)
+    prices = entry.pricing[1].prices
+    assert [d.step_source for d in prices[:3]] == ["served", "served", "profile"]
+    assert prices[1].step_seconds == pytest.approx(0.025)
+    assert prices[2].step_seconds == pytest.approx(0.030 * 2)  # the profile scaled to serving's plain step
+    (old,) = await stats.read_stats(priced, (HOUR,), model="old", now=NOW)
+    assert old.pricing == []  # no decision and no drafting: nothing to price
+    costs = await stats._model_costs(priced, "old", {}, NOW, PolicyConfig())
+    assert costs.profile[(1, 0)] == pytest.approx(0.010) and costs.draft_token == {1: pytest.approx(0.004)}
+
+
+def test_the_stored_profile_reads_the_full_head_and_the_draft_model_per_token() -> None:
+    book = StatsBook(clock=lambda: NOW)
+    book.recorder("m").record_profile({**profile({0: 0.01, 2: 0.03}), ("draft", 2, 1): 0.005})
+    full, draft_token = stats.stored_profile(book.rows_for("m", ""))
+    assert full == {(1, 0): pytest.approx(0.01), (1, 2): pytest.approx(0.03)}  # the restricted head left out
+    assert draft_token == {1: pytest.approx(0.004), 2: pytest.approx(0.005)}

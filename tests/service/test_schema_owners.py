@@ -152,11 +152,14 @@ def test_the_cli_reads_the_store_and_the_server_alike(served):
     assert json.loads(local.output) == json.loads(remote.output)
     keys = [(e["model"], e["schema_key"]) for e in json.loads(local.output)]
     assert (model, "contact@1") in keys and any(k.startswith("inline:") for _, k in keys)
+    pricing = [p for e in json.loads(local.output) for p in e["pricing"]]  # the same on both: compared above
+    assert pricing and all(len(p["prices"]) == 9 and p["prices"][0]["k"] == 0 for p in pricing)
     table = runner.invoke(app, ["stats", "invoice", "--data-dir", str(data)], env={"COLUMNS": "220"})
     assert table.exit_code == 0, table.output
     out = table.output
     for heading in ("invoice@1 on", "last 7d: requests", "drafting", "drafting policy", "est. speedup",
-                    "truncated", "acceptance by draft position", "last switched off"):
+                    "truncated", "acceptance by draft position", "last switched off", "ngram at batch",
+                    "step / plain"):
         assert heading in out, heading
     one = runner.invoke(app, ["stats", "show", "invoice@1", "--server", srv.target, "--json"])
     assert [e["schema_key"] for e in json.loads(one.output)] == ["invoice@1"]
@@ -192,7 +195,7 @@ def test_the_report_has_every_section_and_fetches_nothing(served, tmp_path):
     page = out.read_text()
     sections = page.count('<section class="schema"')
     assert sections == 3 and page.count('class="plotly-graph-div"') == 5 * sections
-    assert "refused" in page and "threshold" in page and "Drafting policy" in page
+    assert "refused" in page and "threshold" in page and "Drafting policy" in page and "Draft pricing" in page
     assert not re.search(r'<(script|link|img)[^>]+(src|href)="(https?:)?//', page)  # nothing fetched at view time
     remote = tmp_path / "remote.html"
     result = runner.invoke(app, ["stats", "report", "--server", srv.target, "--out", str(remote)])

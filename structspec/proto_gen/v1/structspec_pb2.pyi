@@ -708,20 +708,62 @@ class HourStats(_message.Message):
     def __init__(self, hour_start: _Optional[int] = ..., requests: _Optional[int] = ..., output_tokens: _Optional[int] = ..., target_passes: _Optional[int] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., proposers: _Optional[_Iterable[_Union[ProposerHour, _Mapping]]] = ...) -> None: ...
 
 class SchemaStats(_message.Message):
-    __slots__ = ("schema_key", "windows", "model", "policy", "policy_changes", "timeline")
+    __slots__ = ("schema_key", "windows", "model", "policy", "policy_changes", "timeline", "pricing")
     SCHEMA_KEY_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_CHANGES_FIELD_NUMBER: _ClassVar[int]
     TIMELINE_FIELD_NUMBER: _ClassVar[int]
+    PRICING_FIELD_NUMBER: _ClassVar[int]
     schema_key: str
     windows: _containers.RepeatedCompositeFieldContainer[StatsWindow]
     model: str
     policy: _containers.RepeatedCompositeFieldContainer[ProposerPolicyState]
     policy_changes: _containers.RepeatedCompositeFieldContainer[PolicyChange]
     timeline: _containers.RepeatedCompositeFieldContainer[HourStats]
-    def __init__(self, schema_key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[StatsWindow, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[_Iterable[_Union[ProposerPolicyState, _Mapping]]] = ..., policy_changes: _Optional[_Iterable[_Union[PolicyChange, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[HourStats, _Mapping]]] = ...) -> None: ...
+    pricing: _containers.RepeatedCompositeFieldContainer[DraftPricing]
+    def __init__(self, schema_key: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[StatsWindow, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[_Iterable[_Union[ProposerPolicyState, _Mapping]]] = ..., policy_changes: _Optional[_Iterable[_Union[PolicyChange, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[HourStats, _Mapping]]] = ..., pricing: _Optional[_Iterable[_Union[DraftPricing, _Mapping]]] = ...) -> None: ...
+
+class DraftPrice(_message.Message):
+    __slots__ = ("k", "step_seconds", "propose_seconds", "expected_accepted", "seconds_per_token", "step_source")
+    K_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    step_seconds: float
+    propose_seconds: float
+    expected_accepted: float
+    seconds_per_token: float
+    step_source: str
+    def __init__(self, k: _Optional[int] = ..., step_seconds: _Optional[float] = ..., propose_seconds: _Optional[float] = ..., expected_accepted: _Optional[float] = ..., seconds_per_token: _Optional[float] = ..., step_source: _Optional[str] = ...) -> None: ...
+
+class DraftPricing(_message.Message):
+    __slots__ = ("proposer", "batch_bucket", "evidence_tokens", "min_evidence_tokens", "acceptance", "cold", "chosen", "gain_margin", "prices", "reason")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIN_EVIDENCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    COLD_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    GAIN_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    PRICES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    proposer: str
+    batch_bucket: int
+    evidence_tokens: float
+    min_evidence_tokens: int
+    acceptance: float
+    cold: bool
+    chosen: int
+    gain_margin: float
+    prices: _containers.RepeatedCompositeFieldContainer[DraftPrice]
+    reason: str
+    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., evidence_tokens: _Optional[float] = ..., min_evidence_tokens: _Optional[int] = ..., acceptance: _Optional[float] = ..., cold: _Optional[bool] = ..., chosen: _Optional[int] = ..., gain_margin: _Optional[float] = ..., prices: _Optional[_Iterable[_Union[DraftPrice, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GetSchemaStatsRequest(_message.Message):
     __slots__ = ("schema_ref", "schema_key", "window_seconds", "model", "include_timeline")
