@@ -203,8 +203,9 @@ def test_importing_the_client_loads_no_server_no_engine_and_no_torch():
 FUNCTION_LEVEL_IMPORTS: dict[str, tuple[int, str]] = {
     # the CLI: `structspec --help`, serve and the client commands start without torch (~6 s), transformers (~3 s
     # more), grpc and protobuf (~0.4 s) or rich.progress (7-25 ms); the commands that need them import them
-    "cli.py": (11, "torch: model loading, the benchmarks (decode, step, device) and the demo trainer; rich.progress for "
-                   "bench decode"),
+    "cli.py": (12, "torch: model loading, the benchmarks (decode, step, device, heldout) and the demo trainer; "
+                   "rich.progress for bench decode"),
+    "bench/workloads.py": (1, "the held-out workloads' module imports WorkItem from here"),
     "cli_client.py": (6, "grpc and protobuf: the client, the health check and the load test"),
     "cli_draft.py": (6, "torch: aligning and distilling drafts (the models, the assembly)"),
     "cli_serve.py": (5, "torch: the assembly, or the vLLM engine, on the engine-loading thread; grpc: the server, for serve alone and "

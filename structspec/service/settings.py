@@ -209,7 +209,7 @@ class ServiceSettings:
                                      "starts tends to go on)")
     prior_tokens: float = _opt(_POLICY.prior_tokens, "how many examined tokens of evidence prior_acceptance weighs "
                                "(per draft position); the schema's own evidence outweighs it as it comes in")
-    step_profile_seconds: float = _opt(20.0, "time budget for measuring the executor's step costs at the first start "
+    step_profile_seconds: float = _opt(_ENGINE.step_profile_seconds, "time budget for measuring the executor's step costs at the first start "
                                        "of a model on a machine (kept in <data-dir>/step-costs; 0: not measured, a "
                                        "cold schema drafts at the cap to measure)")
     gain_margin: float = _opt(_POLICY.gain_margin, "a draft length is used only when the cost model predicts it beats "

@@ -29,7 +29,7 @@ ON, OFF = "on", "off"
 _STATE = {
     Reason.DRAFTED: ON, Reason.COLD: ON, Reason.SCHEMA_ON: ON,
     Reason.LOW_ACCEPTANCE: OFF, Reason.NO_GAIN: OFF, Reason.SHORT_OUTPUT: OFF, Reason.SCHEMA_OFF: OFF,
-    Reason.BATCH_SIZE: OFF,
+    Reason.BATCH_SIZE: OFF, Reason.PRICED_OUT: OFF,
 }
 KEEP_PER_KEY = 200  # changes the store keeps per (model, schema, proposer), the newest
 

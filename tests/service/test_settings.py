@@ -52,7 +52,9 @@ def test_engine_config_is_built_in_one_place_with_the_engines_defaults() -> None
     from structspec.engine.config import EngineConfig, SchedulerLimits
     from structspec.speculation.configs import SPECULATION_CONFIGS
 
-    assert load_settings(env={}).engine_config() == EngineConfig()  # each default is written once, in the engine
+    built = load_settings(env={}).engine_config()
+    assert built.step_profile_dir == str(load_settings(env={}).data_dir / "step-costs")  # the server's data directory
+    assert dataclasses.replace(built, step_profile_dir="") == EngineConfig()  # each default is written once, in the engine
     s = load_settings(env={}, overrides={"max_queue": 3, "max_batch": 2, "kv_budget_tokens": 999, "speculation": "ff",
                                          "max_batch_for_speculation": 4, "prefix_cache_tokens": 0, "profile": "demo"})
     config = s.engine_config()
