@@ -30,7 +30,7 @@ from structspec.front.keys import DEFAULT_WINDOWS, MAX_WINDOW_SECONDS, MAX_WINDO
 from structspec.speculation.policy import DraftPricing, price_draft
 from structspec.stats.book import Counters
 from structspec.stats.counters import HOUR, LATENCY_BOUNDS_MS, LENGTH_BOUNDS, Series, hour_of, label_bound
-from structspec.stats.evidence import CostEvidence, cost_evidence, schema_evidence
+from structspec.stats.evidence import CostEvidence, cost_evidence, schema_evidence, stored_profile
 from structspec.stats.policy_states import PolicyChange, ProposerState, proposer_states
 from structspec.stats.samples import RejectedDraft
 from structspec.stats.speedup import SpeedupEstimate, estimate_speedup
@@ -152,33 +152,6 @@ def rejected_draft(r: RejectedDraft) -> views.RejectedDraft:
         target_text=r.target_text, grammatical=bool(r.grammatical))
 
 
-def stored_profile(counters: Counters) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
-    """The step profile an engine recorded at start (``Series.PROFILE_STEPS``/``PROFILE_SECONDS``, the model's own
-    rows; ``Recorder.record_profile``): the full head's k-row steps, {(batch bucket, k): mean seconds}, and the draft
-    model's decode step, {batch bucket: seconds per token}; the means over every start the rows hold (restarts and
-    replicas add up). The restricted head's rows are not read: the policy prices with the full head."""
-    sums: dict[tuple[str, int, int], list[float]] = {}
-    for key, value in counters.items():
-        if key.series not in (Series.PROFILE_STEPS, Series.PROFILE_SECONDS) or key.proposer not in ("full", "draft"):
-            continue
-        try:
-            k = int(key.label)
-        except ValueError:
-            continue
-        row = sums.setdefault((key.proposer, key.batch_bucket, k), [0.0, 0.0])
-        row[0 if key.series == Series.PROFILE_STEPS else 1] += value
-    full: dict[tuple[int, int], float] = {}
-    draft_token: dict[int, float] = {}
-    for (head, bucket, k), (n, seconds) in sums.items():
-        if n <= 0:
-            continue
-        if head == "full":
-            full[(bucket, k)] = seconds / n
-        else:  # the draft model's rows: k tokens (recorded as one)
-            draft_token[bucket] = seconds / n / max(k, 1)
-    return full, draft_token
-
-
 def _step_source(costs: CostEvidence, bucket: int, k: int, step: float | None) -> str:
     """Where a priced step time comes from: served (measured while serving), profile (the start's profile, scaled
     to serving's plain step where that is measured), interpolated (between served lengths); "" none."""
@@ -254,10 +227,10 @@ def _costs(window: Counters, now: float) -> dict[str, CostEvidence]:
 async def _model_costs(store: Store, model: str, own: Counters, now: float, config: PolicyConfig) -> CostEvidence:
     """The step costs the policy prices with: the model's own series of the horizon (``own``) with the step profile
     the store holds; a profile recorded before the horizon (a server up longer) is read from every kept hour."""
-    full, draft_token = stored_profile(own)
-    if not full:
-        full, draft_token = stored_profile(await store.read_counters(since=0.0, model=model, schema_key=""))
-    return cost_evidence(own, hour_of(now), config.half_life_hours).with_profile(full, draft_token)
+    costs = cost_evidence(own, hour_of(now), config.half_life_hours)
+    if costs.profile:
+        return costs
+    return costs.with_profile(*stored_profile(await store.read_counters(since=0.0, model=model, schema_key="")))
 
 
 async def read_stats(store: Store, windows: Sequence[int], *, model: str | None = None, schema_key: str | None = None,

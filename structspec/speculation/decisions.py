@@ -76,9 +76,7 @@ class Decider:
     def _read(self, stats: Recorder | None, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
         """The evidence of ``schema_key`` and the step costs, both of ``stats``' model (one draft version's)."""
         if stats is None:
-            profile = self.step_profile
-            return SchemaEvidence(), CostEvidence() if profile is None else \
-                CostEvidence().with_profile(profile.full, profile.draft_token)
+            return SchemaEvidence(), self._with_profile(CostEvidence())
         if self.policy is None:
             raise RuntimeError("evidence is read for the policy only")
         book, model, half_life = stats.book, stats.model, self.policy.half_life_hours
@@ -93,12 +91,15 @@ class Decider:
         costs = self._costs.get(model)
         if costs is None or now - costs[0] > EVIDENCE_TTL_SECONDS or now < costs[0]:
             measured = cost_evidence(book.rows_for(model, "", since), hour_of(now), half_life)
-            if self.step_profile is not None:
-                measured = measured.with_profile(self.step_profile.full, self.step_profile.draft_token)
-            costs = self._costs[model] = (now, measured)
+            costs = self._costs[model] = (now, self._with_profile(measured))
             if len(self._costs) > 64:  # models of retired drafts
                 self._costs = {model: costs}
         return cached[1], costs[1]
+
+    def _with_profile(self, costs: CostEvidence) -> CostEvidence:
+        """``costs`` priced with this engine's own step profile (the one measured in this process), where it has one."""
+        profile = self.step_profile
+        return costs if profile is None else costs.with_profile(profile.full, profile.draft_token)
 
 
 def standing_off(stats: Recorder | None, schema_key: str, names: tuple[str, ...]) -> dict[str, str]:

@@ -129,43 +129,22 @@ class CostEvidence:
             return self.steps[(b, k)]
         profiled = self._profiled(b, k)
         if profiled is not None:
-            pb, seconds = profiled
             plain, served = self._profiled(b, 0), self.steps.get((b, 0))
-            if served is not None and plain is not None and plain[1] > 0:
-                return seconds * served / plain[1]
-            return seconds
-        ks = sorted(kk for bb, kk in self.steps if bb == b)
-        lower = [kk for kk in ks if kk < k]
-        upper = [kk for kk in ks if kk > k]
-        if not lower or not upper:
-            return None  # not extrapolated: an unmeasured length is not chosen
-        lo, hi = lower[-1], upper[0]
-        t_lo, t_hi = self.steps[(b, lo)], self.steps[(b, hi)]
-        return t_lo + (t_hi - t_lo) * (k - lo) / (hi - lo)
+            if served is not None and plain:
+                return profiled * served / plain
+            return profiled
+        return _between(self.steps, b, k)  # not extrapolated: an unmeasured length is not chosen
 
-    def _profiled(self, bucket: int, k: int) -> tuple[int, float] | None:
-        """(the profile's bucket, its seconds for a k-row step): at ``bucket``, or past the largest measured bucket
-        that bucket's cost scaled by the batch (a CPU's step grows with it; the ratio to a plain step is kept);
-        between measured lengths, interpolated; None where the profile has nothing at or under k's neighbours."""
-        if not self.profile:
+    def _profiled(self, bucket: int, k: int) -> float | None:
+        """The profile's seconds for a k-row step at ``bucket``; past the largest measured bucket, that bucket's cost
+        scaled by the batch (a CPU's step grows with it; the ratio to a plain step is kept); None where the profile
+        has nothing at or under ``bucket``, or nothing around k."""
+        under = [bb for bb in {bb for bb, _ in self.profile} if bb <= bucket]
+        if not under:
             return None
-        measured = sorted({b for b, _ in self.profile})
-        at = bucket if bucket in measured else None
-        if at is None:
-            under = [b for b in measured if b < bucket]
-            if not under:
-                return None
-            at = under[-1]
-        ks = sorted(kk for bb, kk in self.profile if bb == at)
-        if k in ks:
-            seconds = self.profile[(at, k)]
-        else:
-            lower, upper = [kk for kk in ks if kk < k], [kk for kk in ks if kk > k]
-            if not lower or not upper:
-                return None
-            lo, hi = lower[-1], upper[0]
-            seconds = self.profile[(at, lo)] + (self.profile[(at, hi)] - self.profile[(at, lo)]) * (k - lo) / (hi - lo)
-        return at, seconds * bucket / at
+        at = max(under)
+        seconds = _between(self.profile, at, k)
+        return seconds * bucket / at if seconds is not None else None
 
     def propose_seconds(self, proposer: str, k: int) -> float:
         """Drafting time for ``k`` tokens: measured, or scaled from the nearest measured length; the draft model's
@@ -186,6 +165,21 @@ class CostEvidence:
 
 
 DRAFT_PROPOSER = "draft"  # the draft model's proposer name (``DraftModelProposer.name``)
+
+
+def _between(table: dict[tuple[int, int], float], bucket: int, k: int) -> float | None:
+    """``table``'s seconds at (bucket, k), or interpolated between the nearest lengths measured on either side of k
+    at that bucket; None where k has no measured neighbour on one side."""
+    if (bucket, k) in table:
+        return table[(bucket, k)]
+    ks = sorted(kk for bb, kk in table if bb == bucket)
+    lower = [kk for kk in ks if kk < k]
+    upper = [kk for kk in ks if kk > k]
+    if not lower or not upper:
+        return None
+    lo, hi = lower[-1], upper[0]
+    t_lo, t_hi = table[(bucket, lo)], table[(bucket, hi)]
+    return t_lo + (t_hi - t_lo) * (k - lo) / (hi - lo)
 
 
 def _weight(hour: int, now_hour: int, half_life_hours: float) -> float:
@@ -284,7 +278,8 @@ def _evidence(drafted: float, accepted: float, reached: dict[int, float], acc_at
 
 
 def cost_evidence(counters: Counters, now_hour: int, half_life_hours: float, min_samples: float = 5.0) -> CostEvidence:
-    """From the model's own series (schema key ""): means with at least ``min_samples`` weighted samples."""
+    """From the model's own series (schema key ""): means with at least ``min_samples`` weighted samples, and the step
+    profile the engine recorded at start (``stored_profile``)."""
     sums: dict[tuple[str, str, int, int], list[float]] = {}
     for key, value in counters.items():
         if key.series not in (Series.STEPS, Series.STEP_SECONDS, Series.PROPOSALS, Series.PROPOSE_SECONDS):
@@ -301,4 +296,31 @@ def cost_evidence(counters: Counters, now_hour: int, half_life_hours: float, min
             steps[(bucket, k)] = seconds / n
         else:
             proposals[(proposer, k)] = seconds / n
-    return CostEvidence(steps, proposals)
+    return CostEvidence(steps, proposals, *stored_profile(counters))
+
+
+def stored_profile(counters: Counters) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
+    """The step profile an engine recorded at start (``Series.PROFILE_STEPS``/``PROFILE_SECONDS``, the model's own
+    rows; ``Recorder.record_profile``): the full head's k-row steps, {(batch bucket, k): mean seconds}, and the draft
+    model's decode step, {batch bucket: seconds per token}; the means over every start the rows hold (restarts and
+    replicas add up). The restricted head's rows are not read: the policy prices with the full head."""
+    sums: dict[tuple[str, int, int], list[float]] = {}
+    for key, value in counters.items():
+        if key.series not in (Series.PROFILE_STEPS, Series.PROFILE_SECONDS) or key.proposer not in ("full", "draft"):
+            continue
+        try:
+            k = int(key.label)
+        except ValueError:
+            continue
+        row = sums.setdefault((key.proposer, key.batch_bucket, k), [0.0, 0.0])
+        row[0 if key.series == Series.PROFILE_STEPS else 1] += value
+    full: dict[tuple[int, int], float] = {}
+    draft_token: dict[int, float] = {}
+    for (head, bucket, k), (n, seconds) in sums.items():
+        if n <= 0:
+            continue
+        if head == "full":
+            full[(bucket, k)] = seconds / n
+        else:  # the draft model's rows: k tokens (recorded as one)
+            draft_token[bucket] = seconds / n / max(k, 1)
+    return full, draft_token

@@ -9,6 +9,7 @@ from structspec.engine.config import PolicyConfig
 from structspec.front import stats
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import HOUR, Reason
+from structspec.stats.evidence import stored_profile
 from structspec.store.sqlite import SQLiteStore
 
 NOW = 500_000 * HOUR + 1800.0
@@ -164,6 +165,6 @@ async def test_served_steps_price_before_the_profile_and_an_old_profile_is_still
 def test_the_stored_profile_reads_the_full_head_and_the_draft_model_per_token() -> None:
     book = StatsBook(clock=lambda: NOW)
     book.recorder("m").record_profile({**profile({0: 0.01, 2: 0.03}), ("draft", 2, 1): 0.005})
-    full, draft_token = stats.stored_profile(book.rows_for("m", ""))
+    full, draft_token = stored_profile(book.rows_for("m", ""))
     assert full == {(1, 0): pytest.approx(0.01), (1, 2): pytest.approx(0.03)}  # the restricted head left out
     assert draft_token == {1: pytest.approx(0.004), 2: pytest.approx(0.005)}
