@@ -164,7 +164,7 @@ def bench_decode(
                                                        "there (model <model>/bench:<config>), for `structspec stats "
                                                        "--data-dir`"),
     engine: str = typer.Option("structspec", help="structspec | vllm (the vLLM rows: vllm:off, vllm:ngram, "
-                                                  "vllm:policy) | both (structspec's off beside them: the share "
+                                                  "vllm:policy, vllm:structspec, vllm:structspec-policy) | both (structspec's off beside them: the share "
                                                   "of identical outputs); vLLM rows may also be named in --configs"),
     max_model_len: int = typer.Option(1024, help="vLLM rows: their context length"),
     speculative_config: str = typer.Option("", help="vLLM rows: the speculative config of vllm:ngram and "
@@ -176,13 +176,13 @@ def bench_decode(
                                                  "same on both engines: timings only)"),
 ) -> None:
     """Run every configuration on the same prompts; report tokens/s, latency, passes/token, validity, accuracy."""
-    from structspec.bench.vllm_rows import VllmOptions  # the rows' engine options
+    from structspec.bench.vllm_rows import VLLM_CONFIGS, VllmOptions  # the rows' engine options
     from structspec.bench.decode_bench import format_table, run_decode_bench, to_json  # torch: see the imports
 
     levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
     names = tuple(c.strip() for c in configs.split(",") if c.strip()) if configs else None
     if names is None and engine != "structspec":
-        names = ("off",) * (engine == "both") + ("vllm:off", "vllm:ngram", "vllm:policy")
+        names = ("off",) * (engine == "both") + VLLM_CONFIGS
     vllm = VllmOptions(tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                        speculative_config=speculative_config, extra=vllm_args)
     with _request_progress() as progress:

@@ -4,6 +4,9 @@
   vllm:ngram   + vLLM's n-gram speculation (``DEFAULT_NGRAM``, or ``speculative_config``)
   vllm:policy  the same method, its draft length per batch size set by structspec's batch-size rule
                (``structspec.vllm_engine.schedule``) from what the run's earlier vLLM rows recorded
+  vllm:structspec         structspec's proposer inside vLLM (``vllm_engine.proposer``): forced tokens, copy
+                          lookup and the schema history, every proposer on for every request
+  vllm:structspec-policy  the same proposer, each request drafting what the per-schema policy decided for it
 
 Each row builds its own ``AsyncLLM`` (vLLM fixes the speculative method when an engine is built) and runs its
 warm-up and measured requests in one event loop (``AsyncLLM``'s output handler lives in the loop that first
@@ -28,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 from structspec.engine.config import EngineConfig, PolicyConfig, SchedulerLimits, VllmOptions
 
-VLLM_CONFIGS = ("vllm:off", "vllm:ngram", "vllm:policy")
+VLLM_CONFIGS = ("vllm:off", "vllm:ngram", "vllm:policy", "vllm:structspec", "vllm:structspec-policy")
+STRUCTSPEC_ROWS = {"vllm:structspec": "ff+ngram+history", "vllm:structspec-policy": "policy"}  # -> speculation
 DEFAULT_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
@@ -79,10 +83,13 @@ def vllm_config(name: str, model: VllmModel, dtype: str, options: VllmOptions, p
                 concurrency: int) -> EngineConfig:
     """The engine configuration of row ``name``."""
     spec = options.speculative_config or json.dumps(DEFAULT_NGRAM)
+    speculation = "policy" if name == "vllm:policy" else "off"
+    if name in STRUCTSPEC_ROWS:
+        spec, speculation = json.dumps({"method": "structspec", "num_speculative_tokens": 8}), STRUCTSPEC_ROWS[name]
     opts = dataclasses.replace(options, speculative_config="" if name == "vllm:off" else spec)
     return EngineConfig(profile=model.profile, tokenizer=model.tokenizer, served_name=model.served_name,
                         load_format=model.load_format, dtype=dtype, engine="vllm", vllm=opts,
-                        speculation="policy" if name == "vllm:policy" else "off",
+                        speculation=speculation,
                         limits=SchedulerLimits(max_batch=max(16, concurrency)), policy=policy or PolicyConfig())
 
 

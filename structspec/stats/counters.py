@@ -124,6 +124,7 @@ class Reason:
     PROBE = "probe"  # a recovery probe: drafting with proposers the policy had switched off
     EXPLORE = "explore"  # the draft model left out of a request to keep measuring the schema without it
     POLICY_ERROR = "policy_error"  # the policy raised (a bug, logged): no drafting for the request
+    SAMPLED_ON_VLLM = "sampled_on_vllm"  # a sampled request on vLLM: its proposers' drafts were measured biased
 
 
 LENGTH_BOUNDS: tuple[float, ...] = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, math.inf)

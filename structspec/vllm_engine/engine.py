@@ -13,9 +13,11 @@ seen by the watcher) fails every request with ``EngineStopped`` (UNAVAILABLE) an
 (the server turns NOT_SERVING); the deadline aborts the vLLM request (finish cancelled); a caller gone cancels
 the consumer, and ``AsyncLLM.generate`` aborts the request on its way out.
 
-Limits of vLLM's interfaces (stated in the README): a request's ``speculation: off`` does not turn vLLM's
-method off for it (vLLM drafts for every request or none); the draft length per batch size is fixed when the
-engine is built (``schedule``); forced tokens are not fast-forwarded (every token is one model step).
+Drafting: with structspec's own method (``proposer.StructspecProposer``, vLLM's ``custom_class``), each request
+carries the plan the per-schema policy made for it (``planning.DraftingFront``) and its verdicts come back per
+proposer (``StructspecWorker.structspec_drain`` when it ends). With one of vLLM's methods (ngram, EAGLE, a draft
+model), vLLM drafts for every request or none: a request's ``speculation: off`` does not turn it off, the draft
+length per batch size is fixed when the engine is built (``schedule``), and forced tokens are not drafted.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import (ContextTooLong, EngineStopped, FinishReason, GenerationResult, InvalidRequest,
                                      Outcome, QueueFull, TextDelta, Timings, Usage)
 from structspec.grammar import GrammarCompiler
+from structspec.vllm_engine.drafting import EXTRA_ARGS_KEY, DraftingPlan, Journal
 from structspec.vllm_engine.grammar import vllm_lark
+from structspec.vllm_engine.planning import DraftingFront
 from structspec.vllm_engine.steps import StepLog, record_verifications
 
 log = logging.getLogger(__name__)
@@ -74,12 +78,15 @@ class VllmEngine(RequestPipeline):
 
     ``proposer``: vLLM's speculative method, the statistics' proposer ("" without one); ``stats``: a
     ``Recorder`` under ``model_key``; ``end_of_turn``: the ids any of which ends a turn; ``max_in_flight``: requests
-    held at once (running and waiting in vLLM), past which QueueFull."""
+    held at once (running and waiting in vLLM), past which QueueFull; ``drafting``: structspec's drafting inside
+    vLLM (the engine built with ``StructspecProposer``; None: vLLM's own method or none); ``max_batch``: vLLM's
+    running requests at most (the batch size a plan is made for is capped by it)."""
 
     def __init__(self, llm: Any, tokenizer: Any, compiler: GrammarCompiler, max_context: int, *, model_key: str,
                  end_of_turn: tuple[int, ...], steps: StepLog, proposer: str = "", stats: Any = None,
                  max_tokens_cap: int = 4096, examples: ExampleBook | None = None, prompts: PromptFormat | None = None,
-                 max_in_flight: int = 1024, schedule: tuple[tuple[int, int, int], ...] = ()):
+                 max_in_flight: int = 1024, schedule: tuple[tuple[int, int, int], ...] = (),
+                 drafting: DraftingFront | None = None, max_batch: int = 256):
         super().__init__(tokenizer, compiler, max_context, max_tokens_cap, examples, fast_forward=False,
                          prompts=prompts)
         self.llm = llm
@@ -89,6 +96,9 @@ class VllmEngine(RequestPipeline):
         self.proposer = proposer
         self.stats = stats
         self.max_in_flight = max_in_flight
+        self.max_batch = max_batch
+        self.drafting = drafting
+        self._attached: asyncio.Future[bool] | None = None  # the proposer reached in every worker
         self.schedule = schedule  # vLLM's draft length per batch-size range, as built
         self.lengths: tuple[Any, ...] = ()  # the batch-size rule's ``BucketLength``s behind it (empty: none)
         self.dead: str | None = None  # why the engine core is gone (None: alive)
@@ -109,6 +119,18 @@ class VllmEngine(RequestPipeline):
         """Watch the engine core from the running event loop (the server calls this once it serves)."""
         if self._monitor is None:
             self._monitor = asyncio.get_running_loop().create_task(self._watch())
+        if self.drafting is not None and self._attached is None:
+            self._attached = asyncio.ensure_future(self._attach())
+
+    async def _attach(self) -> bool:
+        """Hand each worker's model runner to its proposer (``StructspecWorker.structspec_attach``).
+        Raises: EngineStopped when a worker has no structspec proposer (vLLM built another method)."""
+        ranks = await self.llm.collective_rpc("structspec_attach")
+        if not ranks or not all(ranks):
+            raise EngineStopped("vLLM's workers have no structspec proposer (the V2 model runner, or another "
+                                "speculative method): structspec's drafting cannot run")
+        log.info("structspec's proposer attached in %d vLLM worker(s)", len(ranks))
+        return True
 
     def watch_health(self, on_dead: Callable[[], None]) -> None:
         """Call ``on_dead`` (on the event loop) once the engine core has died."""
@@ -146,8 +168,9 @@ class VllmEngine(RequestPipeline):
         return self.steps.running
 
     # -- decoding --------------------------------------------------------------------------------
-    def sampling(self, seq: EngineSequence) -> VllmSampling:
-        """vLLM's sampling parameters for ``seq``: its own, its grammar, its stops; deltas of token ids."""
+    def sampling(self, seq: EngineSequence, plan: DraftingPlan | None = None) -> VllmSampling:
+        """vLLM's sampling parameters for ``seq``: its own, its grammar, its stops, its drafting ``plan`` (for
+        structspec's proposer); deltas of token ids."""
         p = seq.params
         structured = None
         if seq.schema is not None or not seq.prose:  # free text has no grammar beyond its stops
@@ -156,7 +179,8 @@ class VllmEngine(RequestPipeline):
                             max_tokens=p.max_tokens, stop_token_ids=list(self.eos), stop=list(seq.stop) or None,
                             structured_outputs=structured, output_kind=RequestOutputKind.DELTA,
                             skip_special_tokens=False, detokenize=bool(seq.stop),
-                            include_stop_str_in_output=True)
+                            include_stop_str_in_output=True,
+                            extra_args={EXTRA_ARGS_KEY: plan.to_args()} if plan is not None else None)
 
     async def _run(self, seq: EngineSequence, stream: bool) -> AsyncIterator[TextDelta | GenerationResult]:
         if self.dead is not None:
@@ -165,7 +189,13 @@ class VllmEngine(RequestPipeline):
             raise EngineStopped("the engine is shutting down")
         if self._in_flight >= self.max_in_flight:
             raise QueueFull(f"{self._in_flight} requests in flight (the server's limit); retry later")
-        params = self.sampling(seq)
+        plan = None
+        if self.drafting is not None:
+            if self._attached is None:
+                self.start()
+            await asyncio.shield(self._attached)  # type: ignore[arg-type]
+            plan = self.drafting.plan(seq, min(self.max_batch, self._in_flight + 1))
+        params = self.sampling(seq, plan)
         ids: list[int] = []
         text = OutputText(self.tokenizer)
         shown = IncrementalDetokenizer(text)
@@ -203,7 +233,10 @@ class VllmEngine(RequestPipeline):
         usage = Usage(prompt_tokens=len(seq.prompt), output_tokens=len(output), cached_prompt_tokens=cached)
         batch = self.steps.median_running(first_step)
         accepted = 0
-        if metrics is not None and self.proposer:
+        if self.drafting is not None:
+            accepted = self.drafting.record(seq, await self._journal(seq.key), usage)
+            self.drafting.finished(seq, text(output), finish)
+        elif metrics is not None and self.proposer:
             accepted = record_verifications(self.stats, seq.schema_key, self.proposer, batch,
                                             metrics.per_step_drafted, metrics.per_step_accepted, usage)
         usage.target_forward_passes = max(1, len(ids) - accepted) if ids else 0
@@ -211,7 +244,8 @@ class VllmEngine(RequestPipeline):
         timings = Timings(prefill_ms=(first_out - started) * 1000, decode_ms=(ended - first_out) * 1000,
                           total_ms=(ended - started) * 1000)
         if self.stats is not None:
-            self.stats.record_request(seq.schema_key, len(output), usage.target_forward_passes, 0, finish.value,
+            self.stats.record_request(seq.schema_key, len(output), usage.target_forward_passes, usage.forced_tokens,
+                                      finish.value,
                                       timings.total_ms, decode_ms=timings.decode_ms, batch_size=batch)
             self.stats.record_traffic(seq.schema_key, seq.prompt, output, finish.value)
         if stream:
@@ -220,7 +254,19 @@ class VllmEngine(RequestPipeline):
                 yield TextDelta(seq.request_id, rest)
         yield GenerationResult(request_id=seq.request_id, text=text(output), token_ids=output, finish_reason=finish,
                                outcome=Outcome.NOT_CHECKED, usage=usage, timings=timings, error=error,
-                               model_key=self._model_key)
+                               model_key=self._model_key, speculation=seq.decision)
+
+    async def _journal(self, key: str) -> Journal:
+        """What structspec's proposer did for request ``key`` (the first rank's: every rank drafts alike); an empty
+        journal where the workers cannot be asked (logged: the request's statistics are lost, not its answer)."""
+        try:
+            ranks = await self.llm.collective_rpc("structspec_drain", timeout=30, args=([key],))
+            for rank in ranks:
+                if key in rank:
+                    return Journal.from_dict(rank[key])
+        except Exception:  # noqa: BLE001 - statistics are never worth a request
+            log.exception("reading structspec's drafting journal for %s failed", key)
+        return Journal()
 
     def _output(self, ids: list[int]) -> list[int]:
         """The output without the end-of-turn id vLLM leaves at its end (it never joins structspec's outputs)."""
