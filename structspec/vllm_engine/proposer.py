@@ -52,6 +52,7 @@ class StructspecProposer:
         self.runner: Any = None
         self._tokenizer: Any = None
         self._view: Any = None
+        self._ngram: Any = None
         self._grammars: OrderedDict[str, Any] = OrderedDict()
         self._drafters: dict[str, RequestDrafter | None] = {}  # vLLM request id -> (None: no plan)
         self._journals: OrderedDict[str, Journal] = OrderedDict()  # structspec request key -> its journal
@@ -134,7 +135,7 @@ class StructspecProposer:
         matcher = self._matcher(lark) if lark else None
         proposers: dict[str, Proposer] = {}
         if plan.caps.get("ngram"):
-            proposers["ngram"] = NgramProposer(tokenizer)
+            proposers["ngram"] = self._ngram
         if plan.caps.get("history") and plan.history:
             history = SchemaHistory()
             history.load((plan.history_key, text) for text in plan.history)
@@ -161,6 +162,7 @@ class StructspecProposer:
             from structspec.grammar.tokenizer_view import TokenizerView
 
             self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_name, trust_remote_code=self._trust)
+            self._ngram = NgramProposer(self._tokenizer)  # stateless: one serves every request
             self._view = TokenizerView(self._tokenizer, n_vocab=max(self._vocab, len(self._tokenizer)),
                                        eos_token_ids=list(end_of_turn) or None)
         return self._tokenizer

