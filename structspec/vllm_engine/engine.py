@@ -87,8 +87,9 @@ class VllmEngine(RequestPipeline):
                  max_tokens_cap: int = 4096, examples: ExampleBook | None = None, prompts: PromptFormat | None = None,
                  max_in_flight: int = 1024, schedule: tuple[tuple[int, int, int], ...] = (),
                  drafting: DraftingFront | None = None, max_batch: int = 256):
-        super().__init__(tokenizer, compiler, max_context, max_tokens_cap, examples, fast_forward=False,
-                         prompts=prompts)
+        # forced tokens reach vLLM as drafts of structspec's proposer; without it vLLM decodes each one
+        super().__init__(tokenizer, compiler, max_context, max_tokens_cap, examples,
+                         fast_forward=drafting is not None, prompts=prompts)
         self.llm = llm
         self._model_key = model_key
         self.eos = tuple(end_of_turn)
