@@ -513,6 +513,12 @@ def run_decode_bench(profile: str, workload: str, concurrency: int | tuple[int, 
     return report
 
 
+def off_of(config: str) -> str:
+    """The row ``config`` is measured against: vLLM's rows against vLLM without speculation (``vllm:off``), the
+    engine's against its own ``off``."""
+    return "vllm:off" if config.startswith("vllm:") else "off"
+
+
 def _add_ratios(runs: list[dict[str, Any]]) -> None:
     def rate(config: str, level: int) -> float:
         row = next((r for r in runs if r["config"] == config and r["concurrency"] == level), {})
@@ -521,7 +527,7 @@ def _add_ratios(runs: list[dict[str, Any]]) -> None:
     for row in runs:
         if "error" in row:
             continue
-        for key, ref in (("speedup_vs_off", rate("off", row["concurrency"])),
+        for key, ref in (("speedup_vs_off", rate(off_of(row["config"]), row["concurrency"])),
                          ("speedup_vs_hf_outlines", rate("hf_outlines", 1)),
                          ("speedup_vs_llamacpp_grammar", rate("llamacpp_grammar", 1)),
                          ("speedup_vs_llamacpp_generate", rate("llamacpp_generate", 1)),
@@ -685,22 +691,15 @@ def _block_order(names: list[str], block: int, reference: str = "off") -> list[s
 
 
 def _add_identity(runs: list[dict[str, Any]]) -> None:
-    """With saved outputs: per engine row, the share of requests whose token ids equal the ``off`` row's at the same
-    concurrency (greedy, fp32: 1.0 unless a near-tie flipped; in bf16 near-ties are common)."""
+    """With saved outputs: per engine row, the share of requests whose token ids equal those of its ``off_of`` row
+    at the same concurrency (greedy, fp32: 1.0 unless a near-tie flipped; in bf16 near-ties are common)."""
     for row in runs:
-        ref = next((r for r in runs if r["config"] == "off" and r["concurrency"] == row["concurrency"]
+        ref = next((r for r in runs if r["config"] == off_of(row["config"]) and r["concurrency"] == row["concurrency"]
                     and "outputs" in r), None)
         if ref is None or "outputs" not in row or row["config"] in BASELINES:
             continue
         same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(row["outputs"], ref["outputs"]))
         row["same_as_off"] = same / max(1, len(ref["outputs"]))
-    for row in runs:  # vLLM's speculation against vLLM without it
-        ref = next((r for r in runs if r["config"] == "vllm:off" and r["concurrency"] == row["concurrency"]
-                    and "outputs" in r), None)
-        if ref is None or "outputs" not in row or not row["config"].startswith("vllm:"):
-            continue
-        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(row["outputs"], ref["outputs"]))
-        row["same_as_vllm_off"] = same / max(1, len(ref["outputs"]))
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -761,8 +760,8 @@ def _group_table(report: dict[str, Any], key: str, title: str):
             stats = r[key].get(g)
             if stats is None:
                 continue
-            off = next((o[key].get(g) for o in rows if o["config"] == "off" and o["concurrency"] == r["concurrency"]),
-                       None)
+            off = next((o[key].get(g) for o in rows if o["config"] == off_of(r["config"])
+                        and o["concurrency"] == r["concurrency"]), None)
             ratio = f"{stats['tokens_per_s'] / off['tokens_per_s']:.2f}" if off and off["tokens_per_s"] else "-"
             acc = ", ".join(f"{k} {v:.2f}" for k, v in stats["acceptance"].items()) or "-"
             why = ", ".join(f"{k} {v}" for k, v in sorted(stats["decisions"].items())) or "-"

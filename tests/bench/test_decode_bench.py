@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from structspec.bench import decode_bench
 from structspec.bench.compare import compare_outputs
 from structspec.bench.decode_bench import ExecutorTime, executor_summary, format_table, run_decode_bench, to_json
 
@@ -100,7 +101,6 @@ def test_llamacpp_baselines_on_gemma_and_their_ratios():
     from tests.conftest import need_llamacpp
 
     need_llamacpp()
-    from structspec.bench import decode_bench
     from structspec.bench.llamacpp_baselines import run_llamacpp_baseline
     from structspec.bench.workloads import build_workload
     from structspec.models.loading import load_profile
@@ -178,3 +178,16 @@ def test_the_chat_workload_is_free_text_with_speculation_and_refuses_json_baseli
     assert sum(rows["ff+ngram+history"]["drafted"].values()) > 0
     with pytest.raises(ValueError, match="engine configurations only"):
         run_decode_bench("demo", "chat", requests=1, max_tokens=8, configs=("off", "hf_generate"))
+
+
+def test_vllms_rows_are_measured_against_vllm_without_speculation_and_the_engines_against_its_own_off():
+    runs = [{"config": c, "concurrency": 1, "tokens_per_s": tps, "outputs": [{"token_ids": ids}]}
+            for c, tps, ids in (("off", 50.0, [1, 2]), ("ff", 100.0, [1, 2]), ("vllm:off", 80.0, [1, 3]),
+                                ("vllm:structspec", 160.0, [1, 3]), ("vllm:ngram", 40.0, [1, 4]))]
+    decode_bench._add_ratios(runs)
+    decode_bench._add_identity(runs)
+    by = {r["config"]: r for r in runs}
+    assert by["ff"]["speedup_vs_off"] == 2.0 and by["vllm:structspec"]["speedup_vs_off"] == 2.0
+    assert by["vllm:ngram"]["speedup_vs_off"] == 0.5
+    assert by["vllm:structspec"]["same_as_off"] == 1.0 and by["vllm:ngram"]["same_as_off"] == 0.0
+    assert by["ff"]["same_as_off"] == 1.0
