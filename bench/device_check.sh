@@ -13,7 +13,7 @@
 #   bench/device_check.sh --vllm             instead: the vLLM path. Gemma 3 1B's config on dummy weights, the
 #                                            extraction workload at concurrency 1, 4, 16 and 32, structspec's own
 #                                            engine (off, ff+ngram, policy) beside vLLM (vllm:off, vllm:ngram,
-#                                            vllm:policy) on the same GPU, one `bench decode` report per
+#                                            vllm:policy, vllm:structspec, vllm:structspec-policy) on the same GPU, one `bench decode` report per
 #                                            concurrency (decode-vllm-c<N>.json), under 8 minutes. vLLM must be
 #                                            installed on the machine (its CUDA wheel is far over what a run
 #                                            carries); without it the own engine's rows run and the log says so.
@@ -148,7 +148,7 @@ for r in report["runs"]:
         print(f"[device-check]   {r['config']:<12} error: {r['error']}")
         failed = 1
         continue
-    same = " ".join(f"{k}={r[k]:.2f}" for k in ("same_as_off", "same_as_vllm_off") if k in r)
+    same = f"same_as_off={r['same_as_off']:.2f}" if "same_as_off" in r else ""  # vLLM's rows: against vllm:off
     acc = " ".join(f"{k} {v:.2f}" for k, v in r["acceptance"].items()) or "-"
     print(f"[device-check]   {r['config']:<12} {r['tokens_per_s']:8.1f} tok/s  p50 {r['latency_ms_p50']:7.1f} ms  "
           f"valid {r['valid_rate']:.2f} stop {r['stop_rate']:.2f}  {same}  acceptance {acc}")
@@ -162,7 +162,7 @@ vllm_check() {  # vllm_check TOKENIZER DTYPE — both engines on one config's du
   if [ $tiny -eq 1 ]; then name=tiny; levels="1 4"; fi
   [ "$device" = cpu ] && args='{"enforce_eager": true}'
   if "$PY" -c "import vllm" 2>/dev/null; then
-    rows="$rows,vllm:off,vllm:ngram,vllm:policy"
+    rows="$rows,vllm:off,vllm:ngram,vllm:policy,vllm:structspec,vllm:structspec-policy"
   else
     say "vLLM is not installed here (pip install -e '.[vllm]'; its wheel is far over a device run's carry): the own engine's rows only"
   fi

@@ -103,14 +103,15 @@ def run_vllm_row(name: str, model: VllmModel, dtype: str, options: VllmOptions, 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: vLLM's CPU default would take far more
     engine = build_vllm_engine(vllm_config(name, model, dtype, options, policy, concurrency), book=book)
 
+    # requests leave fast-forward on: structspec's proposer drafts the forced tokens; without it vLLM decodes them
     async def run() -> tuple[list[Any], float]:
         engine.start()
-        await run_engine(engine, list(warm), 1, max_tokens, False, True, temperature)
+        await run_engine(engine, list(warm), 1, max_tokens, True, True, temperature)
         if extra_warm:
-            await run_engine(engine, list(extra_warm), concurrency, max_tokens, False, True, temperature)
+            await run_engine(engine, list(extra_warm), concurrency, max_tokens, True, True, temperature)
         if progress is not None:
             progress(0, len(items), 0)
-        return await run_engine(engine, list(items), concurrency, max_tokens, False, True, temperature, progress)
+        return await run_engine(engine, list(items), concurrency, max_tokens, True, True, temperature, progress)
 
     try:
         records, wall = asyncio.run(run())
