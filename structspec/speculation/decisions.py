@@ -73,6 +73,19 @@ class Decider:
                                 self.policy.acceptance_threshold)
         return report
 
+    def wants_replay(self, stats: Recorder | None, schema_key: str, proposer: str) -> bool:
+        """Whether ``proposer``'s replayed drafts for the schema are still thin (under ``min_evidence_tokens``):
+        worth replaying on another finished output (``speculation.replay``)."""
+        if self.policy is None or stats is None:
+            return False
+        evidence, _ = self._read(stats, schema_key, stats.clock())
+        replayed = evidence.replayed.get(proposer)
+        return replayed is None or replayed.drafted < self.policy.min_evidence_tokens
+
+    def forget(self, stats: Recorder, schema_key: str) -> None:
+        """Read the schema's evidence afresh at its next decision (what was just recorded counts at once)."""
+        self._evidence.pop((stats.model, schema_key), None)
+
     def _read(self, stats: Recorder | None, schema_key: str, now: float) -> tuple[SchemaEvidence, CostEvidence]:
         """The evidence of ``schema_key`` and the step costs, both of ``stats``' model (one draft version's)."""
         if stats is None:

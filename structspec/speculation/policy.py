@@ -17,7 +17,9 @@ decision with its reason. In order:
    with under ``min_evidence_tokens`` drafted tokens of evidence it is cold: it drafts the length
    the cost model picks at the prior (``prior_acceptance`` at a draft's first position,
    ``prior_continuation`` at each later one, held as ``prior_tokens`` examined tokens, its own thin
-   evidence added: it widens as evidence comes in, ``priced_evidence``), or nothing (priced out) where no length
+   evidence and its drafts replayed on the schema's finished outputs added (``speculation.replay``: a
+   priced-out proposer learns what it would have had accepted without drafting): it widens as evidence
+   comes in, ``priced_evidence``), or nothing (priced out) where no length
    pays at the measured step costs (the executor's step profile, measured at start, and the steps
    measured while serving); with no step cost known at all it drafts at the cap to measure; unless
    it was switched off before (below); under ``acceptance_threshold`` over the
@@ -121,7 +123,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             continue
         if short:
             k = 0 if p == DRAFT_MODEL else short_draft_length(evidence.at_bucket(p, batch_size, 1), costs, p,
-                                                               batch_size, config)
+                                                               batch_size, config, evidence.replayed.get(p))
             if k == 0:
                 reasons[p] = Reason.SHORT_OUTPUT
             else:
@@ -132,7 +134,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             if p in request.off and not (p == DRAFT_MODEL and arms_measured):  # known bad stays off
                 reasons[p] = request.off[p]
             else:
-                k = cold_draft_length(ev, costs, p, batch_size, config)
+                k = cold_draft_length(ev, costs, p, batch_size, config, evidence.replayed.get(p))
                 if k == 0:
                     reasons[p] = Reason.PRICED_OUT
                 else:
@@ -240,7 +242,7 @@ def guarded_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: st
 
 
 def short_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
-                       config: PolicyConfig) -> int:
+                       config: PolicyConfig, replayed: ProposerEvidence | None = None) -> int:
     """A short output's draft length: ``max_draft`` where a draft that long pays at the schema's acceptance (with
     the prior: ``priced_evidence``), else 0. A short output has few model decisions and most of it is forced, so a
     draft saves a pass only where it covers the rest of the output: a 1- or 2-token draft there costs its rows and
@@ -250,28 +252,31 @@ def short_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, propose
     step, plain = costs.step_seconds(batch_size, k), costs.step_seconds(batch_size, 0)
     if step is None or plain is None:
         return 0
-    priced = priced_evidence(ev, config)
+    priced = priced_evidence(ev, config, replayed)
     per_token = (step + costs.propose_seconds(proposer, k)) / (1.0 + priced.expected_accepted(k))
     return k if per_token < plain * (1.0 - config.gain_margin) else 0
 
 
-def priced_evidence(ev: ProposerEvidence | None, config: PolicyConfig) -> ProposerEvidence:
-    """The evidence a proposer is priced with: under ``min_evidence_tokens`` with the prior added
-    (``prior_acceptance`` at a draft's first position, ``prior_continuation`` after it, ``prior_tokens`` strong)."""
+def priced_evidence(ev: ProposerEvidence | None, config: PolicyConfig,
+                    replayed: ProposerEvidence | None = None) -> ProposerEvidence:
+    """The evidence a proposer is priced with: its own once it holds ``min_evidence_tokens``; before, its own and
+    its drafts replayed on the schema's finished outputs (``speculation.replay``: what verification would have
+    accepted of the drafts it did not make) with the prior added (``prior_acceptance`` at a draft's first
+    position, ``prior_continuation`` after it, ``prior_tokens`` strong)."""
     if ev is not None and ev.drafted >= config.min_evidence_tokens:
         return ev
-    return (ev or ProposerEvidence()).with_prior(config.prior_acceptance, config.prior_tokens, config.max_draft,
-                                                 config.prior_continuation)
+    return (ev or ProposerEvidence()).plus(replayed).with_prior(config.prior_acceptance, config.prior_tokens,
+                                                               config.max_draft, config.prior_continuation)
 
 
 def cold_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
-                      config: PolicyConfig) -> int:
-    """A cold proposer's draft length: the cost model's choice at the prior acceptance, its own thin evidence
-    added (``ProposerEvidence.with_prior``), so it drafts only what pays at the measured step costs and widens as
-    its evidence comes in; ``max_draft`` (measuring) where no step cost at this bucket is known at all."""
+                      config: PolicyConfig, replayed: ProposerEvidence | None = None) -> int:
+    """A cold proposer's draft length: the cost model's choice at the prior acceptance, its own thin evidence and
+    its replayed drafts added (``priced_evidence``), so it drafts only what pays at the measured step costs and
+    widens as evidence comes in; ``max_draft`` (measuring) where no step cost at this bucket is known at all."""
     if costs.step_seconds(batch_size, 0) is None:
         return config.max_draft
-    return best_draft_length(priced_evidence(ev, config), costs, proposer, batch_size, config)
+    return best_draft_length(priced_evidence(ev, config, replayed), costs, proposer, batch_size, config)
 
 
 def best_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
@@ -324,8 +329,9 @@ def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, ba
     schema owners' view. The guard, overrides, short outputs and probes are ``decide``'s, not priced here."""
     ev = evidence.at_bucket(proposer, batch_size, config.min_evidence_tokens)
     cold = ev is None or ev.drafted < config.min_evidence_tokens
-    priced = priced_evidence(ev, config)
-    chosen = cold_draft_length(ev, costs, proposer, batch_size, config) if cold else \
+    replayed = evidence.replayed.get(proposer)
+    priced = priced_evidence(ev, config, replayed)
+    chosen = cold_draft_length(ev, costs, proposer, batch_size, config, replayed) if cold else \
         best_draft_length(priced, costs, proposer, batch_size, config)
     prices = []
     for k in range(config.max_draft + 1):

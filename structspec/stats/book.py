@@ -276,6 +276,26 @@ class Recorder:
                 rows.append((k(Series.ACCEPTED_AT, proposer, b, str(i)), 1.0))
         self.book.add(rows)
 
+    def record_replay(self, schema_key: str, proposer: str, batch_size: int,
+                      verdicts: Sequence[tuple[int, int]]) -> None:
+        """Drafts replayed on a finished output (``speculation.replay``): (drafted, accepted) each, counted by
+        draft position as ``record_verification`` counts a verification, under the ``REPLAYED_*`` series."""
+        if not verdicts:
+            return
+        b = batch_bucket(batch_size)
+        k = self._keys(schema_key)
+        reached: dict[int, int] = defaultdict(int)
+        accepted_at: dict[int, int] = defaultdict(int)
+        for drafted, accepted in verdicts:
+            for i in range(1, min(drafted, accepted + 1) + 1):
+                reached[i] += 1
+                accepted_at[i] += i <= accepted
+        self.book.add([(k(Series.REPLAYED, proposer, b), float(len(verdicts))),
+                       (k(Series.REPLAYED_DRAFTED, proposer, b), float(sum(d for d, _ in verdicts))),
+                       *((k(Series.REPLAYED_REACHED, proposer, b, str(i)), float(n)) for i, n in reached.items()),
+                       *((k(Series.REPLAYED_ACCEPTED_AT, proposer, b, str(i)), float(n))
+                         for i, n in accepted_at.items() if n)])
+
     def record_proposal(self, proposer: str, asked: int, seconds: float) -> None:
         k = self._keys("")
         self.book.add([(k(Series.PROPOSALS, proposer, 0, str(asked)), 1.0),

@@ -88,6 +88,12 @@ class Series:
     PROBE_VERIFICATIONS = "probe_verifications"  # of VERIFICATIONS, those made by a recovery probe
     REACHED = "reached"  # label: draft position 1..k; the verifier examined it
     ACCEPTED_AT = "accepted_at"  # label: draft position; examined and accepted
+    # per (proposer, batch bucket): drafts replayed on a finished output by a proposer that did not draft in it
+    # (``speculation.replay``): what verification would have made of them; read only to price a cold proposer
+    REPLAYED = "replayed"  # replayed drafts
+    REPLAYED_DRAFTED = "replayed_drafted"
+    REPLAYED_REACHED = "replayed_reached"  # label: draft position
+    REPLAYED_ACCEPTED_AT = "replayed_accepted_at"  # label: draft position
     # per proposer: its own drafting time (label: tokens asked for)
     PROPOSALS = "proposals"
     PROPOSE_SECONDS = "propose_seconds"

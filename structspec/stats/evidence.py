@@ -53,6 +53,19 @@ class ProposerEvidence:
             total += chain
         return total
 
+    def plus(self, other: ProposerEvidence | None) -> ProposerEvidence:
+        """Both counts added, position by position."""
+        if other is None:
+            return self
+        n = max(len(self.reached), len(other.reached))
+
+        def at(values: tuple[float, ...], i: int) -> float:
+            return values[i] if i < len(values) else 0.0
+
+        return ProposerEvidence(self.drafted + other.drafted, self.accepted + other.accepted,
+                                tuple(at(self.reached, i) + at(other.reached, i) for i in range(n)),
+                                tuple(at(self.accepted_at, i) + at(other.accepted_at, i) for i in range(n)))
+
     def with_prior(self, first: float, strength: float, depth: int, later: float | None = None) -> ProposerEvidence:
         """The evidence with ``strength`` examined tokens added at each of the first ``depth`` positions, accepted at
         ``first`` at position 1 and ``later`` (default ``first``) after it (a Beta prior on each position's
@@ -91,6 +104,8 @@ class SchemaEvidence:
     arms_pooled: dict[str, ArmEvidence] = field(default_factory=dict)
     last_measured: dict[str, int] = field(default_factory=dict)  # proposer -> the newest hour it drafted or was probed
     hour: int = 0  # the hour the evidence was read at
+    replayed: dict[str, ProposerEvidence] = field(default_factory=dict)  # proposer -> drafts replayed on finished
+    # outputs it did not draft in (``speculation.replay``), pooled over buckets: a cold proposer's prior
 
     def arm_at(self, arm: str, batch_size: int, min_requests: float) -> ArmEvidence:
         """The arm at ``batch_size``'s bucket; pooled over buckets where that bucket has too few requests."""
@@ -194,6 +209,7 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
     lengths: dict[str, float] = {}
     arms: dict[tuple[str, int], list[float]] = {}
     last_measured: dict[str, int] = {}
+    replayed: dict[str, dict[int, list[Any]]] = {}  # proposer -> hour -> counts (every bucket)
     for key, value in counters.items():
         s = key.series
         if s == Series.OUTPUT_LENGTH:
@@ -211,6 +227,12 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
         if (s == Series.DRAFTED or (s == Series.DECISION and key.label == Reason.PROBE)) and value > 0 \
                 and key.proposer and key.hour > last_measured.get(key.proposer, -1):
             last_measured[key.proposer] = key.hour
+        if s in _REPLAYED_SERIES:
+            row = replayed.setdefault(key.proposer, {}).setdefault(key.hour, [0.0, 0.0, {}, {}])
+            _add(row, _REPLAYED_SERIES[s], key.label, value)
+            if s == Series.REPLAYED_ACCEPTED_AT:
+                row[1] += value
+            continue
         if s not in (Series.DRAFTED, Series.ACCEPTED, Series.REACHED, Series.ACCEPTED_AT):
             continue
         row = hourly.setdefault((key.proposer, key.batch_bucket), {}).setdefault(key.hour, [0.0, 0.0, {}, {}])
@@ -233,9 +255,11 @@ def schema_evidence(counters: Counters, now_hour: int, half_life_hours: float,
                           {p: _recent(h, window_tokens) for p, h in pooled.items()},
                           histogram_quantile(lengths, 0.5, LENGTH_BOUNDS), sum(lengths.values()),
                           {k: ArmEvidence(*v) for k, v in arms.items()}, {a: ArmEvidence(*v) for a, v in arms_pooled.items()},
-                          last_measured, now_hour)
+                          last_measured, now_hour, {p: _recent(h, window_tokens) for p, h in replayed.items()})
 
 
+_REPLAYED_SERIES = {Series.REPLAYED_DRAFTED: Series.DRAFTED, Series.REPLAYED_REACHED: Series.REACHED,
+                    Series.REPLAYED_ACCEPTED_AT: Series.ACCEPTED_AT}
 _ARM_SERIES = {Series.ARM_REQUESTS: 0, Series.ARM_DECODE_MS: 1, Series.ARM_TOKENS: 2}
 
 

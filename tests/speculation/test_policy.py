@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -357,3 +358,34 @@ def test_known_bad_stays_off_on_thin_evidence_and_only_evidence_turns_it_on():
     good = positional(0.9, k=3, drafts=CFG.min_evidence_tokens / 3)  # enough new evidence, and good
     back = run(evidence(draft=good), req=request(off={"draft": Reason.LOW_ACCEPTANCE}), proposers=("draft",))
     assert back.reasons["draft"] == Reason.DRAFTED and "draft" in back.max_draft
+
+
+def test_drafts_replayed_on_finished_outputs_price_a_cold_proposer_in_or_keep_it_out():
+    costly = CostEvidence({(1, k): 0.040 * (1 + 0.45 * k) for k in range(9)})  # priced out at the prior
+    never = SchemaEvidence(hour=NOW)
+    assert run(never, costly, proposers=("ngram",)).reasons["ngram"] == Reason.PRICED_OUT
+    copies = SchemaEvidence(hour=NOW, replayed={"ngram": positional(0.95, drafts=40)})  # what it would have kept
+    report = run(copies, costly, proposers=("ngram",))
+    assert report.reasons["ngram"] == Reason.COLD and report.max_draft["ngram"] >= 2  # cold, and drafting
+    misses = SchemaEvidence(hour=NOW, replayed={"ngram": positional(0.2, drafts=40)})
+    assert run(misses, costly, proposers=("ngram",)).reasons["ngram"] == Reason.PRICED_OUT
+    # a k-row step costing k + 1 decode steps: nothing pays, whatever the replays say
+    forwards = CostEvidence({(1, k): 0.014 * (k + 1) for k in range(9)})
+    assert run(copies, forwards, proposers=("ngram",)).reasons["ngram"] == Reason.PRICED_OUT
+    # once the proposer's own evidence holds min_evidence_tokens, replays are not read
+    own = dataclasses.replace(evidence(ngram=positional(0.1, drafts=200)), replayed=copies.replayed)
+    assert run(own, costly, proposers=("ngram",)).max_draft == {}
+
+
+def test_replayed_drafts_are_read_by_position_pooled_over_buckets_and_apart_from_real_drafting():
+    book = StatsBook(clock=lambda: NOW)
+    rec = book.recorder("m")
+    rec.record_replay("s@1", "ngram", 1, [(4, 4), (4, 1), (2, 0)])
+    rec.record_replay("s@1", "ngram", 8, [(3, 3)])
+    rec.record_replay("s@1", "ngram", 1, [])  # nothing replayed: nothing recorded
+    ev = schema_evidence(book.rows_for("m", "s@1", 0), hour_of(NOW), CFG.half_life_hours)
+    replayed = ev.replayed["ngram"]
+    assert replayed.drafted == 13 and replayed.accepted == 8
+    # position 1 reached by every draft; 2 by the 4/4, 4/1 and 3/3 drafts; 3 and 4 by the 4/4 and 3/3 ones (4: one)
+    assert replayed.reached == (4, 3, 2, 1) and replayed.accepted_at == (3, 2, 2, 1)
+    assert ev.by_bucket == {} and ev.pooled == {} and ev.last_measured == {}  # not drafting, not a measurement
