@@ -282,6 +282,8 @@ def pricing_line(p: DraftPricing, state: ProposerPolicyState | None) -> str:
     first = p.priced_acceptance
     if p.cold:
         prior = "prior" if p.evidence_tokens <= 0 else f"prior + {p.evidence_tokens:.0f} tokens of evidence"
+        if p.replayed_tokens > 0 and p.replayed_acceptance is not None:
+            prior += f" + {p.replayed_tokens:.0f} replayed at {p.replayed_acceptance:.2f}"
         evidence = f"cold, {p.evidence_tokens:.0f} of {p.min_evidence_tokens} drafted tokens"
     else:
         prior = "measured"

@@ -82,3 +82,21 @@ def test_the_report_has_a_pricing_table_per_proposer() -> None:
     assert "ngram at batch \u22641 (the policy&#x27;s latest: priced_out)" in page
     assert "<th>step / plain</th>" in page and "1.90" in page and "13.6" in page
     assert "No proposer priced" in _pricing_tables(views.SchemaStats(KEY, {}, "cpu"))
+
+
+def test_a_cold_proposers_line_says_what_its_replayed_drafts_measured(tmp_path: Path) -> None:
+    """Drafts replayed on the schema's finished outputs (``speculation.replay``) move the acceptance it is priced
+    at off the prior, and the line says so."""
+    record(tmp_path)
+
+    async def replays() -> None:
+        store = open_store("", tmp_path)
+        await store.open()
+        store.stats.recorder("cpu").record_replay(KEY, "ngram", 1, [(8, 8)] * 30)
+        await store.close()
+
+    asyncio.run(replays())
+    out = runner.invoke(app, ["stats", KEY, "--data-dir", str(tmp_path)], env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    line = next(t for t in out.output.splitlines() if t.startswith("ngram at batch 1"))
+    assert "cold, 0 of 500 drafted tokens, priced at acceptance 0.73 (prior + 240 replayed at 1.00)" in line, line  # (30 + 0.4 x 24) / 54

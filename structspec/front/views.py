@@ -183,6 +183,8 @@ class DraftPricing:
     gain_margin: float  # a draft length must beat the plain step's time per token by this share
     prices: list[DraftPrice] = field(default_factory=list)  # k = 0 .. the longest draft
     reason: str = ""  # the policy's latest reason for the proposer (its state's, else its latest decisions'); "" none
+    replayed_tokens: float = 0.0  # drafts replayed on finished outputs it did not draft in (read while cold)
+    replayed_acceptance: float | None = None  # theirs, per examined token (None: none replayed)
 
     @property
     def plain(self) -> DraftPrice | None:

@@ -125,6 +125,8 @@ def _pricing_tables(entry: SchemaStats) -> str:
         first = p.priced_acceptance
         if p.cold:
             evidence = f"cold: {p.evidence_tokens:.0f} of {p.min_evidence_tokens} drafted tokens, priced at the prior"
+            if p.replayed_tokens > 0 and p.replayed_acceptance is not None:
+                evidence += f" and {p.replayed_tokens:.0f} replayed tokens at {p.replayed_acceptance:.2f}"
         else:
             read = f", acceptance {p.acceptance:.2f}" if p.acceptance is not None else ""
             evidence = f"{p.evidence_tokens:.0f} drafted tokens read{read}"

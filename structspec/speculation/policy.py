@@ -321,6 +321,8 @@ class DraftPricing:
     cold: bool  # priced with the prior (``prior_acceptance``) added to the thin evidence
     chosen: int
     prices: tuple[DraftPrice, ...]  # k = 0 .. max_draft
+    replayed_tokens: float = 0.0  # drafts replayed on the schema's finished outputs (``speculation.replay``)
+    replayed_acceptance: float | None = None  # theirs, per examined token (None: none replayed)
 
 
 def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, batch_size: int,
@@ -341,7 +343,8 @@ def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, ba
         prices.append(DraftPrice(k, step, d, e, (step + d) / (1.0 + e) if step is not None else None))
     acceptance = ev.acceptance if ev is not None and ev.drafted > 0 else None
     return DraftPricing(proposer, batch_bucket(batch_size), ev.drafted if ev is not None else 0.0, acceptance, cold,
-                        chosen, tuple(prices))
+                        chosen, tuple(prices), replayed.drafted if replayed is not None else 0.0,
+                        replayed.acceptance if replayed is not None and replayed.drafted > 0 else None)
 
 
 _TYPE_TOKENS = {"integer": 2, "number": 3, "boolean": 1, "null": 1}

@@ -51,12 +51,13 @@ def test_the_client_decodes_the_views_it_was_sent() -> None:
                                   [views.DraftPrice(0, 0.0125, 0.0, 0.0, 0.0125, "served"),
                                    views.DraftPrice(1, 0.014, 0.003, 0.55, 0.011, "profile"),
                                    views.DraftPrice(2, None, 0.006, 0.9, None, "")], "cold"),
-               views.DraftPricing("ngram", 1, 0.0, 500, None, True, 0, 0.05, [], "")]
+               views.DraftPricing("ngram", 1, 0.0, 500, None, True, 0, 0.05, [], "", 160.0, 0.37)]
     sent = views.SchemaStats("k@1", {3600: stats.stats_window(3600, summary()), 60: views.StatsWindow(60)}, "m",
                              policy, changes, timeline, pricing)
     message = stats_convert.schema_stats(sent, (3600, 60))
     assert stats_decode.schema_stats(pb.SchemaStats.FromString(message.SerializeToString())) == sent
     assert not message.pricing[1].HasField("acceptance") and not message.pricing[0].prices[2].HasField("step_seconds")
+    assert message.pricing[1].HasField("replayed_acceptance") and not message.pricing[0].HasField("replayed_acceptance")
     assert message.pricing[0].prices[0].HasField("step_seconds")
     assert not message.policy[0].HasField("threshold") and message.policy[1].last_switch_off == 0.0  # None on the wire
     assert [w.window_seconds for w in stats_convert.schema_stats(sent, (60, 3600, 60)).windows] == [60, 3600, 60]

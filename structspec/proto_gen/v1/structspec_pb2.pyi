@@ -742,7 +742,7 @@ class DraftPrice(_message.Message):
     def __init__(self, k: _Optional[int] = ..., step_seconds: _Optional[float] = ..., propose_seconds: _Optional[float] = ..., expected_accepted: _Optional[float] = ..., seconds_per_token: _Optional[float] = ..., step_source: _Optional[str] = ...) -> None: ...
 
 class DraftPricing(_message.Message):
-    __slots__ = ("proposer", "batch_bucket", "evidence_tokens", "min_evidence_tokens", "acceptance", "cold", "chosen", "gain_margin", "prices", "reason")
+    __slots__ = ("proposer", "batch_bucket", "evidence_tokens", "min_evidence_tokens", "acceptance", "cold", "chosen", "gain_margin", "prices", "reason", "replayed_tokens", "replayed_acceptance")
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -753,6 +753,8 @@ class DraftPricing(_message.Message):
     GAIN_MARGIN_FIELD_NUMBER: _ClassVar[int]
     PRICES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     proposer: str
     batch_bucket: int
     evidence_tokens: float
@@ -763,7 +765,9 @@ class DraftPricing(_message.Message):
     gain_margin: float
     prices: _containers.RepeatedCompositeFieldContainer[DraftPrice]
     reason: str
-    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., evidence_tokens: _Optional[float] = ..., min_evidence_tokens: _Optional[int] = ..., acceptance: _Optional[float] = ..., cold: _Optional[bool] = ..., chosen: _Optional[int] = ..., gain_margin: _Optional[float] = ..., prices: _Optional[_Iterable[_Union[DraftPrice, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+    replayed_tokens: float
+    replayed_acceptance: float
+    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., evidence_tokens: _Optional[float] = ..., min_evidence_tokens: _Optional[int] = ..., acceptance: _Optional[float] = ..., cold: _Optional[bool] = ..., chosen: _Optional[int] = ..., gain_margin: _Optional[float] = ..., prices: _Optional[_Iterable[_Union[DraftPrice, _Mapping]]] = ..., reason: _Optional[str] = ..., replayed_tokens: _Optional[float] = ..., replayed_acceptance: _Optional[float] = ...) -> None: ...
 
 class GetSchemaStatsRequest(_message.Message):
     __slots__ = ("schema_ref", "schema_key", "window_seconds", "model", "include_timeline")
