@@ -74,13 +74,14 @@ class Decider:
         return report
 
     def wants_replay(self, stats: Recorder | None, schema_key: str, proposer: str) -> bool:
-        """Whether ``proposer``'s replayed drafts for the schema are still thin (under ``min_evidence_tokens``):
-        worth replaying on another finished output (``speculation.replay``)."""
+        """Whether ``proposer``'s replayed drafts for the schema are still thin (under ``min_evidence_tokens``
+        examined tokens: what the acceptance is measured on, whatever the drafts' length): worth replaying on another
+        finished output (``speculation.replay``)."""
         if self.policy is None or stats is None:
             return False
         evidence, _ = self._read(stats, schema_key, stats.clock())
         replayed = evidence.replayed.get(proposer)
-        return replayed is None or replayed.drafted < self.policy.min_evidence_tokens
+        return replayed is None or sum(replayed.reached) < self.policy.min_evidence_tokens
 
     def forget(self, stats: Recorder, schema_key: str) -> None:
         """Read the schema's evidence afresh at its next decision (what was just recorded counts at once)."""

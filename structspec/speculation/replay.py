@@ -13,10 +13,10 @@ accepted prefix of a verification, and the counts by draft position (``Recorder.
 per-position acceptance, unbiased. Greedy and deterministic proposers make them equal to the verdicts the engine
 would have recorded, draft for draft (``tests/speculation/test_replay.py``).
 
-The walk mirrors the engine's step: forced tokens are fast-forwarded (never a proposer's turn); a draft is asked at
-the length ``draft_length`` picks from the replay's own recent acceptance, cut at the first token the grammar
-refuses (as ``Drafter.draft`` cuts it); the walk then moves past the matched tokens and the one the target
-committed after them.
+The walk mirrors the engine's step: forced tokens are fast-forwarded (never a proposer's turn); a draft is asked
+(at the policy's longest length, or, for the comparison with the engine, the length ``draft_length`` would pick),
+cut at the first token the grammar refuses (as ``Drafter.draft`` cuts it); the walk then moves past the matched
+tokens and the one the target committed after them.
 
 Cost: one matcher over the output, a proposer call and a decode of the output so far per replayed step. The router
 replays a proposer only while its replayed evidence is thin (``Router.on_finish``).
@@ -24,23 +24,69 @@ replays a proposer only while its replayed evidence is thin (``Router.on_finish`
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import logging
+from typing import Callable, Iterable, Sequence
 
 import torch
 
+from structspec.engine.sequence import EngineSequence
 from structspec.grammar.base import Matcher, allocate_bitmask, token_allowed
 from structspec.speculation.base import DraftContext, Proposer, SequenceSpeculation
+from structspec.speculation.decisions import Decider
+from structspec.speculation.history import history_key
 from structspec.speculation.proposing import draft_length, remember_acceptance
+from structspec.stats.book import Recorder
+from structspec.stats.counters import Reason
+
+log = logging.getLogger(__name__)
+
+
+def replay_priced_out(seq: EngineSequence, output: Sequence[int], proposers: Iterable[Proposer | None],
+                      decider: Decider, stats: Recorder | None, vocab_size: int,
+                      decode: Callable[[list[int]], str]) -> None:
+    """Replay on ``seq``'s finished ``output`` the drafts of each of ``proposers`` its decision priced out, while the
+    schema's replayed evidence is thin (``Decider.wants_replay``), and record them. Call it before the output joins
+    the schema history (it must not draft itself). Raises: Never (a failure is logged, the evidence lost)."""
+    decision, policy = seq.decision, decider.policy
+    if stats is None or decision is None or policy is None or seq.grammar is None or not output:
+        return
+    for proposer in proposers:
+        if proposer is None or decision.reasons.get(proposer.name) != Reason.PRICED_OUT \
+                or not decider.wants_replay(stats, seq.schema_key, proposer.name):
+            continue
+        try:
+            verdicts = replay_drafts(proposer, output, seq.grammar.matcher(), vocab_size,
+                                     sequence_context(seq, decode), policy.max_draft, seq.fast_forward, adapt=False)
+        except Exception:  # noqa: BLE001 - evidence lost, never the answer
+            log.exception("replaying %s's drafts on request %s failed", proposer.name, seq.request_id)
+            continue
+        stats.record_replay(seq.schema_key, proposer.name, seq.decision_bucket, verdicts)
+        decider.forget(stats, seq.schema_key)
+
+
+def sequence_context(seq: EngineSequence, decode: Callable[[list[int]], str]
+                     ) -> Callable[[list[int], Matcher, SequenceSpeculation], DraftContext]:
+    """A proposer's view of ``seq`` with ``output`` committed (``decode``: ids -> text), for ``replay_drafts``."""
+    prompt_text = decode(list(seq.prompt))
+
+    def context(output: list[int], matcher: Matcher, state: SequenceSpeculation) -> DraftContext:
+        return DraftContext(history_key(seq), seq.schema, prompt_text, decode(output), seq.prompt, output, matcher,
+                            seq.seed, seq.params, state, seq.prose)
+
+    return context
 
 
 def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, vocab_size: int,
                   context: Callable[[list[int], Matcher, SequenceSpeculation], DraftContext], max_draft: int,
-                  fast_forward: bool = True, end_of_turn: frozenset[int] = frozenset()) -> list[tuple[int, int]]:
+                  fast_forward: bool = True, end_of_turn: frozenset[int] = frozenset(),
+                  adapt: bool = True) -> list[tuple[int, int]]:
     """(drafted, accepted) of each draft ``proposer`` would have made while ``output`` was decoded.
 
     ``matcher``: a fresh matcher of the request's grammar (consumed here); ``context(output_so_far, matcher,
-    state)``: the proposer's view at a position; ``end_of_turn``: ids a draft never runs past. Stops where the
-    matcher refuses the output (an output the grammar did not produce: a stop string, say).
+    state)``: the proposer's view at a position; ``end_of_turn``: ids a draft never runs past; ``adapt``: drafts as
+    long as the engine's ``draft_length`` would ask (its verdicts, draft for draft), else every draft ``max_draft``
+    long (what pricing wants: each position's acceptance measured as often as the drafts reach it, not only after
+    a run of acceptances). Stops where the matcher refuses the output (one the grammar did not produce).
     Raises: whatever the proposer raises (the caller logs it and keeps the request's answer)."""
     out = list(output)
     state = SequenceSpeculation()
@@ -58,7 +104,7 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
                     break
                 t += n
                 continue
-        k = draft_length(state, proposer.name, max_draft)
+        k = draft_length(state, proposer.name, max_draft) if adapt else max_draft
         draft = proposer.propose(context(out[:t], matcher, state), k)
         step = 1
         if draft is not None and draft.tokens:

@@ -18,7 +18,6 @@ version's own evidence.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from typing import Any, cast
@@ -36,12 +35,9 @@ from structspec.speculation.draft_versions import DraftVersion, DraftVersions
 from structspec.speculation.history import HistoryProposer, SchemaHistory, history_key
 from structspec.speculation.ngram import NgramProposer
 from structspec.speculation.proposing import draft_length, fit_q, proposer_order, remember_acceptance
-from structspec.speculation.replay import replay_drafts
+from structspec.speculation.replay import replay_priced_out
 from structspec.speculation.verdicts import record_verdict
 from structspec.stats.book import Recorder
-from structspec.stats.counters import Reason
-
-log = logging.getLogger(__name__)
 
 
 class Router:
@@ -159,36 +155,11 @@ class Router:
         if state is not None:
             self.versions.unbind(state)
         if seq.finish in (FinishReason.STOP, FinishReason.LENGTH) and seq.output:
-            self._replay(seq)  # (before the output joins the history: it must not draft itself)
+            # (before the output joins the history: it must not draft itself)
+            replay_priced_out(seq, seq.output, (self.ngram, self.history_proposer), self.decider, self._stats(seq),
+                              self.vocab_size, self._decode)
         if seq.finish is FinishReason.STOP and seq.output:
             self.history.add(history_key(seq), seq.output_text())
-
-    def _replay(self, seq: EngineSequence) -> None:
-        """Replay on ``seq``'s output the drafts of each cheap proposer the policy priced out for it, while the
-        schema's replayed evidence is thin (``speculation.replay``). Raises: Never (a failure is logged)."""
-        stats, decision, policy = self._stats(seq), seq.decision, self.decider.policy
-        if stats is None or decision is None or policy is None or seq.grammar is None:
-            return
-        for proposer in (self.ngram, self.history_proposer):
-            if proposer is None or decision.reasons.get(proposer.name) != Reason.PRICED_OUT \
-                    or not self.decider.wants_replay(stats, seq.schema_key, proposer.name):
-                continue
-            try:
-                verdicts = replay_drafts(proposer, seq.output, seq.grammar.matcher(), self.vocab_size,
-                                         lambda out, matcher, state: self._replay_context(seq, out, matcher, state),
-                                         policy.max_draft, seq.fast_forward)
-            except Exception:  # noqa: BLE001 - evidence lost, never the answer
-                log.exception("replaying %s's drafts on request %s failed", proposer.name, seq.request_id)
-                continue
-            stats.record_replay(seq.schema_key, proposer.name, seq.decision_bucket, verdicts)
-            self.decider.forget(stats, seq.schema_key)
-
-    def _replay_context(self, seq: EngineSequence, output: list[int], matcher: Any,
-                        state: SequenceSpeculation) -> DraftContext:
-        if state.prompt_text is None:
-            state.prompt_text = self._decode(seq.prompt)
-        return DraftContext(history_key(seq), seq.schema, state.prompt_text, self._decode(output), seq.prompt,
-                            output, matcher, seq.seed, seq.params, state, seq.prose)
 
     def _context(self, seq: EngineSequence) -> DraftContext:
         state = self._bind(seq)

@@ -144,7 +144,8 @@ def build_vllm_engine(settings: Any, store: Any = None, book: Any = None) -> Any
         history = (persisted_history(store, history_model_key(models)) if store is not None
                    else SchemaHistory())
         drafting = DraftingFront(names, int((speculative or {})["num_speculative_tokens"]),
-                                 config.policy if spec.adaptive else None, recorder, history, tuple(eos))
+                                 config.policy if spec.adaptive else None, recorder, history, tuple(eos),
+                                 tokenizer=models.tokenizer, vocab_size=vocab)
     compiler = GrammarCompiler(TokenizerView(models.tokenizer, n_vocab=vocab, eos_token_ids=eos), backend="llguidance")
     engine = VllmEngine(llm, models.tokenizer, compiler, int(llm.model_config.max_model_len), model_key=key,
                         end_of_turn=eos, steps=steps, proposer=str((speculative or {}).get("method", "")),

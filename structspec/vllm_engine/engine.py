@@ -236,7 +236,7 @@ class VllmEngine(RequestPipeline):
         accepted = 0
         if self.drafting is not None:
             accepted = self.drafting.record(seq, await self._journal(seq.key), usage)
-            self.drafting.finished(seq, text(output), finish)
+            self.drafting.finished(seq, output, text(output), finish)
         elif metrics is not None and self.proposer:
             accepted = record_verifications(self.stats, seq.schema_key, self.proposer, batch,
                                             metrics.per_step_drafted, metrics.per_step_accepted, usage)

@@ -5,8 +5,9 @@ same statistics book) who may draft for a request and how far, at the batch size
 and writes the answer as the request's ``DraftingPlan`` (``drafting``), with a snapshot of its schema's history
 (the persisted, tenant-scoped history the own engine drafts from). ``DraftingFront.record`` writes the journal the
 worker kept (``proposer.StructspecProposer.drain``) as the own engine's records: each verification per schema,
-proposer, batch bucket and draft position, the forced tokens, the request's usage; ``finished`` adds a complete
-output to the history.
+proposer, batch bucket and draft position, the forced tokens, the request's usage; ``finished`` replays on the
+output the drafts a priced-out proposer would have made (``speculation.replay``) and adds a complete output to the
+history.
 
 The decision is made once, at admission (the own engine decides again at each step): vLLM's proposer reads the
 plan the request carries and cannot ask the front mid-request.
@@ -20,10 +21,12 @@ from typing import Any
 from structspec.engine.config import PolicyConfig
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import FinishReason, SpeculationReport, Usage
-from structspec.speculation.base import SequenceSpeculation
+from structspec.speculation.base import Proposer, SequenceSpeculation
 from structspec.speculation.decisions import Decider
-from structspec.speculation.history import SchemaHistory, history_key
-from structspec.stats.counters import Reason
+from structspec.speculation.history import HistoryProposer, SchemaHistory, history_key
+from structspec.speculation.ngram import NgramProposer
+from structspec.speculation.replay import replay_priced_out
+from structspec.stats.counters import Reason, batch_bucket
 from structspec.vllm_engine.drafting import DraftingPlan, Journal
 
 HISTORY_SENT = 32  # the schema history's newest outputs a request carries to the workers
@@ -39,8 +42,14 @@ class DraftingFront:
     the policy sees no evidence); ``history``: the schema history (the store's, persisted)."""
 
     def __init__(self, names: tuple[str, ...], max_draft: int, policy: PolicyConfig | None, stats: Any,
-                 history: SchemaHistory, end_of_turn: tuple[int, ...], rng: random.Random | None = None):
+                 history: SchemaHistory, end_of_turn: tuple[int, ...], rng: random.Random | None = None,
+                 tokenizer: Any = None, vocab_size: int = 0):
         self.names = names
+        self._tokenizer, self._vocab = tokenizer, vocab_size
+        # the proposers replayed on finished outputs while priced out (none without a tokenizer)
+        self._replayers: tuple[Proposer, ...] = () if tokenizer is None else tuple(
+            p for p in (NgramProposer(tokenizer) if "ngram" in names else None,
+                        HistoryProposer(tokenizer, history) if "history" in names else None) if p is not None)
         self.max_draft = max_draft
         self.stats = stats
         self.history = history
@@ -53,7 +62,7 @@ class DraftingFront:
         if report.max_draft and seq.params.temperature > 0 and not SAMPLED_EXACT:
             report = SpeculationReport(False, Reason.SAMPLED_ON_VLLM, False, {},
                                        {p: Reason.SAMPLED_ON_VLLM for p in report.reasons})
-        seq.decision = report
+        seq.decision, seq.decision_bucket = report, batch_bucket(batch_size)
         if self.stats is not None:
             self.stats.record_decision(seq.schema_key, report.reason, report.reasons)
         policy = self.decider.policy
@@ -81,7 +90,13 @@ class DraftingFront:
                                                probe)
         return total
 
-    def finished(self, seq: EngineSequence, text: str, finish: FinishReason) -> None:
-        """A complete output joins its schema's history (the own engine's rule: finished, not cut or failed)."""
+    def finished(self, seq: EngineSequence, output: list[int], text: str, finish: FinishReason) -> None:
+        """The drafts a priced-out proposer would have made, replayed on ``output`` (``speculation.replay``, with
+        ``tokenizer``); a complete output then joins its schema's history (the own engine's rules)."""
+        if self._replayers and finish in (FinishReason.STOP, FinishReason.LENGTH):
+            replay_priced_out(seq, output, self._replayers, self.decider, self.stats, self._vocab, self._decode)
         if finish is FinishReason.STOP and text and "history" in self.names:
             self.history.add(history_key(seq), text)
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))

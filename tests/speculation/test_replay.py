@@ -10,7 +10,7 @@ from structspec.engine.config import PolicyConfig, SchedulerLimits
 from structspec.engine.core import run_until_idle
 from structspec.models.step_profile import StepProfile
 from structspec.speculation.configs import ProposerSet
-from structspec.speculation.replay import replay_drafts
+from structspec.speculation.replay import replay_drafts, sequence_context
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import Reason, Series
 from tests.speculation.test_speculative_decoding import sequences
@@ -36,7 +36,7 @@ def test_replayed_drafts_on_a_greedy_output_are_the_verdicts_the_engine_recorded
     for seq in seqs:
         assert seq.finish.value == "stop"
         got = replay_drafts(router.ngram, seq.output, seq.grammar.matcher(), engine.core.drafter.executor.vocab_size,
-                            lambda out, m, state, seq=seq: router._replay_context(seq, out, m, state), 8,
+                            sequence_context(seq, router._decode), 8,
                             seq.fast_forward)
         assert got == seen.get(seq.request_id, []), (seq.request_id, got, seen.get(seq.request_id))
         replayed_any += len(got)
@@ -44,16 +44,19 @@ def test_replayed_drafts_on_a_greedy_output_are_the_verdicts_the_engine_recorded
 
 
 def test_a_priced_out_proposer_is_replayed_until_its_evidence_holds_then_priced_with_it(demo_models, demo_compiler):
-    """A k-row step costing 1 + 0.45 k decode steps prices copy lookup out at the prior; replays on finished
-    outputs give it evidence without a draft, and stop once they hold ``min_evidence_tokens``."""
+    """A k-row step costing 1 + 0.2 k decode steps, and a pessimistic prior (0.1, then 0.3), price copy lookup out
+    cold; replays on finished outputs give it evidence without a draft, and stop once they hold
+    ``min_evidence_tokens`` examined tokens."""
     book = StatsBook()
-    policy = PolicyConfig(min_evidence_tokens=150, probe_rate=0.0)
+    policy = PolicyConfig(min_evidence_tokens=150, probe_rate=0.0, prior_acceptance=0.1, prior_continuation=0.3)
+    recorder = book.recorder("demo")
+    recorder.record_step = lambda *args, **kwargs: None  # priced by the profile alone: no served (wall) times
     engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=1), compiler=demo_compiler,
                                                          proposers=ProposerSet(ngram=True, history=True, draft=False),
-                                                         stats=book.recorder("demo"), policy=policy, seed=0,
+                                                         stats=recorder, policy=policy, seed=0,
                                                          step_profile_seconds=0))
     router = engine.core.drafter.speculator
-    router.decider.step_profile = StepProfile("test", {(1, k): 0.01 * (1 + 0.45 * k) for k in range(9)})
+    router.decider.step_profile = StepProfile("test", {(1, k): 0.01 * (1 + 0.2 * k) for k in range(9)})
     contacts = [i for i in build_workload("extraction", 24) if i.schema_name == "contact"][:5]
     first = sequences(engine, contacts[:1], max_tokens=256)
     run_until_idle(engine.core, first)
@@ -65,16 +68,17 @@ def test_a_priced_out_proposer_is_replayed_until_its_evidence_holds_then_priced_
     after_one = replayed(Series.REPLAYED_DRAFTED)
     assert after_one > 0 and replayed(Series.REPLAYED) > 0
     assert replayed(Series.DRAFTED) == 0  # replays are not drafting
-    totals = [after_one]
+    examined = [replayed(Series.REPLAYED_REACHED)]
     rest = sequences(engine, contacts[1:], max_tokens=256)
     for seq in rest:
         run_until_idle(engine.core, [seq])
-        totals.append(replayed(Series.REPLAYED_DRAFTED))
+        examined.append(replayed(Series.REPLAYED_REACHED))
     decisions = [s.decision.reasons["ngram"] for s in rest]
-    for before, after, seq, why in zip(totals, totals[1:], rest, decisions):
+    for before, after, seq, why in zip(examined, examined[1:], rest, decisions):
         # replayed exactly when priced out and the replays were thin; drafting (cold) once they price it in
-        assert (after > before) == (why == Reason.PRICED_OUT and before < policy.min_evidence_tokens), (totals, decisions)
+        assert (after > before) == (why == Reason.PRICED_OUT and before < policy.min_evidence_tokens), (examined,
+                                                                                                       decisions)
         assert (seq.usage.drafted.get("ngram", 0) > 0) == (why == Reason.COLD)
     assert decisions[0] == Reason.PRICED_OUT and decisions[-1] == Reason.COLD, decisions
-    ev = router.decider._read(book.recorder("demo"), "contact", book.clock())[0].replayed["ngram"]
-    assert ev.drafted == totals[-1] >= policy.min_evidence_tokens and replayed(Series.DRAFTED) > 0
+    ev = router.decider._read(recorder, "contact", book.clock())[0].replayed["ngram"]
+    assert sum(ev.reached) == examined[-1] > 0 and replayed(Series.DRAFTED) > 0

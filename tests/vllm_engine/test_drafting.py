@@ -262,8 +262,8 @@ def test_the_front_plans_with_the_policy_and_records_the_journal_per_proposer_an
     rows = book.rows()
     at = {(k.proposer, k.batch_bucket, k.label) for k in rows if k.series == Series.ACCEPTED_AT and k.model == "m"}
     assert ("ngram", 4, "2") in at and ("ngram", 4, "3") not in at and ("history", 8, "3") in at  # buckets 3-4, 5-8
-    front.finished(seq, '{"name":"x","city":"y"}', FinishReason.STOP)
-    front.finished(seq, '{"name": "cut', FinishReason.LENGTH)
+    front.finished(seq, [], '{"name":"x","city":"y"}', FinishReason.STOP)
+    front.finished(seq, [], '{"name": "cut', FinishReason.LENGTH)
     assert history.outputs("tenant|company")[-1] == '{"name":"x","city":"y"}'
 
 
@@ -281,3 +281,32 @@ def test_a_cold_schema_priced_out_by_the_policy_gets_a_plan_without_proposers():
     plans = [front.plan(s, 1) for s in seqs]
     assert all(p.caps == {} and p.forced for p in plans)
     assert {s.decision.reasons["ngram"] for s in seqs} == {Reason.PRICED_OUT}
+
+
+def test_the_front_replays_a_priced_out_proposer_on_the_finished_output_and_then_plans_it_in(tok):
+    """Copy lookup priced out at the prior (each drafted row costs 0.45 of a step): the finished output, a copy of
+    the prompt's, replays its drafts (``speculation.replay``) and the next plan drafts with it."""
+    book = StatsBook()
+    stats = book.recorder("m")
+    for k in range(9):
+        for _ in range(20):
+            stats.record_step(1, k, 0.01 * (1 + 0.45 * k))
+    policy = PolicyConfig(probe_rate=0.0, min_evidence_tokens=8, prior_tokens=4)  # one output's replays outweigh it
+    front = DraftingFront(("ngram",), 8, policy, stats, SchemaHistory(),
+                          (tok.eos_token_id,), tokenizer=tok, vocab_size=len(tok))
+    grammar = GrammarCompiler(TokenizerView(tok)).compile_schema(SCHEMA)
+
+    def seq() -> EngineSequence:
+        return EngineSequence(request_id="r", prompt=tok.encode(f"Copy it: {ANSWER} Now as JSON:"),
+                              params=SamplingParams(max_tokens=64),
+                              grammar=grammar, matcher=None, seed=0, deadline=None, fast_forward=True, speculate=True,
+                              schema_key="company", schema=LONG, on_event=lambda *a: None)
+
+    first = seq()
+    assert front.plan(first, 1).caps == {} and first.decision.reasons["ngram"] == Reason.PRICED_OUT
+    front.finished(first, tok.encode(ANSWER, add_special_tokens=False), ANSWER, FinishReason.STOP)
+    replayed = {k.series: v for k, v in book.rows().items() if k.series == Series.REPLAYED_DRAFTED}
+    assert sum(replayed.values()) >= 8
+    assert not any(k.series == Series.DRAFTED for k in book.rows())  # replays are not drafting
+    later = seq()
+    assert front.plan(later, 1).caps.get("ngram", 0) >= 1 and later.decision.reasons["ngram"] == Reason.COLD
