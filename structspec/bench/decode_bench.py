@@ -245,7 +245,8 @@ def summarize(records: list[Record], wall_s: float, save_outputs: bool = False) 
         "by_schema": _grouped(records, lambda r: r.schema),
         **({"by_phase": _grouped(records, lambda r: r.phase)} if any(r.phase for r in records) else {}),
         # every request's output, in workload order, so two runs compare token for token (``bench.compare``)
-        **({"outputs": [{"text": r.text, "token_ids": r.token_ids} for r in records]} if save_outputs else {}),
+        **({"outputs": [{"text": r.text, "token_ids": r.token_ids, "latency_s": round(r.latency_s, 4), "stop": r.stop}
+                        for r in records]} if save_outputs else {}),
     }
 
 

@@ -8,7 +8,11 @@ evidence). Configurations: off, ff, ff+ngram+history, all (the draft model, wher
 
 Per row: tokens/s, the ratio to ``off`` and to the best fixed configuration of the same run (the fastest of off,
 ff, ff+ngram+history and all), target passes per token, validity, the share finished, and the policy's decisions.
-The goal: policy >= 1.0x off and >= 0.95x the best fixed configuration in every row. Beside them, the step profile
+The goal: policy >= 1.0x off and >= 0.95x the best fixed configuration in every row. The ratios are also given
+over the requests *every* configuration finished (``finished_by_all``): where near-ties send one configuration's
+output of a request into a loop until ``max_tokens`` (a failed request, whose repeated tokens copy lookup drafts
+at near-full acceptance), tokens/s over all requests rewards the loop; over the requests all finished, each
+configuration is timed on the same work. Beside them, the step profile
 each setup's policy priced drafts with (``models.step_profile``): a k-row step's cost in plain decode steps.
 
 The report (JSON, and a table beside it) is rewritten after every run, so a long run interrupted keeps what it has.
@@ -50,7 +54,7 @@ def run_policy_heldout(out: Path, setups: Sequence[str] = SETUPS, workloads: Seq
                 started = time.perf_counter()
                 bench = run_decode_bench(profile, workload, 1, requests=count, max_tokens=MAX_TOKENS[workload],
                                          configs=CONFIGS, executor=executor or "auto", warmup_requests=warm,
-                                         interleave=True, block=2)
+                                         interleave=True, block=2, save_outputs=True)
                 report["rows"].append(summarize_run(setup, workload, phase, bench, time.perf_counter() - started))
                 for key, prof in step_profile._MEMORY.items():  # noqa: SLF001 - what the policy rows priced with
                     report["profiles"][key] = prof.to_json()
@@ -72,7 +76,27 @@ def summarize_run(setup: str, workload: str, phase: str, bench: dict[str, Any], 
     if rate.get("policy") and rate.get("off") and best:
         out["policy_vs_off"] = rate["policy"] / rate["off"]
         out["policy_vs_best"] = rate["policy"] / fixed[best]
+    out["finished_by_all"] = finished_by_all(rows)
     out["policy_decisions"] = _decisions(policy)
+    return out
+
+
+def finished_by_all(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Tokens/s per configuration over the requests every configuration finished (stopped before ``max_tokens``),
+    from each request's own latency, and the policy's ratios to off and to the best fixed configuration there."""
+    outputs = {c: r["outputs"] for c, r in rows.items() if "error" not in r and r.get("outputs")}
+    if not outputs or len({len(o) for o in outputs.values()}) != 1:
+        return {}
+    common = [i for i in range(len(next(iter(outputs.values())))) if all(o[i]["stop"] for o in outputs.values())]
+    rate = {}
+    for c, o in outputs.items():
+        seconds = sum(o[i]["latency_s"] for i in common)
+        rate[c] = sum(len(o[i]["token_ids"]) for i in common) / seconds if seconds else 0.0
+    out: dict[str, Any] = {"requests": len(common), "tokens_per_s": rate}
+    fixed = {c: v for c, v in rate.items() if c in FIXED}
+    if rate.get("policy") and rate.get("off") and fixed:
+        best = max(fixed, key=lambda c: fixed[c])
+        out.update(best_fixed=best, policy_vs_off=rate["policy"] / rate["off"], policy_vs_best=rate["policy"] / fixed[best])
     return out
 
 
@@ -92,15 +116,20 @@ def _write(report: dict[str, Any], out: Path) -> None:
 
 def format_table(report: dict[str, Any]) -> str:
     """A Markdown table: one line per (setup, workload, phase), tokens/s per configuration, the policy's ratios."""
-    head = "| setup | workload | phase | " + " | ".join(CONFIGS) + " | policy/off | policy/best | best fixed |"
-    lines = [head, "|" + "---|" * (len(CONFIGS) + 6)]
+    head = ("| setup | workload | phase | " + " | ".join(CONFIGS) + " | policy/off | policy/best | best fixed "
+            "| finished by all: requests, policy/off, policy/best |")
+    lines = [head, "|" + "---|" * (len(CONFIGS) + 7)]
     for r in report["rows"]:
         cells = []
         for c in CONFIGS:
             row = r["configs"].get(c, {})
             cells.append("err" if row.get("error") else f"{row.get('tokens_per_s') or 0:.1f}")
+        fin = r.get("finished_by_all") or {}
+        finished = (f"{fin['requests']}, {fin['policy_vs_off']:.2f}, {fin['policy_vs_best']:.2f}"
+                    if "policy_vs_best" in fin else "-")
         lines.append(f"| {r['setup']} | {r['workload']} | {r['phase']} | " + " | ".join(cells) +
-                     f" | {r.get('policy_vs_off', 0):.2f} | {r.get('policy_vs_best', 0):.2f} | {r['best_fixed']} |")
+                     f" | {r.get('policy_vs_off', 0):.2f} | {r.get('policy_vs_best', 0):.2f} | {r['best_fixed']} "
+                     f"| {finished} |")
     lines += ["", "Step profiles (a k-row step in plain decode steps, full output head; batch 1):", ""]
     for key, prof in report.get("profiles", {}).items():
         full = {(b, k): s for b, k, s in prof["full"]}
