@@ -39,7 +39,9 @@ class FewShotExample:
     """A worked input -> output pair shown before the real request.
 
     ``title``: the schema title the example's output follows when it is not the request's schema
-    (an example of another schema, shown under its own ``### Extract <title> as JSON.``)."""
+    (an example of another schema, shown under its own ``### Extract <title> as JSON.``); for a worked call, the
+    tool list it calls from when that is not the request's (a call of another tool, shown under its own
+    ``### Tools:`` before the request's list)."""
 
     text: str
     output: str
@@ -157,6 +159,17 @@ ANSWER_EPISODE = (
 )
 
 
+ANSWER_EPISODE_CALLS = (  # the episode's requests and calls (what a call could copy from it)
+    FewShotExample("Use get_time with zone Europe/Oslo.", '{"name":"get_time","arguments":{"zone":"Europe/Oslo"}}'),
+    FewShotExample("How many km are 3 miles?", '{"name":"convert","arguments":{"amount":3,"unit":"km"}}'),
+)
+
+
+def episode_examples(answers: bool) -> tuple[FewShotExample, ...]:
+    """The worked calls a tool-call prompt shows besides its examples (``answers``: ``toolcall_prompt``'s)."""
+    return ANSWER_EPISODE_CALLS if answers else ()
+
+
 def toolcall_prompt(
     tools: Sequence[ShownTool],
     messages: Sequence[Turn],
@@ -188,9 +201,14 @@ def toolcall_prompt(
     if not may_call:
         convo = "".join(_shown_turn(turn, said) for turn in messages)
         return f"{tool_block}{convo}{heading(ANSWER_TURN)}"
-    shots = "".join(f"{heading('User')}{ex.text.strip()}\n{heading(said)}{ex.output}\n\n" for ex in examples)
+    def shot(ex: FewShotExample) -> str:
+        return f"{heading('User')}{ex.text.strip()}\n{heading(said)}{ex.output}\n\n"
+
+    # another tool list's worked calls first, under their own list (as the episode shows its tools)
+    foreign = "".join(f"{heading(TOOLS_HEADING)}{ex.title.strip()}\n{shot(ex)}" for ex in examples if ex.title)
+    shots = "".join(shot(ex) for ex in examples if not ex.title)
     convo = "".join(_shown_turn(turn, said) for turn in messages)
-    return f"{ANSWER_EPISODE if answers else ''}{tool_block}{shots}{convo}{heading(said)}"
+    return f"{ANSWER_EPISODE if answers else ''}{foreign}{tool_block}{shots}{convo}{heading(said)}"
 
 
 def _shown_turn(turn: Turn, said: str) -> str:

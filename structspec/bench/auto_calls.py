@@ -1,5 +1,6 @@
-"""Tool calls under ``tool_choice`` auto, measured: are the calls valid, and does the model answer in text where no
-tool is needed?
+"""Tool calls measured: under ``tool_choice`` auto, are the calls valid, and does the model answer in text where no
+tool is needed? Under ``required`` (a forced call), do the calls finish, are they valid, and do they copy a worked
+example's values?
 
 A *case* is one tool list from MaskBench's function-calling splits (BFCL simple, multiple, parallel and
 parallel_multiple: each file's schema names its tools, ``{tool: parameters}`` or an ``anyOf`` of those; dots in
@@ -10,7 +11,15 @@ jsonschema), a *text* answer, *truncated* (cut at ``max_tokens``) or an *error*.
 llama-cpp-python's own tool calling (``chat_format="chatml-function-calling"``, its grammar) on a GGUF as far as
 it runs.
 
+Under ``--tool-choice required`` only the requests that need a tool go out, each as a forced call, with the
+server's own worked examples (``build_example_book`` at the profile's ``few_shot``, what ``structspec serve`` adds to
+a request that brings none) or, ``--examples client``, a worked call the client brings: another tool list's
+request and call (``client_example``), as a caller shows its own. A call *finished* where it closed before
+``max_tokens``; its *copied* values are its arguments' values an example shown holds and the request does not
+(``WorkItem.copied``).
+
     python -m structspec.bench.auto_calls --model smollm2 --cases 10 [--llamacpp-gguf PATH] [--json out.json]
+    python -m structspec.bench.auto_calls --model gemma-3-270m --tool-choice required --cases 40 --seed 1
 """
 
 from __future__ import annotations
@@ -29,11 +38,14 @@ from typing import Any
 
 import jsonschema
 
-from structspec.assembly import assemble_engine
+from structspec.assembly import AssemblyConfig, assemble_engine
 from structspec.bench.llamacpp_baselines import unrepacked_weights
+from structspec.bench.workloads import WorkItem
 from structspec.engine.api import ChatMessage, ToolCallRequest
+from structspec.engine.default_examples import build_example_book
 from structspec.engine.types import Outcome, SamplingParams
-from structspec.models.loading import load_profile
+from structspec.models.loading import load_profile, model_profile
+from structspec.prompts import FewShotExample, compact_json, episode_examples
 
 SPLITS = ("BFCL_simple", "BFCL_multiple", "BFCL_parallel", "BFCL_parallel_multiple")
 NO_TOOL = ("Say hello.", "Thank you, that is all for today.", "What is your name?", "Tell me a short joke.",
@@ -46,6 +58,7 @@ class Case:
     tools: list[dict[str, Any]]
     prompt: str
     needs_tool: bool
+    call: dict[str, Any] | None = None  # the ground truth's first call, {"name", "arguments"} (a request that needs one)
 
 
 @dataclass
@@ -59,6 +72,8 @@ class Tally:
     truncated: int = 0
     errors: int = 0
     seconds: float = 0.0
+    copied_values: int = 0  # call arguments' values an example shown holds and the request does not
+    counted_values: int = 0  # the values that could be copied (``WorkItem.copied``)
     examples: list[str] = field(default_factory=list)
 
 
@@ -66,8 +81,18 @@ def _name(raw: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", raw)[:64]
 
 
-def load_cases(folder: str, n: int, seed: int = 0) -> list[Case]:
-    """``n`` tool lists (spread over the splits), each with a request that needs a tool and one that does not."""
+def _ask(raw: str, args: dict[str, Any], phrasing: str) -> str:
+    """A request for the call ``raw(args)``: ``named`` names the tool and each argument ("Use get weather with city
+    Paris."), ``plain`` says what is wanted and the values alone, as a user asks ("I need get weather for Paris.")."""
+    words = raw.replace("_", " ").replace(".", " ")
+    if phrasing == "plain":
+        return f"I need {words} for {' and '.join(str(v) for v in args.values())}."
+    return f"Use {raw.replace('_', ' ')} with {', '.join(f'{k} {v}' for k, v in args.items())}."
+
+
+def load_cases(folder: str, n: int, seed: int = 0, phrasing: str = "named") -> list[Case]:
+    """``n`` tool lists (spread over the splits), each with a request that needs a tool (``_ask``: ``phrasing``)
+    and one that does not."""
     files = sorted(f for split in SPLITS for f in glob.glob(os.path.join(folder, f"{split}_[0-9]*.json")))
     random.Random(seed).shuffle(files)
     cases: list[Case] = []
@@ -82,10 +107,11 @@ def load_cases(folder: str, n: int, seed: int = 0) -> list[Case]:
         if not tools:
             continue
         truth: dict[str, Any] = next((t["data"] for t in doc.get("tests", []) if t.get("valid")), {})
-        asks = [f"Use {raw.replace('_', ' ')} with {', '.join(f'{k} {v}' for k, v in args.items())}."
-                for raw, args in truth.items() if isinstance(args, dict)]
+        asks = [_ask(raw, args, phrasing) for raw, args in truth.items() if isinstance(args, dict)]
         prompt = " ".join(asks) or f"Use {next(iter(tools))}."
-        cases.append(Case(os.path.basename(path), list(tools.values()), prompt, True))
+        first = next(((_name(raw), args) for raw, args in truth.items() if isinstance(args, dict)), None)
+        call = {"name": first[0], "arguments": first[1]} if first else None
+        cases.append(Case(os.path.basename(path), list(tools.values()), prompt, True, call))
         cases.append(Case(os.path.basename(path), list(tools.values()), NO_TOOL[i % len(NO_TOOL)], False))
     return cases
 
@@ -112,13 +138,38 @@ def _count(tally: Tally, case: Case, calls: list[tuple[str, Any]] | None, text: 
         tally.text_where_no_tool_needed += not case.needs_tool
 
 
-def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str = "auto") -> Tally:
-    engine = assemble_engine(load_profile(model, executor=executor))
+def client_example(case: Case, others: list[Case]) -> FewShotExample | None:
+    """A worked call a client brings with ``case``: the first other tool list's request and its ground-truth call
+    (its first tool's), as a caller shows one of its own."""
+    for other in others:
+        if other.source != case.source and other.needs_tool and other.call is not None:
+            return FewShotExample(other.prompt, compact_json(other.call))
+    return None
+
+
+def _copied(case: Case, shown: tuple[FewShotExample, ...], calls: list[tuple[str, Any]]) -> tuple[int, int]:
+    item = WorkItem("toolcall", case.source, case.prompt, {}, tools=tuple(case.tools), examples=shown)
+    copied = counted = 0
+    for name, arguments in calls:
+        c, n = item.copied({"name": name, "arguments": arguments})
+        copied, counted = copied + c, counted + n
+    return copied, counted
+
+
+def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str = "auto",
+                   tool_choice: str = "auto", examples: str = "server") -> Tally:
+    """``examples``: ``server`` (the server's worked examples, as ``structspec serve`` adds them), ``client`` (a
+    worked call the request brings, ``client_example``) or ``none``."""
+    models = load_profile(model, executor=executor)
+    book = build_example_book(model_profile(model).few_shot) if examples == "server" else None
+    engine = assemble_engine(models, AssemblyConfig(examples=book))
     engine.start()
     tally, start = Tally(), time.perf_counter()
     try:
         for case in cases:
+            own = client_example(case, cases) if examples == "client" else None
             request = ToolCallRequest(messages=(ChatMessage("user", case.prompt),), tools=tuple(case.tools),
+                                      tool_choice=tool_choice, examples=(own,) if own else (),
                                       sampling=SamplingParams(max_tokens=max_tokens))
             try:
                 res = asyncio.run(engine.call_tool(request))
@@ -129,8 +180,12 @@ def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str
                 continue
             if res.result.outcome not in (Outcome.VALID, Outcome.TEXT, Outcome.TRUNCATED):
                 tally.examples.append(f"{case.source}: {res.result.outcome.name}: {res.result.error}")
-            _count(tally, case, [(c.name, c.arguments) for c in res.calls], res.text,
-                   res.result.outcome is Outcome.TRUNCATED)
+            calls = [(c.name, c.arguments) for c in res.calls]
+            _count(tally, case, calls, res.text, res.result.outcome is Outcome.TRUNCATED)
+            shown = request.examples or (book.for_tools(request.tools) if book else ())
+            copied, counted = _copied(case, tuple(shown) + episode_examples(tool_choice == "auto"), calls)
+            tally.copied_values += copied
+            tally.counted_values += counted
     finally:
         engine.stop()
     tally.seconds = time.perf_counter() - start
@@ -169,7 +224,7 @@ def run_llamacpp(gguf: str, cases: list[Case], max_tokens: int) -> Tally:
 
 def table(results: dict[str, Tally]) -> str:
     keys = ("requests", "calls", "invalid_calls", "calls_where_tool_needed", "text", "text_where_no_tool_needed",
-            "truncated", "errors", "seconds")
+            "truncated", "errors", "copied_values", "counted_values", "seconds")
     rows = [["", *keys]] + [[name, *(f"{getattr(t, k):.0f}" for k in keys)] for name, t in results.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
@@ -181,14 +236,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--executor", default="auto")
     parser.add_argument("--maskbench", default="/work/shared/data/maskbench")
     parser.add_argument("--cases", type=int, default=150, help="tool lists (two requests each)")
+    parser.add_argument("--seed", type=int, default=0, help="which tool lists (held-out sets: another seed)")
+    parser.add_argument("--phrasing", default="named", choices=("named", "plain"),
+                        help="named: 'Use <tool> with <argument> <value>'; plain: 'I need <tool> for <values>'")
+    parser.add_argument("--tool-choice", default="auto", choices=("auto", "required"),
+                        help="required: a forced call per request that needs a tool (the others are not sent)")
+    parser.add_argument("--examples", default="server", choices=("server", "client", "none"),
+                        help="the worked examples: the server's own, a call the client brings, or none")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--llamacpp-gguf", default=None, help="also run llama-cpp-python's own tool calling on it")
     parser.add_argument("--no-structspec", action="store_true", help="only the llama-cpp-python baseline")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    cases = load_cases(args.maskbench, args.cases)
+    cases = load_cases(args.maskbench, args.cases, args.seed, args.phrasing)
+    if args.tool_choice == "required":
+        cases = [c for c in cases if c.needs_tool]
     results = {} if args.no_structspec else {
-        f"structspec {args.model}": run_structspec(args.model, cases, args.max_tokens, args.executor)}
+        f"structspec {args.model} {args.tool_choice} {args.examples} {args.phrasing}": run_structspec(
+            args.model, cases, args.max_tokens, args.executor, args.tool_choice, args.examples)}
     if args.llamacpp_gguf:
         results["llama-cpp-python chatml-function-calling"] = run_llamacpp(args.llamacpp_gguf, cases, args.max_tokens)
     print(table(results))

@@ -28,6 +28,28 @@ from structspec.schemas import BUILTIN_EXAMPLES_FILE, load_builtin_schemas, load
 
 MAX_SYNTHESIZED = 1024  # schemas and tool lists whose synthesised example is kept (each a few hundred bytes)
 
+# Worked calls of tools no request's list is likely to hold, each under its own tool list (``FewShotExample.title``),
+# for a tool list that gets no example of its own (a free argument): a base model shown none runs on inside the first
+# string argument of a forced call; shown calls that close a string, a list and a number after the values asked for,
+# it writes those and closes. Their values are of another domain than most requests' (time zones, photo tags, a
+# reminder's days), and a list is shown the two its digest picks, so what one list's calls could copy is a few short
+# values, never the same for every list.
+FOREIGN_CALLS = (
+    FewShotExample("What time is it in Oslo right now?", '{"name":"get_time","arguments":{"zone":"Europe/Oslo"}}',
+                   "- get_time(zone): The current time in a time zone."),
+    FewShotExample("Show me 5 photos tagged sunset and harbour.",
+                   '{"name":"search_photos","arguments":{"tags":["sunset","harbour"],"limit":5}}',
+                   "- search_photos(tags, limit): Finds photos with every tag."),
+    FewShotExample("Say good morning in Italian, please.",
+                   '{"name":"translate","arguments":{"text":"good morning","language":"Italian"}}',
+                   "- translate(text, language): Translates a text into a language."),
+    FewShotExample("Remind me to water the ferns at 7.5 on Monday and Thursday.",
+                   '{"name":"set_reminder","arguments":{"task":"water the ferns","days":["Monday","Thursday"],'
+                   '"hour":7.5}}',
+                   "- set_reminder(task, days, hour): Sets a weekly reminder."),
+)
+FOREIGN_SHOWN = 2  # calls of other tools shown to a list with none of its own
+
 
 class ExampleBook:
     """Worked examples keyed by the exact schema (or tool list) they belong to (``schema_digest``).
@@ -67,7 +89,8 @@ class ExampleBook:
         key = digest or schema_digest(list(tools))
         if key in self._by_tools or not self.synthesize:
             return self._by_tools.get(key, ())
-        return self._synthesized("t:" + key, lambda: synthesize_tool_examples(list(tools), self.synthesize))
+        return self._synthesized("t:" + key, lambda: synthesize_tool_examples(list(tools), self.synthesize)
+                                 or _foreign_call(key, tools))
 
     def _synthesized(self, key: str, make: Callable[[], tuple[FewShotExample, ...]]) -> tuple[FewShotExample, ...]:
         with self._lock:
@@ -80,6 +103,15 @@ class ExampleBook:
             while len(self._made) > MAX_SYNTHESIZED:
                 self._made.popitem(last=False)
         return made
+
+
+def _foreign_call(digest: str, tools: Any) -> tuple[FewShotExample, ...]:
+    """``FOREIGN_SHOWN`` of ``FOREIGN_CALLS`` for a tool list that gets no example of its own: consecutive ones
+    from where ``digest`` points, among those whose tool the list does not hold (fewer where it holds them)."""
+    held = {(t.get("function", t) if isinstance(t, dict) else {}).get("name") for t in tools}
+    free = [ex for ex in FOREIGN_CALLS if json.loads(ex.output)["name"] not in held]
+    at = int(digest[:8], 16) % len(free) if free else 0
+    return tuple(free[(at + i) % len(free)] for i in range(min(FOREIGN_SHOWN, len(free))))
 
 
 def _cut_to(example: FewShotExample, schema: dict[str, Any]) -> FewShotExample:

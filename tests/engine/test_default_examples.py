@@ -7,7 +7,7 @@ import json
 import jsonschema
 
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
-from structspec.engine.default_examples import ExampleBook, build_example_book
+from structspec.engine.default_examples import FOREIGN_CALLS, ExampleBook, build_example_book
 from structspec.grammar.cache import schema_digest
 from structspec.models.profiles import get_profile
 from structspec.prompts import FewShotExample
@@ -34,7 +34,8 @@ def test_unknown_schemas_get_a_synthesised_example_and_none_when_none_are_wanted
     assert made.output == '{"x":"c"}' and real.title == "Contact"  # made from the schema (test_synthetic_examples)
     (only,) = book.for_schema({"type": "object", "properties": {"x": {"type": "string"}}})  # a free value: none made
     assert only.title == "Contact"
-    assert book.for_tools(load_builtin_tools()[:1]) == ()  # a different tool list, its arguments free: no example
+    foreign = book.for_tools(load_builtin_tools()[:1])  # another tool list, its arguments free: other tools' calls
+    assert len(foreign) == 2 and set(foreign) <= set(FOREIGN_CALLS)
     assert build_example_book(0).for_schema({"type": "object"}) == ()
     two = ExampleBook(synthesize=2).for_schema(unit)
     assert [e.output for e in two] == ['{"x":"c"}', '{"x":"f"}']  # two variants: values vary
@@ -70,3 +71,31 @@ def test_engine_adds_book_examples_only_when_the_request_has_none(make_engine):
     assert "please book the usual example call" in call
     engine.examples = ExampleBook()
     assert shown.text.strip()[:40] not in prompt(ExtractionRequest(schema=invoice, text="INVOICE 7 from Foo Ltd"))
+
+
+def test_a_tool_list_without_an_example_of_its_own_gets_another_tools_call_it_does_not_hold():
+    book = build_example_book(1)
+    tools = [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}} for n in ("find", "look")]
+    shown = book.for_tools(tools)  # the digest picks where to start (the same each time)
+    assert len(shown) == 2 and set(shown) <= set(FOREIGN_CALLS) and book.for_tools(tools) == shown
+    # calls that close a list and a number, beside a string: each pair the digest can pick holds one with a list
+    for at in range(len(FOREIGN_CALLS)):
+        pair = FOREIGN_CALLS[at], FOREIGN_CALLS[(at + 1) % len(FOREIGN_CALLS)]
+        assert any("[" in ex.output for ex in pair)
+    held = [{"type": "function", "function": {"name": json.loads(ex.output)["name"], "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}}} for ex in FOREIGN_CALLS[:3]]
+    assert book.for_tools(held) == FOREIGN_CALLS[3:]  # never a call of a tool the list holds
+    assert build_example_book(0).for_tools(tools) == ()  # a profile that needs no examples gets none
+
+
+def test_a_call_of_another_tool_is_shown_under_its_own_list_before_the_request_s():
+    from structspec.prompts import ToolSpec, toolcall_prompt
+
+    tool = ToolSpec("find", "Finds a thing.", {"type": "object", "properties": {"q": {"type": "string"}}})
+    prompt = toolcall_prompt([tool], [("user", "Find my keys.")], (FOREIGN_CALLS[0],))
+    foreign_at, own_at = prompt.index(FOREIGN_CALLS[0].title), prompt.index("- find(")
+    assert prompt.startswith("### Tools:\n" + FOREIGN_CALLS[0].title) and foreign_at < prompt.index(
+        FOREIGN_CALLS[0].output) < own_at < prompt.index("Find my keys.")
+    assert prompt.endswith("### Call:\n")
+

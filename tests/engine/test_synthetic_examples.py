@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from structspec.engine.default_examples import MAX_SYNTHESIZED, ExampleBook, build_example_book
+from structspec.engine.default_examples import FOREIGN_CALLS, MAX_SYNTHESIZED, ExampleBook, build_example_book
 from structspec.engine.synthetic_examples import (
     example_instance,
     synthesize_extraction_example,
@@ -119,7 +119,9 @@ def test_the_book_synthesises_for_unknown_schemas_only_and_keeps_a_bounded_numbe
     # cut to the schema's one key: shown eight keys, a model runs on inside the last string of a one-key object
     # whose grammar forbids a second key
     assert list(json.loads(real.output)) == ["name"]
-    assert book.for_tools(load_builtin_tools()[:2]) == ()  # a tool list of one's own with free arguments: none
+    # a tool list of one's own with free arguments: no call of its own, a call of another tool under its own list
+    shown = book.for_tools(load_builtin_tools()[:2])
+    assert len(shown) == 2 and all(ex in FOREIGN_CALLS and ex.title.startswith("- ") for ex in shown)
     assert ExampleBook(synthesize=1).for_tools([{"function": {"name": "now"}}])  # one it can show: one call
     assert ExampleBook().for_schema(own) == ()  # a profile that needs no examples gets none
     small = ExampleBook(synthesize=True)
