@@ -11,6 +11,7 @@ without one. The demo models are trained on exactly these templates.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -159,10 +160,9 @@ ANSWER_EPISODE = (
 )
 
 
-ANSWER_EPISODE_CALLS = (  # the episode's requests and calls (what a call could copy from it)
-    FewShotExample("Use get_time with zone Europe/Oslo.", '{"name":"get_time","arguments":{"zone":"Europe/Oslo"}}'),
-    FewShotExample("How many km are 3 miles?", '{"name":"convert","arguments":{"amount":3,"unit":"km"}}'),
-)
+# the episode's requests and the calls that answer them (what a call could copy from it), read from the episode
+ANSWER_EPISODE_CALLS = tuple(FewShotExample(m[1], m[2]) for m in re.finditer(
+    r"### User:\n(.*)\n### Assistant:\n(\{.*\})\n", ANSWER_EPISODE))
 
 
 def episode_examples(answers: bool) -> tuple[FewShotExample, ...]:

@@ -84,8 +84,8 @@ def _name(raw: str) -> str:
 def _ask(raw: str, args: dict[str, Any], phrasing: str) -> str:
     """A request for the call ``raw(args)``: ``named`` names the tool and each argument ("Use get weather with city
     Paris."), ``plain`` says what is wanted and the values alone, as a user asks ("I need get weather for Paris.")."""
-    words = raw.replace("_", " ").replace(".", " ")
     if phrasing == "plain":
+        words = raw.replace("_", " ").replace(".", " ")
         return f"I need {words} for {' and '.join(str(v) for v in args.values())}."
     return f"Use {raw.replace('_', ' ')} with {', '.join(f'{k} {v}' for k, v in args.items())}."
 

@@ -90,7 +90,7 @@ class ExampleBook:
         if key in self._by_tools or not self.synthesize:
             return self._by_tools.get(key, ())
         return self._synthesized("t:" + key, lambda: synthesize_tool_examples(list(tools), self.synthesize)
-                                 or _foreign_call(key, tools))
+                                 or _foreign_calls(key, tools))
 
     def _synthesized(self, key: str, make: Callable[[], tuple[FewShotExample, ...]]) -> tuple[FewShotExample, ...]:
         with self._lock:
@@ -105,7 +105,7 @@ class ExampleBook:
         return made
 
 
-def _foreign_call(digest: str, tools: Any) -> tuple[FewShotExample, ...]:
+def _foreign_calls(digest: str, tools: Any) -> tuple[FewShotExample, ...]:
     """``FOREIGN_SHOWN`` of ``FOREIGN_CALLS`` for a tool list that gets no example of its own: consecutive ones
     from where ``digest`` points, among those whose tool the list does not hold (fewer where it holds them)."""
     held = {(t.get("function", t) if isinstance(t, dict) else {}).get("name") for t in tools}

