@@ -43,6 +43,7 @@ class PolicyConfig:
     prior_acceptance: float = 0.4  # a cold proposer is priced at this acceptance at a draft's first position ...
     prior_continuation: float = 0.7  # ... and this at each later one, given the one before was accepted ...
     prior_tokens: float = 24.0  # ... held as this many examined tokens of evidence (its own evidence outweighs it)
+    depth_prior_tokens: float = 8.0  # a position after a draft's first is pulled toward its proposer's pooled rate
     gain_margin: float = 0.05  # a draft length must beat plain decoding's time per token by this share
     max_draft: int = 8  # the longest draft (the scheduler's KV headroom)
 
@@ -68,6 +69,8 @@ class PolicyConfig:
             (0.0 <= self.prior_acceptance <= 1.0, "prior_acceptance", "must be in [0, 1]"),
             (0.0 <= self.prior_continuation <= 1.0, "prior_continuation", "must be in [0, 1]"),
             (self.prior_tokens >= 0 and math.isfinite(self.prior_tokens), "prior_tokens", "must be >= 0"),
+            (self.depth_prior_tokens >= 0 and math.isfinite(self.depth_prior_tokens), "depth_prior_tokens",
+             "must be >= 0"),
             (0.0 <= self.gain_margin < 1.0, "gain_margin", "must be in [0, 1)"),
             (self.max_draft >= 1, "max_draft", "must be >= 1"),
         ]

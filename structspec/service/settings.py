@@ -64,7 +64,7 @@ _POLICY_NAMES = {"acceptance_half_life_hours": "half_life_hours"}
 _POLICY_FIELDS = ("acceptance_threshold", "acceptance_guard", "min_evidence_tokens", "evidence_window_tokens", "evidence_max_age_hours",
                   "acceptance_half_life_hours", "min_predicted_length", "min_length_evidence", "draft_model_max_batch",
                   "min_arm_requests", "probe_rate", "probe_interval_hours", "probe_max_draft", "probe_max_tokens",
-                  "prior_acceptance", "prior_continuation", "prior_tokens", "gain_margin")
+                  "prior_acceptance", "prior_continuation", "prior_tokens", "depth_prior_tokens", "gain_margin")
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,9 @@ class ServiceSettings:
                                      "starts tends to go on)")
     prior_tokens: float = _opt(_POLICY.prior_tokens, "how many examined tokens of evidence prior_acceptance weighs "
                                "(per draft position); the schema's own evidence outweighs it as it comes in")
+    depth_prior_tokens: float = _opt(_POLICY.depth_prior_tokens, "how many examined tokens at its proposer's pooled "
+                                     "rate each draft position after the first is priced with beside its own (a "
+                                     "deep position a handful of drafts reached does not cap the draft length)")
     step_profile_seconds: float = _opt(_ENGINE.step_profile_seconds, "time budget for measuring the executor's step costs at the first start "
                                        "of a model on a machine (kept in <data-dir>/step-costs; 0: not measured, a "
                                        "cold schema drafts at the cap to measure)")

@@ -33,7 +33,9 @@ decision with its reason. In order:
        (T(b, k) + D(k)) / (1 + E[accepted | k]),   E[accepted | k] = sum_{i<=k} prod_{j<=i} c_j
    (T: the measured target step with a k-token draft at batch bucket b; D: the proposer's
    own drafting time; c_j: the schema's acceptance at draft position j given position j was
-   examined), and switches the proposer off when no k beats plain decoding, T(b, 0), by
+   examined, for j > 1 pulled toward the proposer's pooled rate after the first position by
+   ``depth_prior_tokens`` examinations, so a deep position few drafts reached does not cap
+   the length), and switches the proposer off when no k beats plain decoding, T(b, 0), by
    ``gain_margin``;
 4. the draft model, end to end: a draft model that beats plain decoding may still lose to the
    cheap proposers that would draft in its place (its own forward is not free), and no
@@ -146,7 +148,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
         else:
-            k = best_draft_length(ev, costs, p, batch_size, config)
+            k = best_draft_length(priced_evidence(ev, config), costs, p, batch_size, config)
             if k == 0:
                 reasons[p] = Reason.NO_GAIN
             else:
@@ -238,7 +240,7 @@ def guarded_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: st
     ``unmeasured``, the cost model's choice where the step costs at this batch bucket are measured (off where not)."""
     if config.acceptance_guard == "always" or costs.step_seconds(batch_size, 0) is None:
         return 0
-    return best_draft_length(ev, costs, proposer, batch_size, config)
+    return best_draft_length(priced_evidence(ev, config), costs, proposer, batch_size, config)
 
 
 def short_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
@@ -259,12 +261,14 @@ def short_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, propose
 
 def priced_evidence(ev: ProposerEvidence | None, config: PolicyConfig,
                     replayed: ProposerEvidence | None = None) -> ProposerEvidence:
-    """The evidence a proposer is priced with: its own once it holds ``min_evidence_tokens``; before, its own and
+    """The evidence a proposer is priced with: its own once it holds ``min_evidence_tokens``, each position after a
+    draft's first pulled toward the proposer's pooled rate there (``depth_prior_tokens``: the few drafts that reach
+    a deep position do not set its rate alone, ``ProposerEvidence.with_pooled_depth``); before, its own and
     its drafts replayed on the schema's finished outputs (``speculation.replay``: what verification would have
     accepted of the drafts it did not make) with the prior added (``prior_acceptance`` at a draft's first
     position, ``prior_continuation`` after it, ``prior_tokens`` strong)."""
     if ev is not None and ev.drafted >= config.min_evidence_tokens:
-        return ev
+        return ev.with_pooled_depth(config.depth_prior_tokens)
     return (ev or ProposerEvidence()).plus(replayed).with_prior(config.prior_acceptance, config.prior_tokens,
                                                                config.max_draft, config.prior_continuation)
 

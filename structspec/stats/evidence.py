@@ -53,6 +53,19 @@ class ProposerEvidence:
             total += chain
         return total
 
+    def with_pooled_depth(self, strength: float) -> ProposerEvidence:
+        """The evidence with ``strength`` examined tokens added at each position after the first, accepted at the
+        proposer's own pooled rate over those positions (a Beta prior shared across depth): a deep position read
+        from a handful of examinations (0 of 2) no longer caps every deeper one, while one measured often keeps
+        its own rate. The first position and the drafted totals are left as measured. Raises: Never."""
+        examined, accepted = sum(self.reached[1:]), sum(self.accepted_at[1:])
+        if strength <= 0 or examined <= 0:
+            return self
+        rate = accepted / examined
+        return ProposerEvidence(self.drafted, self.accepted,
+                                self.reached[:1] + tuple(r + strength for r in self.reached[1:]),
+                                self.accepted_at[:1] + tuple(a + rate * strength for a in self.accepted_at[1:]))
+
     def plus(self, other: ProposerEvidence | None) -> ProposerEvidence:
         """Both counts added, position by position."""
         if other is None:

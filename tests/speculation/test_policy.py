@@ -199,6 +199,16 @@ def test_the_cost_model_adapts_the_draft_length_to_the_hardware():
     assert (report.drafted, report.reasons["ngram"]) == (False, Reason.NO_GAIN)
 
 
+def test_a_deep_position_few_drafts_reached_does_not_cap_the_draft_length():
+    # warm copy lookup accepted at 0.9 per position, but its position 7 refused the 2 times it was reached
+    ev = positional(0.9, k=6)
+    thin = ProposerEvidence(ev.drafted, ev.accepted, ev.reached + (2.0,), ev.accepted_at + (0.0,))
+    assert thin.drafted >= CFG.min_evidence_tokens
+    assert run(evidence(ngram=thin), GPU, proposers=("ngram",)).max_draft["ngram"] == 8
+    unpooled = PolicyConfig(depth_prior_tokens=0.0)  # the raw rate taken at face value caps the draft at 6
+    assert run(evidence(ngram=thin), GPU, cfg=unpooled, proposers=("ngram",)).max_draft["ngram"] == 6
+
+
 def test_drafting_time_counts_in_the_cost():
     ev = positional(0.9)
     slow_draft = CostEvidence(GPU.steps, {("draft", k): 0.010 * k for k in range(1, 9)})  # a draft step = a target step

@@ -20,6 +20,22 @@ def test_expected_accepted_chains_the_positional_rates():
     assert ev.expected_accepted(4) == pytest.approx(0.5 + 0.1 + 0.1 + 0.1)  # unexamined: the last rate
 
 
+def test_pooled_depth_pulls_a_thinly_examined_position_toward_the_pooled_rate():
+    # 200 drafts: position 1 at 0.5, positions 2-6 at 0.9 on many examinations, position 7 refused the 2 times it
+    # was reached
+    reached = (200.0, 100.0, 90.0, 81.0, 73.0, 66.0, 2.0)
+    accepted = (100.0, 90.0, 81.0, 73.0, 66.0, 59.0, 0.0)
+    ev = ProposerEvidence(200, 469, reached, accepted)
+    pooled = ev.with_pooled_depth(8.0)
+    rate = sum(accepted[1:]) / sum(reached[1:])
+    assert pooled.accepted_at[6] / pooled.reached[6] == pytest.approx(8 * rate / 10)  # 0 of 2 no longer reads 0
+    assert pooled.accepted_at[0] == 100 and pooled.reached[0] == 200  # the first position as measured
+    assert pooled.accepted_at[1] / pooled.reached[1] == pytest.approx(0.9, abs=0.01)  # well measured: barely moved
+    assert ev.expected_accepted(8) == pytest.approx(ev.expected_accepted(6))  # raw: the 0 caps every deeper one
+    assert pooled.expected_accepted(8) > pooled.expected_accepted(6) + 0.3
+    assert ev.with_pooled_depth(0.0) == ev and ProposerEvidence().with_pooled_depth(8.0) == ProposerEvidence()
+
+
 def record(book: StatsBook, model: str, schema: str, verifications: int, drafted: int, accepted: int) -> None:
     rec = book.recorder(model)
     for _ in range(verifications):
