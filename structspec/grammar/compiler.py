@@ -18,6 +18,7 @@ from structspec.grammar.base import (
 )
 from structspec.grammar.cache import GrammarCache, cache_key, caller_canonical_json, canonical_json, text_digest
 from structspec.grammar.deadline import run_with_deadline
+from structspec.grammar.number_bounds import bound_numbers
 from structspec.grammar.llguidance_backend import LLGuidanceBackend, json_overrides
 from structspec.grammar.outlines_backend import OutlinesBackend
 from structspec.grammar.tokenizer_view import TokenizerView
@@ -147,15 +148,16 @@ class GrammarCompiler:
     def _checked_tools(tools: toolcalls.ToolSet, options: GrammarOptions) -> tuple[toolcalls.Tool, ...]:
         """The tool list through the intake, the one way every call format's grammar takes it: the size budget,
         each parameters schema checked where it sits in the request, then spelled as the backends compile it
-        (``intake.for_backends``: integer-valued counts as integers, bounds no float holds rounded inward). The
-        output is read and post-checked against the caller's own schemas (``tools``)."""
+        (``intake.for_backends``: integer-valued counts as integers, bounds no float holds rounded inward), its
+        numbers bounded so that each ends (``number_bounds``). The output is read and post-checked against the
+        caller's own schemas (``tools``)."""
         if tools.size > options.max_schema_bytes:
             raise SchemaError([SchemaIssue("/tools", "", f"{tools.size} bytes, over the budget of "
                                                          f"{options.max_schema_bytes}")], kind="too_large")
         checked = []
         for tool in tools.tools:
             text = intake.check_schema(dict(tool.parameters), options, at=tool.pointer)
-            checked.append(dataclasses.replace(tool, parameters=intake.for_backends(tool.parameters, text)))
+            checked.append(dataclasses.replace(tool, parameters=bound_numbers(intake.for_backends(tool.parameters, text))))
         return tuple(checked)
 
 
