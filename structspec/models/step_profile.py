@@ -8,8 +8,8 @@ Terms:
   the rest of the output layer; with Gemma's 262k vocabulary that layer is most of a step);
 - the *draft token* time: the draft model's decode step at batch b, per drafted token.
 
-``measure_step_profile`` times them on synthetic sequences (the fastest of ``reps``: interference only adds time;
-then made non-decreasing in k), bucket by bucket until its time budget is spent; ``StepProfileCache`` keeps a profile per (model, executor, device, dtype, threads, machine), so
+``measure_step_profile`` times them on synthetic sequences (the fastest of ``reps`` rounds over every k: interference
+only adds time; then made non-decreasing in k), bucket by bucket until its time budget is spent; ``StepProfileCache`` keeps a profile per (model, executor, device, dtype, threads, machine), so
 only the first start of a model on a machine measures. The drafting policy prices a draft with it from the first
 request (``structspec.stats.evidence.CostEvidence``): on llama.cpp with Gemma 3 270M a k-row step costs about
 k + 1 decode steps, on a GPU barely more than one, and a cold schema drafts accordingly.
@@ -37,7 +37,7 @@ from structspec.models.executor import ForwardStep, StepInput
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 1  # the measurement's method: a new one measures again
+PROFILE_VERSION = 2  # the measurement's method: a new one measures again
 DRAFT_LENGTHS = (0, 1, 2, 3, 4, 6, 8)  # k; lengths between are interpolated
 RESTRICTED_ROWS = 16  # allowed ids per row in the restricted measurement
 PROMPT_TOKENS = 64  # each synthetic sequence's context before the timed steps
@@ -127,20 +127,22 @@ def _time_rows(executor: ForwardStep, batch: int, lengths: Sequence[int], reps: 
     try:
         executor.step([StepInput(s, torch.randint(10, vocab, (PROMPT_TOKENS,), generator=gen).tolist())
                        for s in seqs])
-        out = {}
-        for k in lengths:
-            rows = tuple(range(k + 1))
-            allowed = [torch.arange(10, 10 + RESTRICTED_ROWS)] * (k + 1) if restricted else None
-            times = []
-            for r in range(reps + 1):  # the first is a warm-up (allocations, a new shape)
+        times: dict[int, list[float]] = {k: [] for k in lengths}
+        # round by round (every k once, then again), so a burst of interference slows one round of every k, not
+        # every rep of one k: the fastest rep of each k is then one the burst missed
+        for r in range(reps + 1):  # the first round is a warm-up (allocations, a new shape)
+            for k in lengths:
+                rows = tuple(range(k + 1))
+                allowed = [torch.arange(10, 10 + RESTRICTED_ROWS)] * (k + 1) if restricted else None
                 tokens = [10 + (r + j) % (vocab - 10) for j in range(k + 1)]
                 t0 = time.perf_counter()
                 executor.step([StepInput(s, tokens, rows, allowed) for s in seqs])
                 if r:
-                    times.append(time.perf_counter() - t0)
+                    times[k].append(time.perf_counter() - t0)
                 for s in seqs:
                     executor.rollback(s, k + 1)
-            out[(batch, k)] = min(times)  # noise only adds time: a neighbour, a page fault, a collection
+        # noise only adds time (a neighbour, a page fault, a collection): the fastest rep
+        out = {(batch, k): min(times[k]) for k in lengths}
         for a, b in zip(lengths, lengths[1:]):  # a step scoring more rows is never cheaper than one scoring fewer
             out[(batch, b)] = max(out[(batch, b)], out[(batch, a)])
         return out

@@ -173,3 +173,35 @@ def test_a_probe_of_a_priced_out_proposer_drafts_at_most_its_token_budget(demo_m
         drafted = sum(r.usage.drafted.values())
         assert 0 < drafted <= 10, r.usage.drafted  # it measured, within its budget, on outputs of 60+ tokens
         assert r.usage.output_tokens > 40
+
+
+class Burst:
+    """A ForwardStep whose steps take no time except a run of consecutive ones (a neighbour's burst of work), each
+    of which the clock reads as 1 s long."""
+
+    def __init__(self, inner, burst: range):
+        self.inner, self.burst, self.calls = inner, burst, 0
+        self.vocab_size, self.max_context = inner.vocab_size, inner.max_context
+        self.restricted_logits_max = 0
+
+    def step(self, inputs: Sequence[StepInput]):
+        self.calls += 1
+        if self.calls in self.burst:
+            Burst.now += 1.0
+        return self.inner.step(inputs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    now = 0.0
+
+
+def test_a_burst_of_interference_does_not_price_one_draft_length(demo_models, monkeypatch):
+    # 6 consecutive slow steps (as long as a measurement's reps of one k): rounds over every k leave each k a
+    # fast rep, so no k reads the burst (reps measured k after k would read all of one k's reps in it)
+    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: Burst.now)
+    lengths = (0, 1, 2, 3)
+    # step 1 is the prefill; measured k after k, steps 8-13 would be k=1's warm-up and all five of its reps
+    executor = Burst(TransformersExecutor(demo_models.target), range(8, 14))
+    prof = measure_step_profile(executor, "k", buckets=(1,), lengths=lengths, reps=5)
+    assert all(prof.full[(1, k)] == 0.0 for k in lengths)
