@@ -182,7 +182,7 @@ def run_structspec(model: str, cases: list[Case], max_tokens: int, executor: str
                 tally.examples.append(f"{case.source}: {res.result.outcome.name}: {res.result.error}")
             calls = [(c.name, c.arguments) for c in res.calls]
             _count(tally, case, calls, res.text, res.result.outcome is Outcome.TRUNCATED)
-            shown = request.examples or (book.for_tools(request.tools) if book else ())
+            shown = request.examples or (book.for_tools(request.tools, forced=tool_choice == "required") if book else ())
             copied, counted = _copied(case, tuple(shown) + episode_examples(tool_choice == "auto"), calls)
             tally.copied_values += copied
             tally.counted_values += counted

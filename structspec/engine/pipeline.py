@@ -110,7 +110,8 @@ class RequestPipeline:
         # the answer never opens a call, nor the format's own call turn
         grammar = self.compiler.compile_tools(tools, call_format=self.call_format, answer_schema=request.answer_schema,
                                               refused_text=tuple(self.prompts.call_headings) if none else ())
-        examples = request.examples or self.examples.for_tools(tools.entries, tools.digest)
+        examples = request.examples or self.examples.for_tools(tools.entries, tools.digest,
+                                                               forced=tools.choice.mode in ("required", "named"))
         try:
             # the whole conversation: an agent's earlier calls and the tools' results are turns of it
             # a final answer's schema is said where the format says one (the chat templates' system message)

@@ -87,6 +87,24 @@ def test_a_tool_list_without_an_example_of_its_own_gets_another_tools_call_it_do
         "type": "object", "properties": {"q": {"type": "string"}}}}} for ex in FOREIGN_CALLS[:3]]
     assert book.for_tools(held) == FOREIGN_CALLS[3:]  # never a call of a tool the list holds
     assert build_example_book(0).for_tools(tools) == ()  # a profile that needs no examples gets none
+    # where the model may answer in words, calls of other tools would make it call where no tool is needed
+    assert book.for_tools(tools, forced=False) == () and book.for_tools(tools) == shown
+
+
+def test_the_engine_shows_other_tools_calls_only_to_a_forced_call(make_engine):
+    engine = make_engine()
+    engine.examples = build_example_book(1)
+    tools = tuple({"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}} for n in ("find", "look"))
+
+    def prompt(choice: str) -> str:
+        request = ToolCallRequest(messages=(ChatMessage("user", "Find my keys."),), tools=tools, tool_choice=choice)
+        return engine.tokenizer.decode(engine.prepare_toolcall(request).prompt)
+
+    foreign = [ex.title for ex in FOREIGN_CALLS]
+    assert any(title in prompt("required") for title in foreign)
+    assert any(title in prompt("find") for title in foreign)  # a named tool is forced too
+    assert not any(title in prompt("auto") for title in foreign)
 
 
 def test_a_call_of_another_tool_is_shown_under_its_own_list_before_the_request_s():
