@@ -16,7 +16,7 @@ from the prefix cache). Two formats, one interface (``PromptFormat``):
   holds the template's own special tokens, so it is tokenized without adding any (no second BOS).
 
 ``format_id`` names the format and its wording version; ``stats_format`` is what the statistics key adds
-(``stats.counters.model_key``): ``plain-v4`` for the plain format, ``chat-v2:<template digest>`` for a chat
+(``stats.counters.model_key``): ``plain-v5`` for the plain format, ``chat-v2:<template digest>`` for a chat
 template, so a new wording or another template starts statistics and history of its own.
 
 Contract: a template that raises (one that refuses a system message: Gemma's and Mistral's older ones) is

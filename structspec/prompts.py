@@ -16,12 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-PROMPT_FORMAT = "structspec-plain-v4"
+PROMPT_FORMAT = "structspec-plain-v5"
 
 ROLES = ("system", "user", "assistant", "tool")  # the roles of a conversation's turns (``engine.api.ChatMessage``)
 TOOLS_HEADING = "Tools"  # the tool list's heading
 CALL_TURN = "Call"  # the heading of a turn that holds calls (a model trained on call-only turns writes them there)
 ANSWER_TURN = "Assistant"  # the model's own turn: a text answer, or under ``answers`` a call or a text answer
+RESULT_TURN = "Answer"  # under ``answers``, the model's turn after a tool's result (a text answer, or another call)
 
 
 def heading(name: str) -> str:
@@ -32,7 +33,7 @@ def heading(name: str) -> str:
 # Where a text answer ends besides the model's end of turn: a base model runs on into the format's next turn, whose
 # heading starts a line. Only the format's own headings: an answer's Markdown heading (``### Results``) is its text.
 TURN_STOPS = tuple("\n" + heading(name).rstrip("\n")
-                   for name in (TOOLS_HEADING, *(role.capitalize() for role in ROLES), CALL_TURN))
+                   for name in (TOOLS_HEADING, *(role.capitalize() for role in ROLES), CALL_TURN, RESULT_TURN))
 
 
 @dataclass(frozen=True)
@@ -144,19 +145,23 @@ Turn = tuple[str, str] | ShownTurn  # (role, content), or a message with ``tool_
 # between them a request no tool serves -> a text answer. Its tools are no request's (the grammar allows only the
 # request's own). Measured on Gemma 3 270M (``bench.auto_calls``, 20 tool lists): an episode of one call and one
 # text answer made it call where a tool was needed 3 times in 20, this one 15 (text where none was: 20 and 18).
+# After a tool's result the model's turn is ``### Answer:`` (``RESULT_TURN``), here and in the conversation: under
+# ``### Assistant:`` there Gemma 3 270M made the same call again after its result in 12 of 20 agent loops, and
+# 8 of 20 loops ended within 4 requests; under ``### Answer:`` none repeated and 19 of 20 ended
+# (``bench.agent_loops``). A call is still allowed there (the grammar is the same): only the heading differs.
 ANSWER_EPISODE = (
     "### Tools:\n- get_time(zone): The current time in a time zone.\n"
     "- convert(amount, unit): Converts an amount to another unit.\n"
     "### User:\nUse get_time with zone Europe/Oslo.\n"
     "### Assistant:\n{\"name\":\"get_time\",\"arguments\":{\"zone\":\"Europe/Oslo\"}}\n"
     "### Tool:\n{\"time\":\"14:05\"}\n"
-    "### Assistant:\nIt is 14:05 in Oslo.\n"
+    "### Answer:\nIt is 14:05 in Oslo.\n"
     "### User:\nHi! Say hello to my friend Sam.\n"
     "### Assistant:\nHello Sam, nice to meet you!\n"
     "### User:\nHow many km are 3 miles?\n"
     "### Assistant:\n{\"name\":\"convert\",\"arguments\":{\"amount\":3,\"unit\":\"km\"}}\n"
     "### Tool:\n{\"result\":4.83}\n"
-    "### Assistant:\n3 miles is 4.83 km.\n\n"
+    "### Answer:\n3 miles is 4.83 km.\n\n"
 )
 
 
@@ -189,8 +194,8 @@ def toolcall_prompt(
 
     ``answers`` True (``tool_choice`` auto): the model's turn is ``### Assistant:``, which holds either a call
     (a JSON object ``{"name":...,"arguments":...}``) or a text answer (ending at EOS or at the next turn's
-    heading, ``TURN_STOPS``); ``ANSWER_EPISODE`` first shows both, and worked calls are ``### User:`` /
-    ``### Assistant:``.
+    heading, ``TURN_STOPS``), and ``### Answer:`` after a tool's result (``RESULT_TURN``: the same choice);
+    ``ANSWER_EPISODE`` first shows both, and worked calls are ``### User:`` / ``### Assistant:``.
 
     ``may_call`` False (``tool_choice`` none): the model's turn is ``### Assistant:`` and holds a text answer; the
     tools are listed (the conversation may name them) but no worked call is shown, nor the episode (both call).
@@ -207,15 +212,28 @@ def toolcall_prompt(
     # another tool list's worked calls first, under their own list (as the episode shows its tools)
     foreign = "".join(f"{heading(TOOLS_HEADING)}{ex.title.strip()}\n{shot(ex)}" for ex in examples if ex.title)
     shots = "".join(shot(ex) for ex in examples if not ex.title)
-    convo = "".join(_shown_turn(turn, said) for turn in messages)
-    return f"{ANSWER_EPISODE if answers else ''}{foreign}{tool_block}{shots}{convo}{heading(said)}"
+    if not answers:
+        convo = "".join(_shown_turn(turn, said) for turn in messages)
+        return f"{foreign}{tool_block}{shots}{convo}{heading(said)}"
+    # a turn after a tool's result is headed RESULT_TURN, the model's own one included
+    roles = [_role(turn) for turn in messages]
+    convo = "".join(_shown_turn(turn, RESULT_TURN if i and roles[i - 1] == "tool" else said,
+                                RESULT_TURN if i and roles[i - 1] == "tool" and role == "assistant" else "")
+                    for i, (turn, role) in enumerate(zip(messages, roles)))
+    turn = RESULT_TURN if roles and roles[-1] == "tool" else said
+    return f"{ANSWER_EPISODE}{foreign}{tool_block}{shots}{convo}{heading(turn)}"
 
 
-def _shown_turn(turn: Turn, said: str) -> str:
-    """One turn as ``### Role:`` + its content; an assistant's calls as the call JSON under ``said`` (one a line)."""
+def _role(turn: Turn) -> str:
+    return turn[0] if isinstance(turn, tuple) else turn.role
+
+
+def _shown_turn(turn: Turn, said: str, title: str = "") -> str:
+    """One turn as ``### Role:`` (``title`` where given) + its content; an assistant's calls as the call JSON under
+    ``said`` (one a line)."""
     role, content = turn if isinstance(turn, tuple) else (turn.role, turn.content)
     calls = () if isinstance(turn, tuple) else tuple(getattr(turn, "tool_calls", ()) or ())
-    out = f"{heading(role.capitalize())}{content.strip()}\n" if content.strip() or not calls else ""
+    out = f"{heading(title or role.capitalize())}{content.strip()}\n" if content.strip() or not calls else ""
     if calls:
         shown = "\n".join(compact_json({"name": c.name, "arguments": c.arguments}) for c in calls)
         out += f"{heading(said)}{shown}\n"

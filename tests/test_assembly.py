@@ -37,7 +37,7 @@ def test_a_starting_engine_claims_its_names_legacy_rows(legacy_store):
     try:
         model = engine.model_key
         assert model.startswith("demo@") and model.endswith("+draft:" + model.rpartition("+draft:")[2])
-        legacy = model.replace("+plain-v4", "+plain-v3").rpartition("+draft:")[0]
+        legacy = model.replace("+plain-v5", "+plain-v3").rpartition("+draft:")[0]
         assert requests(legacy_store, legacy) == 1 and requests(legacy_store, "demo") == 0
         history = model.rpartition("+draft:")[0]  # the history key: the statistics key without the draft
         assert asyncio.run(legacy_store.load_history(history, 64, 64)) == [("contact@1", '{"name": "Ada"}')]
@@ -58,8 +58,8 @@ def test_dummy_weights_claim_nothing(legacy_store):
 
 
 def test_the_keys_name_the_weights_and_the_format(demo_models):
-    assert engine_model_key(demo_models) == (f"demo@{demo_models.identity}+plain-v4+draft:{demo_models.draft_version}")
-    assert history_model_key(demo_models) == f"demo@{demo_models.identity}+plain-v4"
+    assert engine_model_key(demo_models) == (f"demo@{demo_models.identity}+plain-v5+draft:{demo_models.draft_version}")
+    assert history_model_key(demo_models) == f"demo@{demo_models.identity}+plain-v5"
 
 
 def test_another_chat_template_keeps_a_history_of_its_own(demo_models):

@@ -212,8 +212,8 @@ def test_the_template_hash_is_in_the_statistics_key(family_models):
     digest = hashlib.sha256(LLAMA3.encode()).hexdigest()[:8]
     assert assemble_engine(models).model_key == engine_model_key(models) == f"tiny+chat-v2:{digest}"
     plain = loaded(models.tokenizer, models.target, None)
-    assert engine_model_key(plain) == "tiny+plain-v4"  # the plain format's wording version, as a template's digest
-    assert assemble_engine(plain).model_key == "tiny+plain-v4"
+    assert engine_model_key(plain) == "tiny+plain-v5"  # the plain format's wording version, as a template's digest
+    assert assemble_engine(plain).model_key == "tiny+plain-v5"
 
 
 def test_the_plain_path_is_todays_prompt_byte_for_byte(family_models):

@@ -31,8 +31,8 @@ def batch_bucket(batch_size: int) -> int:
 
 def model_key(name: str, draft_version: str = "", prompt_format: str = "", identity: str = "", engine: str = "") -> str:
     """The model statistics are kept under: ``<name>@<identity>+<prompt format>[+draft:<version>][+<engine>]``, e.g.
-    ``gemma-3-270m@1a2b3c4d5e6f+plain-v4``, ``smollm2@9f8e7d6c5b4a+chat-v2:5e6f7a8b+draft:1a2b3c4d`` and
-    ``demo@4bff5f0f0a20+plain-v4+vllm:ngram``.
+    ``gemma-3-270m@1a2b3c4d5e6f+plain-v5``, ``smollm2@9f8e7d6c5b4a+chat-v2:5e6f7a8b+draft:1a2b3c4d`` and
+    ``demo@4bff5f0f0a20+plain-v5+vllm:ngram``.
 
     ``name``: the served name (what people read); ``identity``: the weights' content (``models.identity``: two
     fine-tunes served under one name keep apart); ``prompt_format``: how prompts are rendered

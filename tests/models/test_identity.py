@@ -79,7 +79,7 @@ def test_two_fine_tunes_served_from_output_keep_apart(tmp_path):
     assert a.profile == b.profile == "output"
     assert engine_model_key(a) != engine_model_key(b)
     assert history_model_key(a) != history_model_key(b)
-    assert engine_model_key(a) == f"output@{a.identity}+plain-v4" == history_model_key(a)
+    assert engine_model_key(a) == f"output@{a.identity}+plain-v5" == history_model_key(a)
 
 
 def test_dummy_weights_never_write_into_the_real_weights_key(tmp_path):
@@ -87,4 +87,4 @@ def test_dummy_weights_never_write_into_the_real_weights_key(tmp_path):
     dummy = load_profile(str(DEMO_TARGET), served_name="demo-target", load_format="dummy")
     assert dummy.identity.startswith(DUMMY_PREFIX)
     assert engine_model_key(dummy) != engine_model_key(real)
-    assert engine_model_key(real) == f"demo-target@{folder_digest(DEMO_TARGET)}+plain-v4"
+    assert engine_model_key(real) == f"demo-target@{folder_digest(DEMO_TARGET)}+plain-v5"

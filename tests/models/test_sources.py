@@ -100,7 +100,7 @@ def test_a_folder_runs_on_transformers_under_its_served_name(demo_models) -> Non
     assert (models.profile, models.executor, models.draft, models.chat_template) == ("my-demo", "transformers",
                                                                                      None, None)
     # statistics are kept under the served name and the weights (the shipped demo target's)
-    assert engine_model_key(models) == f"my-demo@{demo_models.identity}+plain-v4"
+    assert engine_model_key(models) == f"my-demo@{demo_models.identity}+plain-v5"
     for mine, shipped in zip(models.target.state_dict().values(), demo_models.target.state_dict().values()):
         assert torch.equal(mine, shipped)
 
