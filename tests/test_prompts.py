@@ -65,6 +65,25 @@ def test_under_auto_the_plain_format_offers_an_answer_beside_a_call():
     assert calling.endswith("### User:\nSay hello\n### Call:\n") and "### Assistant:" not in calling
 
 
+def test_under_auto_the_turn_after_a_tools_result_is_headed_answer():
+    """After a result the model's turn is ``### Answer:`` (the episode shows a result answered under it), and an
+    earlier answer after a result is shown under it too; a call-only prompt keeps its ``### Call:`` turns."""
+    from structspec.engine.api import ChatMessage
+    from structspec.engine.types import ToolCall
+
+    call = ChatMessage("assistant", "", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))
+    turns = [ChatMessage("user", "Rain in Oslo?"), call, ChatMessage("tool", "rain")]
+    answering = toolcall_prompt(TOOLS, turns, answers=True)
+    assert answering.endswith('### Assistant:\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n'
+                              "### Tool:\nrain\n### Answer:\n")
+    assert answering.count("### Tool:\n") == 3 and answering.count("### Answer:\n") == 3  # the episode's two
+    later = toolcall_prompt(TOOLS, [*turns, ChatMessage("assistant", "Rain."), ChatMessage("user", "And Rome?")],
+                            answers=True)
+    assert "### Tool:\nrain\n### Answer:\nRain.\n### User:\nAnd Rome?\n### Assistant:\n" in later
+    calling = toolcall_prompt(TOOLS, turns)
+    assert calling.endswith("### Tool:\nrain\n### Call:\n") and "### Answer:" not in calling
+
+
 def test_only_models_not_trained_on_call_only_turns_are_offered_answers():
     from structspec.models.profiles import profiles
 
