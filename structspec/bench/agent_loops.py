@@ -23,9 +23,9 @@ import jsonschema
 
 from structspec.assembly import AssemblyConfig, assemble_engine
 from structspec.bench.auto_calls import Case, load_cases
-from structspec.engine.api import ChatMessage, ToolCall, ToolCallRequest
+from structspec.engine.api import ChatMessage, ToolCallRequest
 from structspec.engine.default_examples import build_example_book
-from structspec.engine.types import Outcome, SamplingParams
+from structspec.engine.types import Outcome, SamplingParams, ToolCall
 from structspec.models.loading import load_profile, model_profile
 from structspec.prompts import compact_json
 

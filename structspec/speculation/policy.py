@@ -10,9 +10,9 @@ decision with its reason. In order:
 2. short outputs: a predicted output (p50 of the schema's recent outputs; with too few, an
    estimate from the schema) under ``min_predicted_length`` tokens has few model decisions (most of
    it is forced), so a draft saves a pass only where it covers the rest of the output: the draft
-   model is off (its prefill of the prompt buys few tokens), and each cheap proposer drafts
-   ``max_draft`` tokens where a draft that long pays at its priced acceptance, else nothing
-   (``short_draft_length``; fast-forward only where no step cost is known);
+   model is off (its prefill of the prompt buys few tokens), and each cheap proposer drafts up to
+   ``max_draft`` tokens where such a cap pays, priced at the rows and accepted tokens its drafts
+   have had, else nothing (``short_draft_length``; fast-forward only where no step cost is known);
 3. per proposer: the draft model is off past ``draft_model_max_batch`` running sequences;
    with under ``min_evidence_tokens`` drafted tokens of evidence it is cold: it drafts the length
    the cost model picks at the prior (``prior_acceptance`` at a draft's first position,
@@ -70,6 +70,7 @@ it on. The draft model once both arms are measured is held by the end-to-end com
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -79,6 +80,7 @@ from structspec.stats.counters import HOUR, Arm, Reason, batch_bucket
 from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence
 
 DRAFT_MODEL = "draft"  # DraftModelProposer.name
+SHORT_DRAFTS_READ = 8  # a short output's drafts whose own lengths price its cap (``short_draft_length``)
 
 
 @dataclass(frozen=True)
@@ -245,17 +247,26 @@ def guarded_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: st
 
 def short_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
                        config: PolicyConfig, replayed: ProposerEvidence | None = None) -> int:
-    """A short output's draft length: ``max_draft`` where a draft that long pays at the schema's acceptance (with
-    the prior: ``priced_evidence``), else 0. A short output has few model decisions and most of it is forced, so a
-    draft saves a pass only where it covers the rest of the output: a 1- or 2-token draft there costs its rows and
-    saves nothing (on the held-out classify workload, Gemma on transformers: the policy's short drafts left the
-    passes per token at fast-forward's 0.182 while 8-token drafts made them 0.106)."""
+    """A short output's draft length: ``max_draft`` where a draft capped there pays, else 0. A short output has
+    few model decisions and most of it is forced, so a draft saves a pass only where it covers the rest of the
+    output: a 1- or 2-token cap there costs its rows and saves nothing (on the held-out classify workload, Gemma
+    on transformers: the policy's short caps left the passes per token at fast-forward's 0.182 while a cap of 8
+    made them 0.106). The cap is priced at the rows its drafts fill: with ``SHORT_DRAFTS_READ`` drafts of the
+    schema's own or replayed, a draft's mean length and mean accepted tokens are read from them (the few tokens
+    left to decide bound a draft far below the cap: an 8-row price would refuse drafts that fill 3); with fewer,
+    a full cap at the prior (``priced_evidence``)."""
     k = config.max_draft
-    step, plain = costs.step_seconds(batch_size, k), costs.step_seconds(batch_size, 0)
+    measured = (ev or ProposerEvidence()).plus(replayed)
+    drafts = measured.reached[0] if measured.reached else 0.0
+    if drafts >= SHORT_DRAFTS_READ:
+        rows = min(k, max(1, math.ceil(measured.drafted / drafts)))
+        accepted = sum(measured.accepted_at) / drafts
+    else:
+        rows, accepted = k, priced_evidence(ev, config, replayed).expected_accepted(k)
+    step, plain = costs.step_seconds(batch_size, rows), costs.step_seconds(batch_size, 0)
     if step is None or plain is None:
         return 0
-    priced = priced_evidence(ev, config, replayed)
-    per_token = (step + costs.propose_seconds(proposer, k)) / (1.0 + priced.expected_accepted(k))
+    per_token = (step + costs.propose_seconds(proposer, rows)) / (1.0 + accepted)
     return k if per_token < plain * (1.0 - config.gain_margin) else 0
 
 

@@ -40,18 +40,21 @@ from structspec.stats.counters import Reason
 
 log = logging.getLogger(__name__)
 
+_REPLAYED = (Reason.PRICED_OUT, Reason.SHORT_OUTPUT)  # the decisions not to draft whose drafts are replayed
+
 
 def replay_priced_out(seq: EngineSequence, output: Sequence[int], proposers: Iterable[Proposer | None],
                       decider: Decider, stats: Recorder | None, vocab_size: int,
                       decode: Callable[[list[int]], str]) -> None:
-    """Replay on ``seq``'s finished ``output`` the drafts of each of ``proposers`` its decision priced out, while the
+    """Replay on ``seq``'s finished ``output`` the drafts of each of ``proposers`` its decision priced out (a short
+    output's drafting refused included: its drafts' lengths price its cap, ``policy.short_draft_length``), while the
     schema's replayed evidence is thin (``Decider.wants_replay``), and record them. Call it before the output joins
     the schema history (it must not draft itself). Raises: Never (a failure is logged, the evidence lost)."""
     decision, policy = seq.decision, decider.policy
     if stats is None or decision is None or policy is None or seq.grammar is None or not output:
         return
     for proposer in proposers:
-        if proposer is None or decision.reasons.get(proposer.name) != Reason.PRICED_OUT \
+        if proposer is None or decision.reasons.get(proposer.name) not in _REPLAYED \
                 or not decider.wants_replay(stats, seq.schema_key, proposer.name):
             continue
         try:

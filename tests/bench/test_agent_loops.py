@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from structspec.bench.agent_loops import LoopTally, run_loop
 from structspec.bench.auto_calls import Case
-from structspec.engine.api import ToolCall
+from structspec.engine.types import ToolCall
 from structspec.engine.types import Outcome
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {

@@ -399,3 +399,23 @@ def test_replayed_drafts_are_read_by_position_pooled_over_buckets_and_apart_from
     # position 1 reached by every draft; 2 by the 4/4, 4/1 and 3/3 drafts; 3 and 4 by the 4/4 and 3/3 ones (4: one)
     assert replayed.reached == (4, 3, 2, 1) and replayed.accepted_at == (3, 2, 2, 1)
     assert ev.by_bucket == {} and ev.pooled == {} and ev.last_measured == {}  # not drafting, not a measurement
+
+
+def test_a_short_outputs_cap_is_priced_at_the_rows_its_drafts_fill():
+    # Gemma on transformers on a host where a 3-row step costs 1.12 plain steps and an 8-row one 2.62 (timed): a
+    # short output's copy drafts fill 2 rows (40 drafts, 34 tokens accepted)
+    from structspec.speculation.policy import priced_evidence, short_draft_length
+
+    host = CostEvidence({(1, k): 0.090 * r for k, r in enumerate((1, 1.02, 1.10, 1.12, 1.77, 1.84, 1.92, 1.96, 2.62))})
+    short = ProposerEvidence(80.0, 34.0, (40.0, 20.0), (20.0, 14.0))
+    assert short_draft_length(short, host, "ngram", 1, CFG) == CFG.max_draft  # (1.10) / (1 + 0.85) plain steps
+    # priced as if every draft filled the cap, the same evidence drafts nothing
+    full = host.step_seconds(1, 8) / (1 + priced_evidence(short, CFG).expected_accepted(8))
+    assert full > host.step_seconds(1, 0) * (1 - CFG.gain_margin)
+    # replayed drafts count as its own; under SHORT_DRAFTS_READ drafts the cap is priced at the prior, in full
+    assert short_draft_length(None, host, "ngram", 1, CFG, replayed=short) == CFG.max_draft
+    few = ProposerEvidence(4.0, 2.0, (2.0, 1.0), (1.0, 1.0))
+    assert short_draft_length(few, host, "ngram", 1, CFG) == 0
+    # drafts that fill 2 rows and are refused at once do not pay however cheap their rows
+    refused = ProposerEvidence(80.0, 0.0, (40.0,), (2.0,))
+    assert short_draft_length(refused, host, "ngram", 1, CFG) == 0

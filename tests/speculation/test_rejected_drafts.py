@@ -7,6 +7,7 @@ from __future__ import annotations
 from structspec.assembly import AssemblyConfig, assemble_engine
 from structspec.engine.config import PolicyConfig, SchedulerLimits
 from structspec.engine.core import run_until_idle
+from structspec.models.step_profile import StepProfile
 from structspec.speculation.configs import ProposerSet
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import Series
@@ -17,7 +18,12 @@ from tests.speculation.test_speculative_decoding import ITEMS, sequences
 def test_rejected_drafts_are_sampled_as_the_verifier_saw_them(demo_models, demo_compiler):
     book = StatsBook(samples_per_hour=1000, traffic_per_hour=1000)  # keep every one: each can be checked
     engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=4), compiler=demo_compiler,
-                             proposers=ProposerSet(ngram=True, history=True, draft=True), stats=book.recorder("demo"), policy=PolicyConfig(), seed=0))
+                             proposers=ProposerSet(ngram=True, history=True, draft=True), stats=book.recorder("demo"), policy=PolicyConfig(), seed=0,
+                             step_profile_seconds=0))
+    # drafting priced on a stated profile where a k-row step costs barely more than a decode step (the demo target's
+    # on this CPU, measured: 1.04-1.07x), not on this run's timing: a new schema's proposers then start drafting
+    engine.core.drafter.speculator.decider.step_profile = StepProfile("test", {(1, k): 0.01 * (1 + 0.005 * k)
+                                                                               for k in range(9)})
     seqs = sequences(engine, ITEMS[:6], max_tokens=120)
     run_until_idle(engine.core, seqs)
     samples = book.samples.take()

@@ -82,3 +82,25 @@ def test_a_priced_out_proposer_is_replayed_until_its_evidence_holds_then_priced_
     assert decisions[0] == Reason.PRICED_OUT and decisions[-1] == Reason.COLD, decisions
     ev = router.decider._read(recorder, "contact", book.clock())[0].replayed["ngram"]
     assert sum(ev.reached) == examined[-1] > 0 and replayed(Series.DRAFTED) > 0
+
+
+def test_a_short_output_refused_drafting_is_replayed(demo_models, demo_compiler):
+    """A short output on an executor where an 8-row step costs 3 decode steps: at the prior no cap pays, so copy
+    lookup does not draft (``short_output``); its drafts are replayed on the output, the evidence that prices its
+    cap at the rows its drafts fill (``policy.short_draft_length``)."""
+    book = StatsBook()
+    recorder = book.recorder("demo")
+    recorder.record_step = lambda *args, **kwargs: None  # priced by the profile alone: no served (wall) times
+    engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=1), compiler=demo_compiler,
+                                                         proposers=ProposerSet(ngram=True, history=True, draft=False),
+                                                         stats=recorder, policy=PolicyConfig(probe_rate=0.0), seed=0,
+                                                         step_profile_seconds=0))
+    router = engine.core.drafter.speculator
+    router.decider.step_profile = StepProfile("test", {(1, k): 0.01 * (1 + 0.25 * k) for k in range(9)})
+    triage = [i for i in build_workload("mixed", 48) if i.schema_name == "ticket_triage"][:1]
+    assert triage
+    (seq,) = sequences(engine, triage, max_tokens=64)
+    run_until_idle(engine.core, [seq])
+    assert seq.decision.reasons["ngram"] == Reason.SHORT_OUTPUT and seq.usage.drafted == {}
+    replayed = sum(v for k, v in book.rows().items() if k.series == Series.REPLAYED and k.proposer == "ngram")
+    assert replayed > 0
