@@ -79,7 +79,8 @@ def test_a_priced_out_proposer_is_replayed_until_its_evidence_holds_then_priced_
         assert (after > before) == (why == Reason.PRICED_OUT and before < policy.min_evidence_tokens), (examined,
                                                                                                        decisions)
         assert (seq.usage.drafted.get("ngram", 0) > 0) == (why == Reason.COLD)
-    assert decisions[0] == Reason.PRICED_OUT and decisions[-1] == Reason.COLD, decisions
+    # the replays price it in: it drafts (cold) on a later request; its own drafts may then price it out again
+    assert decisions[0] == Reason.PRICED_OUT and Reason.COLD in decisions[1:], decisions
     ev = router.decider._read(recorder, "contact", book.clock())[0].replayed["ngram"]
     assert sum(ev.reached) == examined[-1] > 0 and replayed(Series.DRAFTED) > 0
 

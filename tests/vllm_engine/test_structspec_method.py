@@ -182,7 +182,9 @@ def test_sampled_outputs_keep_the_constrained_distribution(engine, loop, plain_c
     assert homogeneity_p(plain_cities, drafted, cities) > 0.001, (plain_cities, drafted)
 
 
-@pytest.mark.xfail(strict=True, reason="measured: sampled requests with the proposers' drafts on vLLM 0.32's CPU build "
+# not strict: in a whole run of tests/vllm_engine it once came out within the chi-square bound (an XPASS), alone it
+# fails as measured; the bug is vLLM's, so either outcome is reported and neither fails the run
+@pytest.mark.xfail(strict=False, reason="measured: sampled requests with the proposers' drafts on vLLM 0.32's CPU build "
                    "come out far from plain constrained sampling (the drafted value over-accepted, p < 1e-20); "
                    "the front drafts forced tokens only for sampled requests (planning.SAMPLED_EXACT)")
 def test_sampling_with_drafts_keeps_the_constrained_distribution(engine, loop, plain_cities, monkeypatch):
