@@ -216,12 +216,12 @@ def toolcall_prompt(
         convo = "".join(_shown_turn(turn, said) for turn in messages)
         return f"{foreign}{tool_block}{shots}{convo}{heading(said)}"
     # a turn after a tool's result is headed RESULT_TURN, the model's own one included
-    roles = [_role(turn) for turn in messages]
-    convo = "".join(_shown_turn(turn, RESULT_TURN if i and roles[i - 1] == "tool" else said,
-                                RESULT_TURN if i and roles[i - 1] == "tool" and role == "assistant" else "")
-                    for i, (turn, role) in enumerate(zip(messages, roles)))
-    turn = RESULT_TURN if roles and roles[-1] == "tool" else said
-    return f"{ANSWER_EPISODE}{foreign}{tool_block}{shots}{convo}{heading(turn)}"
+    convo, before = "", ""  # ``before``: the role of the turn before
+    for turn in messages:
+        own = RESULT_TURN if before == "tool" else said
+        convo += _shown_turn(turn, own, own if before == "tool" and _role(turn) == "assistant" else "")
+        before = _role(turn)
+    return f"{ANSWER_EPISODE}{foreign}{tool_block}{shots}{convo}{heading(RESULT_TURN if before == 'tool' else said)}"
 
 
 def _role(turn: Turn) -> str:

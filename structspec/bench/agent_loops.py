@@ -19,10 +19,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import jsonschema
-
 from structspec.assembly import AssemblyConfig, assemble_engine
-from structspec.bench.auto_calls import Case, load_cases
+from structspec.bench.auto_calls import Case, load_cases, valid_call
 from structspec.engine.api import ChatMessage, ToolCallRequest
 from structspec.engine.default_examples import build_example_book
 from structspec.engine.types import Outcome, SamplingParams, ToolCall
@@ -56,12 +54,6 @@ def tool_result(call: ToolCall, turn: int) -> str:
     return compact_json({"tool": call.name, "status": "done", "value": result_value(turn)})
 
 
-def _valid(call: ToolCall, case: Case) -> bool:
-    declared = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
-    return call.name in declared and not any(
-        True for _ in jsonschema.Draft202012Validator(declared[call.name]).iter_errors(call.arguments))
-
-
 async def run_loop(engine: Any, case: Case, max_requests: int, max_tokens: int, tally: LoopTally) -> None:
     """One case: a loop where it needs a tool, one request where it does not."""
     messages: list[ChatMessage] = [ChatMessage("user", case.prompt)]
@@ -83,7 +75,7 @@ async def run_loop(engine: Any, case: Case, max_requests: int, max_tokens: int, 
                 tally.examples.append(f"{case.source} ended after {turn + 1}: {(res.text or '')[:100]!r}")
             return
         tally.called += case.needs_tool and turn == 0
-        tally.invalid_calls += sum(not _valid(c, case) for c in res.calls)
+        tally.invalid_calls += sum(not valid_call(case, c.name, c.arguments) for c in res.calls)
         keys = [(c.name, compact_json(c.arguments)) for c in res.calls]
         if any(k in made for k in keys) and not repeated:
             repeated, tally.repeated = True, tally.repeated + 1

@@ -116,6 +116,13 @@ def load_cases(folder: str, n: int, seed: int = 0, phrasing: str = "named") -> l
     return cases
 
 
+def valid_call(case: Case, name: str, arguments: Any) -> bool:
+    """Whether ``name(arguments)`` calls a tool the case declares, with arguments its schema takes."""
+    declared = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
+    return name in declared and isinstance(arguments, dict) and not any(
+        True for _ in jsonschema.Draft202012Validator(declared[name]).iter_errors(arguments))
+
+
 def _count(tally: Tally, case: Case, calls: list[tuple[str, Any]] | None, text: str | None, truncated: bool) -> None:
     tally.requests += 1
     if truncated:
@@ -124,12 +131,8 @@ def _count(tally: Tally, case: Case, calls: list[tuple[str, Any]] | None, text: 
     if calls:
         tally.calls += 1
         tally.calls_where_tool_needed += case.needs_tool
-        declared = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
         for name, arguments in calls:
-            bad = name not in declared or not isinstance(arguments, dict)
-            if not bad:
-                bad = any(True for _ in jsonschema.Draft202012Validator(declared[name]).iter_errors(arguments))
-            if bad:
+            if not valid_call(case, name, arguments):
                 tally.invalid_calls += 1
                 tally.examples.append(f"{case.source}: {name}({json.dumps(arguments)[:120]})")
                 break
