@@ -82,6 +82,10 @@ def _amount(x: float) -> str:
     return f"{x:,.2f}"
 
 
+def _price(x: float) -> int | float:
+    return int(x) if x == int(x) else x  # JSON writes 12, not 12.0, as a document would
+
+
 def invoice_document(r: random.Random, layout: str | None = None) -> tuple[str, dict[str, Any]]:
     """One held-out (document, truth) on the built-in invoice schema."""
     layout = layout or r.choice(LAYOUTS)
@@ -93,11 +97,9 @@ def invoice_document(r: random.Random, layout: str | None = None) -> tuple[str, 
     number = r.choice((f"{r.randint(10000, 99999)}", f"SP-{r.randint(100, 999)}/{year % 100}",
                        f"{r.choice('ABCDEFGH')}{r.randint(1000, 9999)}-{r.randint(10, 99)}"))
     vendor, customer = r.choice(_VENDORS), r.choice(_CUSTOMERS)
-    items = [{"description": g, "quantity": r.randint(1, 40), "unit_price": round(r.uniform(0.5, 400), 2)}
-             for g in r.sample(_GOODS, r.randint(4, 8))]
-    for i in items:
-        if i["unit_price"] == int(i["unit_price"]):
-            i["unit_price"] = int(i["unit_price"])
+    items: list[dict[str, Any]] = [{"description": g, "quantity": r.randint(1, 40),
+                                    "unit_price": _price(round(r.uniform(0.5, 400), 2))}
+                                   for g in r.sample(_GOODS, r.randint(4, 8))]
     subtotal = round(sum(i["quantity"] * i["unit_price"] for i in items), 2)
     taxed = layout in ("table", "pages", "scan")
     tax = round(subtotal * 0.2, 2) if taxed else 0.0
@@ -137,9 +139,14 @@ def invoice_document(r: random.Random, layout: str | None = None) -> tuple[str, 
     return doc, truth
 
 
-def invoice_items(n: int, seed: int = 5) -> tuple[list[WorkItem], FewShotExample]:
-    """``n`` held-out invoices (layouts in turn) and the caller's worked example (one more, drawn first)."""
+def invoice_items(n: int, seed: int = 5, bounded_list: bool = True) -> tuple[list[WorkItem], FewShotExample]:
+    """``n`` held-out invoices (layouts in turn) and the caller's worked example (one more, drawn first).
+    ``bounded_list``: the built-in schema as it is (``line_items`` at most 8); False: without ``maxItems``, as a
+    caller's own invoice schema often is, where nothing but the model ends the list."""
     schema = load_builtin_schemas()["invoice"]
+    if not bounded_list:
+        schema = json.loads(json.dumps(schema))
+        del schema["properties"]["line_items"]["maxItems"]
     r = random.Random(f"invoice-heldout:{seed}")
     text, truth = invoice_document(r, "table")
     example = FewShotExample(text, compact_json(truth))
@@ -186,10 +193,11 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
     models = load_profile(model, executor=executor)
     engine = assemble_engine(models)
     # the examples the server adds to a request for ``invoice`` (``assemble``: the profile's ``few_shot``)
+    schema = items[0].schema if items else None
+    assert schema is not None, "extraction items of one schema"
     book = build_example_book(model_profile(model).few_shot)
-    server = book.for_schema(items[0].schema) if items else ()
-    examples = {"server": server, "client": (example,),
-                "server2": build_example_book(2).for_schema(items[0].schema) if items else (),
+    server = book.for_schema(schema)
+    examples = {"server": server, "client": (example,), "server2": build_example_book(2).for_schema(schema),
                 "spaced": tuple(replace(ex, output=json.dumps(json.loads(ex.output), ensure_ascii=False))
                                 for ex in server),
                 "quiet": tuple(_quiet(ex) for ex in server),
@@ -246,6 +254,7 @@ def _run_llamacpp(models, engine, items: list[WorkItem], max_tokens: int, tally:
     baseline = LlamaCppBaseline(models, "llamacpp_grammar", context_for(items, max_tokens, prompt_of))
     try:
         for item in items:
+            assert item.schema is not None
             [(finished, n_out, text)], _ = baseline.run([item], max_tokens, lambda i: i.schema, prompt_of, record)
             checked = check_json_text(text, item.schema)
             tally.add(item, finished, checked.value if checked.outcome is Outcome.VALID else None, n_out)
@@ -269,15 +278,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--documents", type=int, default=30)
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=384)
+    parser.add_argument("--unbounded-list", action="store_true",
+                        help="line_items without maxItems: a schema of the caller's own, so the server's examples "
+                             "are those it makes for one it does not ship (synthesized, or another schema's)")
     parser.add_argument("--arms", default=",".join(ARMS), help="examples/wording pairs and llamacpp (see above)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    items, example = invoice_items(args.documents, args.seed)
+    items, example = invoice_items(args.documents, args.seed, bounded_list=not args.unbounded_list)
     results = run(args.model, items, example, args.arms.split(","), args.max_tokens, args.executor)
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "documents": args.documents, "seed": args.seed,
+                       "unbounded_list": args.unbounded_list,
                        "max_tokens": args.max_tokens, "results": {a: asdict(t) for a, t in results.items()}}, f,
                       indent=1)
 

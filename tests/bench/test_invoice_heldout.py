@@ -37,6 +37,11 @@ def test_items_cycle_the_layouts_and_the_example_is_not_among_them():
     notes = [i.truth["notes"] for i in items]
     assert "" in notes and any(notes)
     assert all(i.freetext_fields == ("notes",) for i in items)
+    assert items[0].schema["properties"]["line_items"]["maxItems"] == 8
+    unbounded, _ = invoice_items(10, bounded_list=False)
+    assert "maxItems" not in unbounded[0].schema["properties"]["line_items"]
+    assert [i.source for i in unbounded] == [i.source for i in items]
+    assert load_builtin_schemas()["invoice"]["properties"]["line_items"]["maxItems"] == 8  # the built-in: untouched
 
 
 def test_the_tally_counts_copied_values_and_made_up_notes():
