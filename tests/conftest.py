@@ -7,10 +7,26 @@ import importlib.util
 import os
 from pathlib import Path
 
-import pytest
-import torch
 
-from structspec.models import profiles
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (the README's ``-n auto``): each worker on CPUs of its own (worker i of n takes every n-th
+    of this process's CPUs), before torch loads its OpenMP pool, so the project's thread sizing
+    (``models.threads.cpu_budget``) and torch's pool see those CPUs alone, and two workers never contend for one
+    core's threads. More workers than CPUs: left unpinned."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and 1 < count <= len(cpus):
+        os.sched_setaffinity(0, set(cpus[int(worker[2:]) % count::count]))
+
+
+_pin_xdist_worker()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+from structspec.models import profiles  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MASKBENCH = SHARED / "data" / "maskbench"
@@ -20,7 +36,6 @@ MASKBENCH = SHARED / "data" / "maskbench"
 def demo_models():
     from structspec.models.loading import load_profile
 
-    torch.set_num_threads(2)
     return load_profile("demo", dtype="float32", with_draft=True)
 
 

@@ -33,6 +33,7 @@ from structspec.models.executor import ContextOverflow, InputError, StepInput  #
 from structspec.models.gguf_export import export_gguf  # noqa: E402
 from structspec.models.llamacpp_executor import LlamaCppExecutor  # noqa: E402
 from structspec.models.llamacpp_model import LlamaCppError, LlamaCppModel, lib  # noqa: E402
+from structspec.models.threads import cpu_budget  # noqa: E402
 from tests.models.test_hf_executor import MODELS, VOCAB  # noqa: E402
 
 TOL = 2e-3
@@ -66,7 +67,7 @@ def llama_reference(model: LlamaCppModel, pieces: list[list[int]], outputs: list
     p.n_batch = p.n_ubatch = max(map(len, pieces))
     p.n_seq_max = 1
     p.n_outputs_max = max(map(len, pieces))
-    p.n_threads = p.n_threads_batch = 2
+    p.n_threads = p.n_threads_batch = cpu_budget()  # the executor's default: llama.cpp's sums split by thread
     p.swa_full, p.kv_unified = True, True
     p.type_k = p.type_v = kv_type
     ctx = llama_cpp.llama_init_from_model(model.handle, p)
