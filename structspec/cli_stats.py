@@ -300,8 +300,10 @@ def pricing_line(p: DraftPricing, state: ProposerPolicyState | None) -> str:
         return text + "no draft length priced"
     drafting = f" + {_ms(best.propose_seconds)} drafting" if best.propose_seconds > 0 else ""
     head = f"chose k={best.k}" if p.chosen else f"none pays by {100 * p.gain_margin:.0f}%, best k={best.k}"
+    small = (f"; where every scored position allows few tokens (no output layer), k={p.restricted_chosen}"
+             if p.restricted_chosen else "")
     return (text + f"{head}: {_ms(best.step_seconds)}/step{drafting}, {best.expected_accepted:.2f} accepted -> "
-            f"{_ms(best.seconds_per_token)}/token vs {_ms(plain.step_seconds)} plain")
+            f"{_ms(best.seconds_per_token)}/token vs {_ms(plain.step_seconds)} plain{small}")
 
 
 def pricing_table(p: DraftPricing) -> Table:

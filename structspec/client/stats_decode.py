@@ -54,7 +54,8 @@ def draft_pricing(p: pb.DraftPricing) -> views.DraftPricing:
                               _optional(p, "acceptance"), p.cold, p.chosen, p.gain_margin,
                               [views.DraftPrice(d.k, _optional(d, "step_seconds"), d.propose_seconds,
                                                 d.expected_accepted, _optional(d, "seconds_per_token"), d.step_source)
-                               for d in p.prices], p.reason, p.replayed_tokens, _optional(p, "replayed_acceptance"))
+                               for d in p.prices], p.reason, p.replayed_tokens, _optional(p, "replayed_acceptance"),
+                              p.restricted_chosen)
 
 
 def schema_stats(s: pb.SchemaStats) -> views.SchemaStats:

@@ -245,7 +245,8 @@ class EngineCore:
         stats = self.serving.stats
         if len(ran) == len(planned) and decode_only and stats is not None:
             longest = max((len(step.tokens) if step is not None else 0) for _, step in planned)
-            stats.record_step(len(self.scheduler.running), longest, time.perf_counter() - started)
+            stats.record_step(len(self.scheduler.running), longest, time.perf_counter() - started,
+                              restricted=_restricted(planned))
         return ran, outputs
 
     def _forward(self, planned: list[Planned]) -> tuple[list[Planned], list[torch.Tensor]]:
@@ -430,6 +431,14 @@ class EngineCore:
                                  seq.decision_bucket)
             stats.record_traffic(seq.schema_key, seq.prompt, seq.output, reason.value)
         seq.on_event("done", None)
+
+
+def _restricted(planned: list[Planned]) -> bool:
+    """Whether a forward scored small allowed sets alone (``Drafter.allowed_ids``: every scored row of every plan
+    had one, so the executor skipped its output layer), priced apart from one that ran it (``CostEvidence``)."""
+    scored = [step for _, step in planned if step is not None]
+    return bool(scored) and all(step.allowed is not None and all(a is not None for a in step.allowed)
+                                for step in scored)
 
 
 def run_until_idle(core: EngineCore, seqs: Iterable[EngineSequence]) -> None:

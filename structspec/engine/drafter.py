@@ -136,15 +136,45 @@ class Drafter:
             if matcher.is_stopped():
                 break  # no draft continues past grammar termination
         matcher.rollback(consumed)
-        if draft is not None and consumed < len(draft.tokens):
-            draft = Draft(draft.tokens[:consumed], draft.q[:consumed] if draft.q is not None else None, draft.proposer)
-        return StepDraft(draft, bitmask[: consumed + 1], tail, tokens)
+        kept, allowed = self._priced_cut(plan, draft, bitmask, consumed)
+        if kept < consumed:  # cut for its price: what is cut was never verified, so it counts as not drafted
+            tail, tokens = None, tokens[:kept]
+            if kept == 0:
+                draft = None
+        if draft is not None and kept < len(draft.tokens):
+            draft = Draft(draft.tokens[:kept], draft.q[:kept] if draft.q is not None else None, draft.proposer)
+        return StepDraft(draft, bitmask[: kept + 1], tail, tokens, allowed)
+
+    def _priced_cut(self, plan: StepPlan, draft: Draft | None, bitmask: torch.Tensor,
+                    consumed: int) -> tuple[int, tuple[torch.Tensor | None, ...] | None]:
+        """How many of the draft's ``consumed`` grammatical tokens the forward carries, and (where it looked them up)
+        the scored positions' small allowed sets. Up to the proposer's cap (``SpeculationReport.max_draft``) all of
+        them; past it, up to its restricted cap, only while every scored position's allowed set is small (the
+        forward then skips the output layer: ``policy.restricted_draft_length``). Whether token i stays depends
+        on the masks after it, so only a draft without draft probabilities (``Draft.q`` None: copy lookup, the
+        history) is cut so: its tokens are a function of the context, and verification stays exact; a sampled
+        draft is never given a restricted cap."""
+        decision, limit = plan.seq.decision, self.executor.restricted_logits_max
+        if draft is None or decision is None or draft.q is not None or not limit:
+            return consumed, None
+        cap = decision.max_draft.get(draft.proposer, 0)
+        wide = decision.restricted_max_draft.get(draft.proposer, 0)
+        if consumed <= cap or wide <= cap:
+            return consumed, None
+        allowed: list[torch.Tensor | None] = []
+        for row in bitmask[: min(consumed, wide) + 1]:  # rows 0..d carry a d-token draft
+            ids = small_allowed_set(row, limit)
+            if ids is None:
+                break
+            allowed.append(ids)
+        kept = max(cap, min(consumed, wide, len(allowed) - 1))
+        return kept, tuple(allowed[: kept + 1]) if len(allowed) > kept else None
 
     def allowed_ids(self, step: StepDraft) -> tuple[torch.Tensor | None, ...] | None:
         """Per scored position, its allowed ids when the executor scores small allowed sets alone (the rest would
         be masked out anyway), kept on ``step`` for the masking; None where it scores whole rows."""
         limit = self.executor.restricted_logits_max
-        if limit:
+        if limit and (step.allowed is None or len(step.allowed) != len(step.bitmask)):  # (the cut may have them)
             step.allowed = tuple(small_allowed_set(row, limit) for row in step.bitmask)
         return step.allowed
 

@@ -54,6 +54,9 @@ class SpeculationReport:
     max_draft: dict[str, int] = field(default_factory=dict)  # proposer -> draft-length cap (the ones allowed)
     reasons: dict[str, str] = field(default_factory=dict)  # proposer -> its own reason
     arm: str = ""  # with or without the draft model, where the policy compares the two ("": no comparison)
+    # proposer -> a longer cap for drafts whose every scored position has a small allowed set (the executor scores
+    # them without its output layer, so they cost less): drafted past ``max_draft`` only there (``Drafter.draft``)
+    restricted_max_draft: dict[str, int] = field(default_factory=dict)
 
 
 class EngineError(Exception):

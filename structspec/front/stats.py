@@ -176,7 +176,7 @@ def draft_price_view(pricing: DraftPricing, costs: CostEvidence, config: PolicyC
                                  seconds_per_token=_float_or_none(p.seconds_per_token),
                                  step_source=_step_source(costs, b, p.k, p.step_seconds)) for p in pricing.prices],
         reason=reason, replayed_tokens=float(pricing.replayed_tokens),
-        replayed_acceptance=_float_or_none(pricing.replayed_acceptance))
+        replayed_acceptance=_float_or_none(pricing.replayed_acceptance), restricted_chosen=pricing.restricted_chosen)
 
 
 def latest_decisions(schema_rows: Counters) -> dict[str, str]:

@@ -185,6 +185,7 @@ class DraftPricing:
     reason: str = ""  # the policy's latest reason for the proposer (its state's, else its latest decisions'); "" none
     replayed_tokens: float = 0.0  # drafts replayed on finished outputs it did not draft in (read while cold)
     replayed_acceptance: float | None = None  # theirs, per examined token (None: none replayed)
+    restricted_chosen: int = 0  # the longer length drafted where every scored position's allowed set is small
 
     @property
     def plain(self) -> DraftPrice | None:

@@ -132,6 +132,8 @@ def _pricing_tables(entry: SchemaStats) -> str:
             evidence = f"{p.evidence_tokens:.0f} drafted tokens read{read}"
         priced = f"; acceptance at a draft's first position {first:.2f}" if first is not None else ""
         chosen = f"chose k={p.chosen}" if p.chosen else f"no draft length beats the plain step by {100 * p.gain_margin:.0f}%"
+        if p.restricted_chosen:
+            chosen += f"; where every scored position allows few tokens (no output layer), k={p.restricted_chosen}"
         plain = p.plain.step_seconds if p.plain is not None else None
         rows = []
         for d in p.prices:

@@ -82,7 +82,7 @@ def draft_pricing(p: views.DraftPricing) -> pb.DraftPricing:
     return pb.DraftPricing(
         proposer=p.proposer, batch_bucket=p.batch_bucket, evidence_tokens=p.evidence_tokens,
         min_evidence_tokens=p.min_evidence_tokens, cold=p.cold, chosen=p.chosen, gain_margin=p.gain_margin,
-        reason=p.reason, replayed_tokens=p.replayed_tokens,
+        reason=p.reason, replayed_tokens=p.replayed_tokens, restricted_chosen=p.restricted_chosen,
         prices=[pb.DraftPrice(k=d.k, propose_seconds=d.propose_seconds, expected_accepted=d.expected_accepted,
                               step_source=d.step_source,
                               **_set(step_seconds=d.step_seconds, seconds_per_token=d.seconds_per_token))

@@ -113,7 +113,7 @@ class Decider:
     def _with_profile(self, costs: CostEvidence) -> CostEvidence:
         """``costs`` priced with this engine's own step profile (the one measured in this process), where it has one."""
         profile = self.step_profile
-        return costs if profile is None else costs.with_profile(profile.full, profile.draft_token)
+        return costs if profile is None else costs.with_profile(profile.full, profile.draft_token, profile.restricted)
 
 
 def standing_off(stats: Recorder | None, schema_key: str, names: tuple[str, ...]) -> dict[str, str]:

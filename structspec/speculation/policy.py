@@ -36,7 +36,10 @@ decision with its reason. In order:
    examined, for j > 1 pulled toward the proposer's pooled rate after the first position by
    ``depth_prior_tokens`` examinations, so a deep position few drafts reached does not cap
    the length), and switches the proposer off when no k beats plain decoding, T(b, 0), by
-   ``gain_margin``;
+   ``gain_margin``. Beside that cap, a copy proposer (not the draft model) gets a *restricted* cap: the same
+   choice priced at the steps of forwards whose every scored position allows few tokens, which the executor
+   scores without its output layer (``restricted_draft_length``); a draft runs past its cap only there
+   (``Drafter.draft``), so a proposer priced out at the full head still drafts keys, punctuation and numbers;
 4. the draft model, end to end: a draft model that beats plain decoding may still lose to the
    cheap proposers that would draft in its place (its own forward is not free), and no
    per-step model sees that. So the policy keeps, per schema, the measured decode time per
@@ -119,6 +122,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
 
     caps: dict[str, int] = {}
     reasons: dict[str, str] = {}
+    wide: dict[str, int] = {}  # restricted caps: longer drafts where every scored position's allowed set is small
     arms_measured = min(evidence.arm_at(a, batch_size, config.min_arm_requests).count
                         for a in (Arm.DRAFT, Arm.NO_DRAFT)) >= config.min_arm_requests
     for p in proposers:
@@ -143,6 +147,8 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
                     reasons[p] = Reason.PRICED_OUT
                 else:
                     caps[p], reasons[p] = k, Reason.COLD
+                wide[p] = restricted_draft_length(priced_evidence(ev, config, evidence.replayed.get(p)), costs, p,
+                                                  batch_size, config)
         elif ev.acceptance < config.acceptance_threshold:
             k = guarded_draft_length(ev, costs, p, batch_size, config)
             if k == 0:
@@ -155,6 +161,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
                 reasons[p] = Reason.NO_GAIN
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
+            wide[p] = restricted_draft_length(priced_evidence(ev, config), costs, p, batch_size, config)
 
     switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.PRICED_OUT)]
     compared = DRAFT_MODEL in caps
@@ -169,10 +176,11 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             caps[p], reasons[p] = min(config.probe_max_draft, config.max_draft), Reason.PROBE
         return SpeculationReport(True, Reason.PROBE, True, caps, reasons, "")  # no arm's measurement
     arm = _arm(caps, compared)
+    wide = {p: k for p, k in wide.items() if k > caps.get(p, 0)}
     if caps:
         cold = all(reasons[p] == Reason.COLD for p in caps)
-        return SpeculationReport(True, Reason.COLD if cold else Reason.DRAFTED, False, caps, reasons, arm)
-    return SpeculationReport(False, _dominant(reasons), False, {}, reasons, arm)
+        return SpeculationReport(True, Reason.COLD if cold else Reason.DRAFTED, False, caps, reasons, arm, wide)
+    return SpeculationReport(bool(wide), _dominant(reasons), False, {}, reasons, arm, wide)
 
 
 def _arm(caps: Mapping[str, int], compared: bool) -> str:
@@ -294,6 +302,22 @@ def cold_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer
     return best_draft_length(priced_evidence(ev, config, replayed), costs, proposer, batch_size, config)
 
 
+def restricted_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
+                            config: PolicyConfig) -> int:
+    """The draft length the cost model picks for drafts whose every scored position has a small allowed set (a
+    structural stretch: keys, punctuation, numbers, enums), which the executor scores without its output layer
+    (``CostEvidence.restricted``): priced at those forwards' costs against a restricted plain step. On a large
+    vocabulary that layer is most of a step (Gemma 3 270M on llama.cpp: ~6 of ~10.5 ms a row), so a k-row step
+    there costs about k + 1 plain steps while a restricted one costs barely more than one, and a proposer priced
+    out at the full head still pays there. ``ev``: the evidence the proposer is priced with (``priced_evidence``).
+    0 where neither the profile nor serving priced a restricted plain step (no such head), for the draft model
+    (a sampled draft cut where its own tokens lead would be biased: ``Drafter.draft``), and where none pays."""
+    restricted = costs.restricted()
+    if proposer == DRAFT_MODEL or restricted is None or restricted.step_seconds(batch_size, 0) is None:
+        return 0
+    return best_draft_length(ev, restricted, proposer, batch_size, config)
+
+
 def best_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
                       config: PolicyConfig) -> int:
     """The k in 1..max_draft minimising the time per committed token; 0 when none beats plain decoding by
@@ -338,6 +362,7 @@ class DraftPricing:
     prices: tuple[DraftPrice, ...]  # k = 0 .. max_draft
     replayed_tokens: float = 0.0  # drafts replayed on the schema's finished outputs (``speculation.replay``)
     replayed_acceptance: float | None = None  # theirs, per examined token (None: none replayed)
+    restricted_chosen: int = 0  # the longer length drafted where every scored set is small (0: none longer)
 
 
 def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, batch_size: int,
@@ -357,9 +382,11 @@ def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, ba
         e = priced.expected_accepted(k)
         prices.append(DraftPrice(k, step, d, e, (step + d) / (1.0 + e) if step is not None else None))
     acceptance = ev.acceptance if ev is not None and ev.drafted > 0 else None
+    wide = restricted_draft_length(priced, costs, proposer, batch_size, config)
     return DraftPricing(proposer, batch_bucket(batch_size), ev.drafted if ev is not None else 0.0, acceptance, cold,
                         chosen, tuple(prices), replayed.drafted if replayed is not None else 0.0,
-                        replayed.acceptance if replayed is not None and replayed.drafted > 0 else None)
+                        replayed.acceptance if replayed is not None and replayed.drafted > 0 else None,
+                        wide if wide > chosen else 0)
 
 
 _TYPE_TOKENS = {"integer": 2, "number": 3, "boolean": 1, "null": 1}

@@ -119,7 +119,10 @@ class Router:
 
     def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
         ctx = self._context(seq)
-        caps = seq.decision.max_draft if seq.decision is not None else {}
+        decision = seq.decision
+        caps = {} if decision is None else \
+            {p: max(decision.max_draft.get(p, 0), decision.restricted_max_draft.get(p, 0))
+             for p in (*decision.max_draft, *decision.restricted_max_draft)}
         probe = seq.decision is not None and seq.decision.probe
         if probe:  # a probe buys a bounded amount of evidence, not a whole request's drafting
             policy = self.decider.policy

@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from structspec.stats.counters import (
     LATENCY_BOUNDS_MS,
     LENGTH_BOUNDS,
+    RESTRICTED_HEAD,
     CounterKey,
     Series,
     batch_bucket,
@@ -301,11 +302,13 @@ class Recorder:
         self.book.add([(k(Series.PROPOSALS, proposer, 0, str(asked)), 1.0),
                        (k(Series.PROPOSE_SECONDS, proposer, 0, str(asked)), float(seconds))])
 
-    def record_step(self, batch_size: int, longest_draft: int, seconds: float) -> None:
-        """One target forward over ``batch_size`` sequences, the longest carrying ``longest_draft`` drafted tokens."""
+    def record_step(self, batch_size: int, longest_draft: int, seconds: float, restricted: bool = False) -> None:
+        """One target forward over ``batch_size`` sequences, the longest carrying ``longest_draft`` drafted tokens;
+        ``restricted``: every row it scored had a small allowed set (no output layer ran)."""
         b, k = batch_bucket(batch_size), self._keys("")
-        self.book.add([(k(Series.STEPS, "", b, str(longest_draft)), 1.0),
-                       (k(Series.STEP_SECONDS, "", b, str(longest_draft)), float(seconds))])
+        head = RESTRICTED_HEAD if restricted else ""
+        self.book.add([(k(Series.STEPS, head, b, str(longest_draft)), 1.0),
+                       (k(Series.STEP_SECONDS, head, b, str(longest_draft)), float(seconds))])
 
     def record_profile(self, steps: Mapping[tuple[str, int, int], float]) -> None:
         """The executor's step profile measured at start: (head, batch bucket, k) -> seconds, head ``full``,

@@ -97,13 +97,17 @@ class Series:
     # per proposer: its own drafting time (label: tokens asked for)
     PROPOSALS = "proposals"
     PROPOSE_SECONDS = "propose_seconds"
-    # the model's (schema_key ""), per batch bucket: target step times by the longest draft in the step (label)
+    # the model's (schema_key ""), per batch bucket: target step times by the longest draft in the step (label),
+    # proposer "" (a forward running the output layer) or RESTRICTED_HEAD (every scored row's allowed set was small)
     STEPS = "steps"
     STEP_SECONDS = "step_seconds"
     # the model's: the executor's step profile measured at start (``models.step_profile``), per batch bucket, label
     # the draft length k, proposer "full" | "restricted" (the output head) | "draft" (the draft model, per token)
     PROFILE_STEPS = "profile_steps"
     PROFILE_SECONDS = "profile_seconds"
+
+
+RESTRICTED_HEAD = "restricted"  # the head of a forward scoring small allowed sets alone (steps and profile rows)
 
 
 class Arm:

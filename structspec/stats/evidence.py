@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from structspec.stats.book import Counters
-from structspec.stats.counters import HOUR, LENGTH_BOUNDS, Reason, Series, batch_bucket, histogram_quantile
+from structspec.stats.counters import (HOUR, LENGTH_BOUNDS, RESTRICTED_HEAD, Reason, Series, batch_bucket,
+                                       histogram_quantile)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,10 @@ class CostEvidence:
     proposals: dict[tuple[str, int], float] = field(default_factory=dict)
     profile: dict[tuple[int, int], float] = field(default_factory=dict)
     draft_token: dict[int, float] = field(default_factory=dict)
+    # the same two for forwards whose every scored row had a small allowed set (the *restricted* head: no output
+    # layer, ``ForwardStep.restricted_logits_max``): served steps measured so, and the profile's restricted rows
+    restricted_steps: dict[tuple[int, int], float] = field(default_factory=dict)
+    restricted_profile: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def step_seconds(self, batch_size: int, k: int) -> float | None:
         """A step at ``batch_size``'s bucket with a k-token draft: measured while serving; else the profile's, scaled
@@ -188,8 +193,18 @@ class CostEvidence:
         near = min(ks, key=lambda kk: abs(kk - k))
         return self.proposals[(proposer, near)] * k / max(near, 1)
 
-    def with_profile(self, profile: dict[tuple[int, int], float], draft_token: dict[int, float]) -> CostEvidence:
-        return CostEvidence(self.steps, self.proposals, dict(profile), dict(draft_token))
+    def with_profile(self, profile: dict[tuple[int, int], float], draft_token: dict[int, float],
+                     restricted: dict[tuple[int, int], float] | None = None) -> CostEvidence:
+        return CostEvidence(self.steps, self.proposals, dict(profile), dict(draft_token), self.restricted_steps,
+                            dict(restricted) if restricted is not None else self.restricted_profile)
+
+    def restricted(self) -> CostEvidence | None:
+        """The costs of forwards that score small allowed sets alone, as a ``CostEvidence`` of their own (its plain
+        step a restricted decode step, which is what a draft at such positions saves); None where neither serving
+        nor the profile measured one (the executor has no restricted head)."""
+        if not self.restricted_steps and not self.restricted_profile:
+            return None
+        return CostEvidence(self.restricted_steps, self.proposals, self.restricted_profile, self.draft_token)
 
 
 DRAFT_PROPOSER = "draft"  # the draft model's proposer name (``DraftModelProposer.name``)
@@ -325,25 +340,30 @@ def cost_evidence(counters: Counters, now_hour: int, half_life_hours: float, min
         kind = "step" if key.series in (Series.STEPS, Series.STEP_SECONDS) else "proposal"
         row = sums.setdefault((kind, key.proposer, key.batch_bucket, int(key.label)), [0.0, 0.0])
         row[0 if key.series in (Series.STEPS, Series.PROPOSALS) else 1] += w
-    steps, proposals = {}, {}
+    steps, restricted, proposals = {}, {}, {}
     for (kind, proposer, bucket, k), (n, seconds) in sums.items():
         if n < min_samples:
             continue
-        if kind == "step":
-            steps[(bucket, k)] = seconds / n
-        else:
+        if kind == "proposal":
             proposals[(proposer, k)] = seconds / n
-    return CostEvidence(steps, proposals, *stored_profile(counters))
+        elif proposer == RESTRICTED_HEAD:  # (a step's "proposer" is its head: "" full, or restricted)
+            restricted[(bucket, k)] = seconds / n
+        else:
+            steps[(bucket, k)] = seconds / n
+    full, draft_token, restricted_profile = stored_profile(counters)
+    return CostEvidence(steps, proposals, full, draft_token, restricted, restricted_profile)
 
 
-def stored_profile(counters: Counters) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
+def stored_profile(counters: Counters) -> tuple[dict[tuple[int, int], float], dict[int, float],
+                                                dict[tuple[int, int], float]]:
     """The step profile an engine recorded at start (``Series.PROFILE_STEPS``/``PROFILE_SECONDS``, the model's own
-    rows; ``Recorder.record_profile``): the full head's k-row steps, {(batch bucket, k): mean seconds}, and the draft
-    model's decode step, {batch bucket: seconds per token}; the means over every start the rows hold (restarts and
-    replicas add up). The restricted head's rows are not read: the policy prices with the full head."""
+    rows; ``Recorder.record_profile``): the full head's k-row steps, {(batch bucket, k): mean seconds}, the draft
+    model's decode step, {batch bucket: seconds per token}, and the restricted head's k-row steps; the means over
+    every start the rows hold (restarts and replicas add up)."""
     sums: dict[tuple[str, int, int], list[float]] = {}
     for key, value in counters.items():
-        if key.series not in (Series.PROFILE_STEPS, Series.PROFILE_SECONDS) or key.proposer not in ("full", "draft"):
+        if key.series not in (Series.PROFILE_STEPS, Series.PROFILE_SECONDS) \
+                or key.proposer not in ("full", "draft", RESTRICTED_HEAD):
             continue
         try:
             k = int(key.label)
@@ -352,12 +372,15 @@ def stored_profile(counters: Counters) -> tuple[dict[tuple[int, int], float], di
         row = sums.setdefault((key.proposer, key.batch_bucket, k), [0.0, 0.0])
         row[0 if key.series == Series.PROFILE_STEPS else 1] += value
     full: dict[tuple[int, int], float] = {}
+    restricted: dict[tuple[int, int], float] = {}
     draft_token: dict[int, float] = {}
     for (head, bucket, k), (n, seconds) in sums.items():
         if n <= 0:
             continue
         if head == "full":
             full[(bucket, k)] = seconds / n
+        elif head == RESTRICTED_HEAD:
+            restricted[(bucket, k)] = seconds / n
         else:  # the draft model's rows: k tokens (recorded as one)
             draft_token[bucket] = seconds / n / max(k, 1)
-    return full, draft_token
+    return full, draft_token, restricted

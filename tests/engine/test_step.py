@@ -393,3 +393,61 @@ def test_a_turn_ends_at_any_of_its_end_of_turn_ids_and_a_draft_never_carries_one
         run_until_idle(core, [seq])
         assert (seq.finish, seq.error, seq.output) == (FinishReason.STOP, None, list(range(3, 15)))
         assert all(OTHER_END not in x.tokens for step in executor.steps for x in step)
+
+
+class CappedSpeculator(ScriptedSpeculator):
+    """Decides ``caps`` (full head) and ``wide`` (restricted caps) for its proposer, as the policy would."""
+
+    def __init__(self, script, caps: dict[str, int], wide: dict[str, int]):
+        super().__init__(script)
+        self.caps, self.wide = caps, wide
+
+    def decide(self, seq, batch_size):
+        from structspec.engine.types import SpeculationReport
+
+        return SpeculationReport(True, "drafted", False, dict(self.caps), {}, "", dict(self.wide))
+
+
+class SmallSetsExecutor(TableExecutor):
+    restricted_logits_max = 3  # allowed sets of up to 3 ids are "small" (scored without the output layer)
+
+
+def greedy_draft(seq):
+    """The target's own greedy continuation, six tokens: every drafted token is accepted where it is carried."""
+    out, last = [], (seq.prompt + seq.output)[-1]
+    for _ in range(6):
+        last = CYCLE[last]
+        out.append(last)
+    return out if len(seq.output) == 0 else []
+
+
+@pytest.mark.parametrize("caps, wide, carried", [
+    ({"scripted": 1}, {"scripted": 8}, 2),  # past the cap of 1: while the scored positions' sets are small (rows 0-2)
+    ({"scripted": 1}, {}, 1),               # no restricted cap: the cap alone
+    ({"scripted": 4}, {"scripted": 8}, 4),  # the cap is longer than the small stretch: the cap
+    ({}, {"scripted": 1}, 1),               # only a restricted cap: up to it, inside the stretch
+])
+def test_a_draft_runs_past_its_cap_only_while_every_scored_position_has_a_small_allowed_set(caps, wide, carried):
+    slots = [frozenset({3, 9}), frozenset({4, 9}), frozenset({5, 9})] + free_slots(5)  # three small sets, then 15 ids
+    plain = make_seq([1, 2], slots, max_tokens=8)
+    run([plain], executor=SmallSetsExecutor(CYCLE))
+    spec = CappedSpeculator(greedy_draft, caps, wide)
+    seq = make_seq([1, 2], slots, max_tokens=8)
+    _, executor = run([seq], spec, executor=SmallSetsExecutor(CYCLE), prefix_cache_tokens=0)
+    assert seq.output == plain.output  # exact: the cut depends on the grammar alone, never on the target
+    first = spec.verdicts[0]
+    assert (first.drafted, first.accepted) == (carried, carried)  # what was cut for its price is not "drafted"
+    drafted_step = next(x for step in executor.steps for x in step if len(x.logits_at) > 1)
+    assert len(drafted_step.logits_at) == carried + 1
+    small = all(a is not None for a in drafted_step.allowed)  # the executor is told every row's small set
+    assert small == (carried <= 2)
+
+
+def test_a_draft_whose_first_position_is_wide_is_not_carried_on_a_restricted_cap_alone():
+    slots = free_slots(8)  # every position allows 15 ids: no forward can skip the output layer
+    spec = CappedSpeculator(greedy_draft, {}, {"scripted": 8})
+    seq = make_seq([1, 2], slots, max_tokens=8)
+    _, executor = run([seq], spec, executor=SmallSetsExecutor(CYCLE), prefix_cache_tokens=0)
+    assert seq.output == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert spec.verdicts == []  # cut to nothing for its price: no draft verified, none counted
+    assert all(len(x.logits_at) <= 1 for step in executor.steps for x in step)

@@ -166,9 +166,10 @@ async def test_served_steps_price_before_the_profile_and_an_old_profile_is_still
     assert costs.profile[(1, 0)] == pytest.approx(0.010) and costs.draft_token == {1: pytest.approx(0.004)}
 
 
-def test_the_stored_profile_reads_the_full_head_and_the_draft_model_per_token() -> None:
+def test_the_stored_profile_reads_each_head_and_the_draft_model_per_token() -> None:
     book = StatsBook(clock=lambda: NOW)
     book.recorder("m").record_profile({**profile({0: 0.01, 2: 0.03}), ("draft", 2, 1): 0.005})
-    full, draft_token = stored_profile(book.rows_for("m", ""))
-    assert full == {(1, 0): pytest.approx(0.01), (1, 2): pytest.approx(0.03)}  # the restricted head left out
+    full, draft_token, restricted = stored_profile(book.rows_for("m", ""))
+    assert full == {(1, 0): pytest.approx(0.01), (1, 2): pytest.approx(0.03)}
+    assert restricted == {(1, 0): pytest.approx(1.0)}  # apart from the full head's
     assert draft_token == {1: pytest.approx(0.004), 2: pytest.approx(0.005)}

@@ -133,6 +133,32 @@ def test_a_cold_proposer_is_priced_at_the_prior_acceptance_against_the_measured_
     assert cpu.reason == Reason.COLD and all(1 <= k < 8 for k in cpu.max_draft.values())
 
 
+def test_drafts_priced_out_at_the_output_layer_still_run_where_every_scored_set_is_small():
+    """Gemma on llama.cpp: a full row costs an output layer over 262k ids (a k-row step ~ k + 1 decode steps), a row
+    scored over a small allowed set barely anything. A cold schema drafts nothing at the full head, and the cheap
+    proposers draft structural stretches at the restricted head's price; never the draft model (its sampled drafts
+    may not be cut by where they lead)."""
+    full = {(1, k): 0.014 * (k + 1) for k in range(9)}
+    cheap = CostEvidence(full, restricted_profile={(1, k): 0.006 * (1 + 0.05 * k) for k in range(9)})
+    report = run(SchemaEvidence(), cheap)
+    assert report.max_draft == {} and set(report.reasons.values()) == {Reason.PRICED_OUT}
+    assert report.drafted and set(report.restricted_max_draft) == {"ngram", "history"}
+    assert all(k >= 4 for k in report.restricted_max_draft.values())
+    # restricted forwards as dear as full ones: nothing drafts anywhere
+    dear = CostEvidence(full, restricted_profile=dict(full))
+    assert (run(SchemaEvidence(), dear).drafted, run(SchemaEvidence(), dear).restricted_max_draft) == (False, {})
+    # served restricted steps, once measured, are what prices them (the profile scaled to them elsewhere)
+    served = CostEvidence(full, restricted_steps={(1, k): 0.006 * (k + 1) for k in range(9)},
+                          restricted_profile=cheap.restricted_profile)
+    assert run(SchemaEvidence(), served).restricted_max_draft == {}
+    # a measured schema: a restricted cap only where it is longer than the full head's
+    costs = CostEvidence(CPU.steps, restricted_profile=cheap.restricted_profile)
+    high = run(evidence(ngram=positional(0.9, drafts=400)), costs, proposers=("ngram",))
+    assert (high.max_draft, high.restricted_max_draft) == ({"ngram": 8}, {})  # the full cap is already the longest
+    mid = run(evidence(ngram=positional(0.6, drafts=400)), costs, proposers=("ngram",))
+    assert mid.max_draft["ngram"] < mid.restricted_max_draft["ngram"]
+
+
 def test_a_cold_proposer_widens_as_its_own_evidence_comes_in():
     costly = CostEvidence({(1, k): 0.040 * (1 + 0.45 * k) for k in range(9)})  # priced out at the prior
     assert run(SchemaEvidence(), costly).reasons["ngram"] == Reason.PRICED_OUT

@@ -73,6 +73,25 @@ def test_step_costs_are_means_per_bucket_and_draft_length():
     assert costs.propose_seconds("draft", 2) == pytest.approx(0.002)
 
 
+def test_restricted_forwards_are_priced_apart_from_those_that_ran_the_output_layer():
+    book = StatsBook(clock=lambda: 50 * HOUR)
+    rec = book.recorder("m")
+    for _ in range(10):
+        rec.record_step(1, 0, 0.020)
+        rec.record_step(1, 0, 0.005, restricted=True)
+        rec.record_step(1, 3, 0.008, restricted=True)
+    rec.record_profile({("full", 1, 0): 0.010, ("full", 1, 3): 0.040, ("restricted", 1, 0): 0.004,
+                        ("restricted", 1, 3): 0.006})
+    costs = cost_evidence(book.rows_for("m", ""), 50 * HOUR, 3.0)
+    assert costs.step_seconds(1, 0) == pytest.approx(0.020)  # the cheap forwards do not pull the plain step down
+    assert costs.step_seconds(1, 3) == pytest.approx(0.040 * 2)  # the full profile, scaled to the served plain step
+    restricted = costs.restricted()
+    assert restricted is not None
+    assert restricted.step_seconds(1, 0) == pytest.approx(0.005) and restricted.step_seconds(1, 3) == pytest.approx(0.008)
+    assert restricted.profile == {(1, 0): pytest.approx(0.004), (1, 3): pytest.approx(0.006)}
+    assert cost_evidence(StatsBook().recorder("n").book.rows_for("n", ""), 0, 3.0).restricted() is None
+
+
 def one_token_drafts(book: StatsBook, n: int, acceptance: float) -> None:
     """``n`` one-token drafts, ``acceptance`` of them accepted (per examined token: ``acceptance``)."""
     rec, hits = book.recorder("m"), round(n * acceptance)

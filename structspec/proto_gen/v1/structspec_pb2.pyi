@@ -742,7 +742,7 @@ class DraftPrice(_message.Message):
     def __init__(self, k: _Optional[int] = ..., step_seconds: _Optional[float] = ..., propose_seconds: _Optional[float] = ..., expected_accepted: _Optional[float] = ..., seconds_per_token: _Optional[float] = ..., step_source: _Optional[str] = ...) -> None: ...
 
 class DraftPricing(_message.Message):
-    __slots__ = ("proposer", "batch_bucket", "evidence_tokens", "min_evidence_tokens", "acceptance", "cold", "chosen", "gain_margin", "prices", "reason", "replayed_tokens", "replayed_acceptance")
+    __slots__ = ("proposer", "batch_bucket", "evidence_tokens", "min_evidence_tokens", "acceptance", "cold", "chosen", "gain_margin", "prices", "reason", "replayed_tokens", "replayed_acceptance", "restricted_chosen")
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     BATCH_BUCKET_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -755,6 +755,7 @@ class DraftPricing(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    RESTRICTED_CHOSEN_FIELD_NUMBER: _ClassVar[int]
     proposer: str
     batch_bucket: int
     evidence_tokens: float
@@ -767,7 +768,8 @@ class DraftPricing(_message.Message):
     reason: str
     replayed_tokens: float
     replayed_acceptance: float
-    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., evidence_tokens: _Optional[float] = ..., min_evidence_tokens: _Optional[int] = ..., acceptance: _Optional[float] = ..., cold: _Optional[bool] = ..., chosen: _Optional[int] = ..., gain_margin: _Optional[float] = ..., prices: _Optional[_Iterable[_Union[DraftPrice, _Mapping]]] = ..., reason: _Optional[str] = ..., replayed_tokens: _Optional[float] = ..., replayed_acceptance: _Optional[float] = ...) -> None: ...
+    restricted_chosen: int
+    def __init__(self, proposer: _Optional[str] = ..., batch_bucket: _Optional[int] = ..., evidence_tokens: _Optional[float] = ..., min_evidence_tokens: _Optional[int] = ..., acceptance: _Optional[float] = ..., cold: _Optional[bool] = ..., chosen: _Optional[int] = ..., gain_margin: _Optional[float] = ..., prices: _Optional[_Iterable[_Union[DraftPrice, _Mapping]]] = ..., reason: _Optional[str] = ..., replayed_tokens: _Optional[float] = ..., replayed_acceptance: _Optional[float] = ..., restricted_chosen: _Optional[int] = ...) -> None: ...
 
 class GetSchemaStatsRequest(_message.Message):
     __slots__ = ("schema_ref", "schema_key", "window_seconds", "model", "include_timeline")
