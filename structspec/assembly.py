@@ -48,7 +48,7 @@ from structspec.speculation.draft_model import DraftModelProposer
 from structspec.speculation.history import SchemaHistory
 from structspec.speculation.router import Router
 from structspec.stats.book import Recorder
-from structspec.stats.counters import model_key
+from structspec.stats.counters import RESTRICTED_HEAD, model_key
 from structspec.stats.legacy_keys import Claim, claims
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def step_profile(models, executor: ForwardStep, draft: DraftModelProposer | None
         return None
     if config.stats is not None:
         config.stats.record_profile({**{("full", b, k): s for (b, k), s in profile.full.items()},
-                                     **{("restricted", b, k): s for (b, k), s in profile.restricted.items()},
+                                     **{(RESTRICTED_HEAD, b, k): s for (b, k), s in profile.restricted.items()},
                                      **{("draft", b, 1): s for b, s in profile.draft_token.items()}})
     return profile
 

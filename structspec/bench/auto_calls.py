@@ -40,6 +40,7 @@ import jsonschema
 
 from structspec.assembly import AssemblyConfig, assemble_engine
 from structspec.bench.llamacpp_baselines import unrepacked_weights
+from structspec.bench.text_table import aligned
 from structspec.bench.workloads import WorkItem
 from structspec.engine.api import ChatMessage, ToolCallRequest
 from structspec.engine.default_examples import build_example_book
@@ -229,8 +230,7 @@ def table(results: dict[str, Tally]) -> str:
     keys = ("requests", "calls", "invalid_calls", "calls_where_tool_needed", "text", "text_where_no_tool_needed",
             "truncated", "errors", "copied_values", "counted_values", "seconds")
     rows = [["", *keys]] + [[name, *(f"{getattr(t, k):.0f}" for k in keys)] for name, t in results.items()]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+    return aligned(rows, right=True)
 
 
 def main(argv: list[str] | None = None) -> None:

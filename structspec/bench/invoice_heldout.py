@@ -45,6 +45,7 @@ from typing import Any
 from structspec.assembly import assemble_engine
 from structspec.bench.llamacpp_baselines import LlamaCppBaseline, context_for
 from structspec.bench.prompt_formats import InstructionPrompts
+from structspec.bench.text_table import aligned
 from structspec.bench.workloads import WorkItem
 from structspec.engine.api import ExtractionRequest
 from structspec.engine.default_examples import build_example_book
@@ -265,8 +266,7 @@ def table(results: dict[str, Tally]) -> str:
         rows.append([arm, f"{t.finished}/{t.items}", f"{t.valid}/{t.items}", f"{t.right}/{t.fields}",
                      f"{t.copied}/{t.counted}", f"{t.notes_made_up}/{t.items}", f"{t.notes_right}/{t.items}",
                      str(t.tokens), f"{t.seconds:.0f}"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    return aligned(rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from structspec.bench.text_table import aligned
 from structspec.engine.config import PolicyConfig
 from structspec.engine.sequence import EngineSequence
 from structspec.engine.types import SchemaSpeculation
@@ -366,8 +367,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{late['slower_arm_share']:.1%}", f"{w['probe_share']:.1%} ({b['probe_share']:.1%})",
                      f"{late['probe_share']:.1%}", str(bad["drafted_tokens_after_off_outside_probes"]),
                      f"{s['speed_vs_best_fixed']:.3f} ({s['best_fixed']})"))
-    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-    return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in (head, *rows)) + "\n"
+    return aligned((head, *rows), sep=" | ") + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from structspec.assembly import assemble_engine
+from structspec.bench.text_table import aligned
 from structspec.bench.workloads import WorkItem, build_workload
 from structspec.chat_template import PlainPrompts, Prompt
 from structspec.engine.api import ExtractionRequest
@@ -169,8 +170,7 @@ def table(results: dict[str, dict[str, Tally]]) -> str:
         for name, t in [*per.items(), ("all", _total(per.values()))]:
             rows.append([variant, name, f"{t.finished}/{t.items}", f"{t.valid}/{t.items}", f"{t.score:.2f}",
                          str(t.tokens), f"{t.seconds:.0f}"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    return aligned(rows)
 
 
 def _total(tallies) -> Tally:

@@ -104,7 +104,7 @@ class EngineSequence:
         """The longest draft the policy allows now (0: none); the scheduler's limits apply on top."""
         if not self.speculate or self.decision is None:
             return 0
-        return max([*self.decision.max_draft.values(), *self.decision.restricted_max_draft.values()], default=0)
+        return max(self.decision.caps().values(), default=0)
 
     def output_text(self) -> str:
         """``output`` as text (decoded once per commit; "" before admission, when nothing is committed).

@@ -58,6 +58,11 @@ class SpeculationReport:
     # them without its output layer, so they cost less): drafted past ``max_draft`` only there (``Drafter.draft``)
     restricted_max_draft: dict[str, int] = field(default_factory=dict)
 
+    def caps(self) -> dict[str, int]:
+        """proposer -> the longest draft it may make: its cap, or its restricted cap where that is longer."""
+        return {p: max(self.max_draft.get(p, 0), self.restricted_max_draft.get(p, 0))
+                for p in (*self.max_draft, *self.restricted_max_draft)}
+
 
 class EngineError(Exception):
     """Base of errors the service maps to status codes; ``field`` names the offending request field."""

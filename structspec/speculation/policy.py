@@ -156,12 +156,13 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
         else:
-            k = best_draft_length(priced_evidence(ev, config), costs, p, batch_size, config)
+            at = priced_evidence(ev, config)
+            k = best_draft_length(at, costs, p, batch_size, config)
             if k == 0:
                 reasons[p] = Reason.NO_GAIN
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
-            wide[p] = restricted_draft_length(priced_evidence(ev, config), costs, p, batch_size, config)
+            wide[p] = restricted_draft_length(at, costs, p, batch_size, config)
 
     switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.PRICED_OUT)]
     compared = DRAFT_MODEL in caps

@@ -119,10 +119,7 @@ class Router:
 
     def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
         ctx = self._context(seq)
-        decision = seq.decision
-        caps = {} if decision is None else \
-            {p: max(decision.max_draft.get(p, 0), decision.restricted_max_draft.get(p, 0))
-             for p in (*decision.max_draft, *decision.restricted_max_draft)}
+        caps = seq.decision.caps() if seq.decision is not None else {}
         probe = seq.decision is not None and seq.decision.probe
         if probe:  # a probe buys a bounded amount of evidence, not a whole request's drafting
             policy = self.decider.policy
