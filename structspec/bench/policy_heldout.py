@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from structspec.bench.decode_bench import run_decode_bench
 from structspec.bench.heldout_workloads import HELDOUT_WORKLOADS
+from structspec.bench.ratio_interval import paired_ratio
 from structspec.models import step_profile
 
 FIXED = ("off", "ff", "ff+ngram+history", "all")
@@ -77,6 +79,8 @@ def summarize_run(setup: str, workload: str, phase: str, bench: dict[str, Any], 
         out["policy_vs_off"] = rate["policy"] / rate["off"]
         out["policy_vs_best"] = rate["policy"] / fixed[best]
     out["finished_by_all"] = finished_by_all(rows)
+    if best:
+        out["intervals"] = ratio_intervals(rows, best)
     out["policy_decisions"] = _decisions(policy)
     return out
 
@@ -100,6 +104,22 @@ def finished_by_all(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def ratio_intervals(rows: dict[str, dict[str, Any]], best: str) -> dict[str, dict[str, float]]:
+    """The policy's tokens/s over off's and over the best fixed configuration's, each with its paired bootstrap
+    interval over the row's requests (``bench.ratio_interval``): how far one run of a few requests resolves them."""
+    policy = (rows.get("policy") or {}).get("outputs")
+    out = {}
+    for name, base in (("off", "off"), ("best", best)):
+        other = (rows.get(base) or {}).get("outputs")
+        if not policy or not other or len(other) != len(policy):
+            continue
+        interval = paired_ratio([len(o["token_ids"]) for o in policy], [o["latency_s"] for o in policy],
+                                [len(o["token_ids"]) for o in other], [o["latency_s"] for o in other])
+        if interval is not None:
+            out[name] = asdict(interval)
+    return out
+
+
 def _decisions(row: dict[str, Any]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for schema in (row.get("by_schema") or {}).values():
@@ -117,8 +137,8 @@ def _write(report: dict[str, Any], out: Path) -> None:
 def format_table(report: dict[str, Any]) -> str:
     """A Markdown table: one line per (setup, workload, phase), tokens/s per configuration, the policy's ratios."""
     head = ("| setup | workload | phase | " + " | ".join(CONFIGS) + " | policy/off | policy/best | best fixed "
-            "| finished by all: requests, policy/off, policy/best |")
-    lines = [head, "|" + "---|" * (len(CONFIGS) + 7)]
+            "| finished by all: requests, policy/off, policy/best | policy/best, 95% interval |")
+    lines = [head, "|" + "---|" * (len(CONFIGS) + 8)]
     for r in report["rows"]:
         cells = []
         for c in CONFIGS:
@@ -127,9 +147,11 @@ def format_table(report: dict[str, Any]) -> str:
         fin = r.get("finished_by_all") or {}
         finished = (f"{fin['requests']}, {fin['policy_vs_off']:.2f}, {fin['policy_vs_best']:.2f}"
                     if "policy_vs_best" in fin else "-")
+        best = (r.get("intervals") or {}).get("best")
+        interval = f"{best['low']:.2f}-{best['high']:.2f}" if best else "-"
         lines.append(f"| {r['setup']} | {r['workload']} | {r['phase']} | " + " | ".join(cells) +
                      f" | {r.get('policy_vs_off', 0):.2f} | {r.get('policy_vs_best', 0):.2f} | {r['best_fixed']} "
-                     f"| {finished} |")
+                     f"| {finished} | {interval} |")
     lines += ["", "Step profiles (a k-row step in plain decode steps, full output head; batch 1):", ""]
     for key, prof in report.get("profiles", {}).items():
         full = {(b, k): s for b, k, s in prof["full"]}

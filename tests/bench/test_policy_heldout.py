@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from structspec.bench.policy_heldout import finished_by_all, format_table
+from structspec.bench.policy_heldout import finished_by_all, format_table, summarize_run
 
 
 def run(stops: list[bool], latency: float, tokens: int) -> dict:
@@ -33,3 +34,18 @@ def test_the_table_shows_the_finished_ratios():
            "policy_vs_best": 0.9, "configs": {"off": {"tokens_per_s": 1.0}},
            "finished_by_all": {"requests": 7, "policy_vs_off": 1.2, "policy_vs_best": 0.97}}
     assert "| 7, 1.20, 0.97 |" in format_table({"rows": [row]})
+
+
+def test_a_row_carries_the_policys_ratio_intervals_and_the_table_shows_them():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(50, 300, 8)
+
+    def config(speed: float) -> dict:
+        return {"tokens_per_s": speed, "outputs": [{"token_ids": [0] * int(t), "latency_s": t / speed *
+                                                    rng.lognormal(0, 0.05), "stop": True} for t in tokens]}
+    bench = {"runs": [{"config": c, **config(v)} for c, v in
+                      (("off", 20.0), ("ff", 30.0), ("ff+ngram+history", 40.0), ("all", 35.0), ("policy", 30.0))]}
+    row = summarize_run("s", "w", "cold", bench, 1.0)
+    best, off = row["intervals"]["best"], row["intervals"]["off"]
+    assert best["low"] < 0.75 < best["high"] < 0.95 and off["low"] < 1.5 < off["high"]
+    assert f"| {best['low']:.2f}-{best['high']:.2f} |" in format_table({"rows": [row]})

@@ -8,7 +8,7 @@ from structspec.engine.config import PolicyConfig
 from structspec.speculation.policy import PolicyRequest, choose_arm
 from structspec.stats.book import StatsBook
 from structspec.stats.counters import HOUR, Arm, Reason
-from structspec.stats.evidence import ProposerEvidence, cost_evidence, schema_evidence
+from structspec.stats.evidence import CostEvidence, ProposerEvidence, cost_evidence, schema_evidence
 
 CFG = PolicyConfig()
 
@@ -90,6 +90,18 @@ def test_restricted_forwards_are_priced_apart_from_those_that_ran_the_output_lay
     assert restricted.step_seconds(1, 0) == pytest.approx(0.005) and restricted.step_seconds(1, 3) == pytest.approx(0.008)
     assert restricted.profile == {(1, 0): pytest.approx(0.004), (1, 3): pytest.approx(0.006)}
     assert cost_evidence(StatsBook().recorder("n").book.rows_for("n", ""), 0, 3.0).restricted() is None
+
+
+def test_an_unserved_draft_length_is_priced_at_the_rows_serving_measured():
+    """A served drafted row costs what the profile's row costs times what rows cost served: the served plain step
+    alone would scale a row by the plain steps' ratio and underprice it (served rows carry their grammar masks)."""
+    costs = CostEvidence(steps={(1, 0): 0.010}, profile={(1, 0): 0.008, (1, 1): 0.010, (1, 2): 0.012, (1, 4): 0.016})
+    assert costs.step_seconds(1, 2) == pytest.approx(0.012 * 0.010 / 0.008)  # no drafted step served: the ratio
+    costs.steps[(1, 1)] = 0.020  # a served row: 0.010 against the profile's 0.002
+    assert costs.step_seconds(1, 2) == pytest.approx(0.010 + 0.004 * 5)
+    costs.steps[(1, 4)] = 0.030  # rows served 0.010 + 0.020 over profiled 0.002 + 0.008: a row 3x the profile's
+    assert costs.step_seconds(1, 2) == pytest.approx(0.010 + 0.004 * 3)
+    assert costs.step_seconds(1, 4) == pytest.approx(0.030)  # served lengths are read as served
 
 
 def one_token_drafts(book: StatsBook, n: int, acceptance: float) -> None:
