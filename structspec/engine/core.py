@@ -161,13 +161,17 @@ class EngineCore:
         self._admit()
         self._redecide()
         plans = self.scheduler.schedule()
+        started, self.drafter.propose_seconds = time.perf_counter(), 0.0
         planned = self._draft(plans)
         if not planned:
             return
-        ran, outputs = self._timed_forward(planned)
+        decode_only = all(p.seq.status is SequenceStatus.DECODING for p, _ in planned)
+        ran, outputs = self._forward(planned)
         with torch.inference_mode():  # the step's logits are inference tensors, masked in place
             for (plan, step), logits in zip(ran, outputs):
                 self._postprocess(plan, step, logits)
+        if decode_only and len(ran) == len(planned):
+            self._record_step(ran, time.perf_counter() - started - self.drafter.propose_seconds)
 
     def fail_running(self, error: str) -> None:
         """End every running request with ERROR (after an unexpected failure of a whole step)."""
@@ -236,18 +240,15 @@ class EngineCore:
         return planned
 
     # -- 4. one forward ------------------------------------------------------------------------------
-    def _timed_forward(self, planned: list[Planned]) -> tuple[list[Planned], list[torch.Tensor]]:
-        """The forward (``_forward``); a step of decodes only (no prompt chunk), run as planned, is timed for the
-        policy's cost model."""
-        decode_only = all(p.seq.status is SequenceStatus.DECODING for p, _ in planned)
-        started = time.perf_counter()
-        ran, outputs = self._forward(planned)
+    def _record_step(self, planned: list[Planned], seconds: float) -> None:
+        """Time a step of decodes only (no prompt chunk), run as planned, for the policy's cost model: its masks,
+        forward, verification and commits, but not its proposing (priced apart, per proposer). A step where a
+        sequence ended is not timed: its ending's work (the replays, the history) is no step's cost."""
         stats = self.serving.stats
-        if len(ran) == len(planned) and decode_only and stats is not None:
-            longest = max((len(step.tokens) if step is not None else 0) for _, step in planned)
-            stats.record_step(len(self.scheduler.running), longest, time.perf_counter() - started,
-                              restricted=_restricted(planned))
-        return ran, outputs
+        if stats is None or any(plan.seq.finish is not None for plan, _ in planned):
+            return
+        longest = max((len(step.tokens) if step is not None else 0) for _, step in planned)
+        stats.record_step(len(self.scheduler.running), longest, seconds, restricted=_restricted(planned))
 
     def _forward(self, planned: list[Planned]) -> tuple[list[Planned], list[torch.Tensor]]:
         """One forward over ``planned``: the plans that ran and their logits.

@@ -41,8 +41,10 @@ class Speculator(Protocol):
 
         Asked at admission and whenever the running batch crosses a batch-size bucket. Raises: Never."""
 
-    def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
-        """At most ``max_tokens`` drafted tokens after ``seq``'s committed text, or None.
+    def propose(self, seq: EngineSequence, max_tokens: int, narrow: bool = True) -> Draft | None:
+        """At most ``max_tokens`` drafted tokens after ``seq``'s committed text, or None. ``narrow``: the first drafted
+        position allows few tokens (the executor scores it without its output layer), so a proposer's restricted
+        cap (``SpeculationReport.restricted_max_draft``) applies; False: its cap alone.
 
         Leaves ``seq.matcher`` as found. Per-sequence state lives in ``seq.speculation``.
         """

@@ -117,9 +117,11 @@ class Router:
         draft = ctx.state.draft.proposer if ctx.state.draft is not None else None  # the sequence's own version
         return proposer_order(ctx, self.ngram, draft, self.history_proposer)
 
-    def propose(self, seq: EngineSequence, max_tokens: int) -> Draft | None:
+    def propose(self, seq: EngineSequence, max_tokens: int, narrow: bool = True) -> Draft | None:
         ctx = self._context(seq)
-        caps = seq.decision.caps() if seq.decision is not None else {}
+        decision = seq.decision
+        caps = (decision.caps() if narrow else {p: k for p, k in decision.max_draft.items() if k > 0}) \
+            if decision is not None else {}
         probe = seq.decision is not None and seq.decision.probe
         if probe:  # a probe buys a bounded amount of evidence, not a whole request's drafting
             policy = self.decider.policy

@@ -52,7 +52,7 @@ class ToyExecutor(TableExecutor):
 class SampledProposer(AlwaysDrafts):
     """Drafts up to 3 tokens from its own q (which gives the masked token 5 and EOS real mass), reporting q."""
 
-    def propose(self, seq, max_tokens):
+    def propose(self, seq, max_tokens, narrow=True):
         context = tuple(seq.prompt + seq.output)
         tokens, qs = [], []
         for i in range(max_tokens):
@@ -167,7 +167,7 @@ VERIFIER_MUTATIONS = {
 class UnwarpedQ(SampledProposer):
     """Draws from the warped q but reports the unwarped one."""
 
-    def propose(self, seq, max_tokens):
+    def propose(self, seq, max_tokens, narrow=True):
         draft = super().propose(seq, max_tokens)
         context = tuple(seq.prompt + seq.output)
         rows = []

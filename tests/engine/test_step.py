@@ -25,7 +25,7 @@ class ScriptedSpeculator(AlwaysDrafts):
         self.verdicts: list[DraftVerdict] = []
         self.finished: list[str] = []
 
-    def propose(self, seq, max_tokens):
+    def propose(self, seq, max_tokens, narrow=True):
         tokens = self.script(seq)
         return Draft(tokens, None, "scripted") if tokens else None
 
@@ -451,3 +451,31 @@ def test_a_draft_whose_first_position_is_wide_is_not_carried_on_a_restricted_cap
     assert seq.output == [3, 4, 5, 6, 7, 8, 9, 10]
     assert spec.verdicts == []  # cut to nothing for its price: no draft verified, none counted
     assert all(len(x.logits_at) <= 1 for step in executor.steps for x in step)
+
+
+class AskedSpeculator(CappedSpeculator):
+    """Records, per proposal asked, how much output was committed and whether the position was narrow."""
+
+    def __init__(self, script, caps, wide):
+        super().__init__(script, caps, wide)
+        self.asked: list[tuple[int, bool]] = []
+
+    def propose(self, seq, max_tokens, narrow=True):
+        self.asked.append((len(seq.output), narrow))
+        return super().propose(seq, max_tokens, narrow)
+
+
+@pytest.mark.parametrize("caps", [{}, {"scripted": 2}])
+def test_a_wide_position_asks_a_proposer_only_at_its_cap(caps):
+    """Two wide positions, three small ones, wide ones after: with a restricted cap alone the speculator is not
+    asked where the next position is wide (its proposing would buy nothing there); with a cap too, it is asked and
+    told the position is wide, so a restricted cap alone does not carry a draft there."""
+    slots = free_slots(2) + [frozenset({5, 9}), frozenset({6, 9}), frozenset({7, 9})] + free_slots(5)
+    spec = AskedSpeculator(lambda seq: [], caps, {"scripted": 8})
+    seq = make_seq([1, 2], slots, max_tokens=10)
+    run([seq], spec, executor=SmallSetsExecutor(CYCLE), prefix_cache_tokens=0)
+    assert seq.output == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    narrow_at = {n for n, narrow in spec.asked if narrow}
+    assert narrow_at == {2, 3, 4}  # the small sets' positions, told narrow
+    wide_at = {n for n, narrow in spec.asked if not narrow}
+    assert wide_at == (set() if not caps else {0, 1, 5, 6, 7, 8})  # (the last position has no room to draft)

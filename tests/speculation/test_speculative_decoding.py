@@ -81,7 +81,7 @@ class GarbageProposer(AlwaysDrafts):
     def __init__(self, vocab):
         self.rng, self.vocab = random.Random(0), vocab
 
-    def propose(self, seq, k):
+    def propose(self, seq, k, narrow=True):
         return Draft([self.rng.randrange(self.vocab) for _ in range(k)], None, "garbage")
 
     def on_verified(self, seq, verdict):
@@ -148,7 +148,7 @@ class OracleProposer(AlwaysDrafts):
     def __init__(self, reference):
         self.reference = reference  # request order -> reference output tokens
 
-    def propose(self, seq, k):
+    def propose(self, seq, k, narrow=True):
         ref = self.reference[seq.prompt_key]
         n = len(seq.output)
         return Draft(ref[n:n + k], None, "oracle") if n < len(ref) else None
@@ -180,9 +180,9 @@ def test_no_drafting_above_the_speculation_batch_limit(make_engine):
     seen = []
     propose = spec.core.speculator.propose
 
-    def counting(seq, k):
+    def counting(seq, k, narrow=True):
         seen.append(len(spec.core.scheduler.running))
-        return propose(seq, k)
+        return propose(seq, k, narrow)
 
     spec.core.speculator.propose = counting
     run_until_idle(spec.core, sequences(spec, ITEMS[:4]))
@@ -209,7 +209,7 @@ def test_draft_model_stops_after_a_doubted_token(make_engine):
 class GreedyOracle(OracleProposer):
     """The reference continuation, drafted 8 tokens at a time whatever k the engine asks for."""
 
-    def propose(self, seq, k):
+    def propose(self, seq, k, narrow=True):
         return super().propose(seq, 8)
 
 
