@@ -17,7 +17,9 @@ structspec arm is ``examples/wording``: the worked examples shown and the prompt
             server2   the server's first two examples (values that differ between them)
             spaced    the server's example with its JSON written with spaces (``", "``, ``": "``): the key
                       prefixes the output writes compact do not occur as such in the prompt
-            quiet     the server's example with its note's sentence cut from its document and ``"notes":""``
+            noted     the generator's examples with every note shown (``worked_examples.build(quiet_examples=0)``)
+            quiet1    the same with the first example quiet: its note's sentences cut from its document, ``"notes":""``
+            quiet     the same with every example shown quiet (``QUIET_EXAMPLES`` of them: what the server ships)
             foreign   the server's example of another schema (contact, under its title)
             client    one worked example the caller passes (another held-out invoice, in the ``table`` layout)
   wording   plain        structspec's plain format (headings)
@@ -47,6 +49,8 @@ from structspec.bench.llamacpp_baselines import LlamaCppBaseline, context_for
 from structspec.bench.prompt_formats import InstructionPrompts
 from structspec.bench.text_table import aligned
 from structspec.bench.workloads import WorkItem
+from structspec.demo import worked_examples
+from structspec.demo.worked_examples import QUIET_EXAMPLES
 from structspec.engine.api import ExtractionRequest
 from structspec.engine.default_examples import build_example_book
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
@@ -54,7 +58,7 @@ from structspec.models.loading import load_profile, model_profile
 from structspec.prompts import FewShotExample, compact_json
 from structspec.schemas import load_builtin_schemas
 
-EXAMPLES = ("server", "server2", "spaced", "quiet", "foreign", "client")
+EXAMPLES = ("server", "server2", "spaced", "noted", "quiet1", "quiet", "foreign", "client")
 WORDINGS = ("plain", "instruction")
 LLAMACPP = "llamacpp"
 ARMS = ("server/plain", "client/plain", "client/instruction", LLAMACPP)  # the default run
@@ -200,7 +204,8 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
     examples = {"server": server, "client": (example,), "server2": build_example_book(2).for_schema(schema),
                 "spaced": tuple(replace(ex, output=json.dumps(json.loads(ex.output), ensure_ascii=False))
                                 for ex in server),
-                "quiet": tuple(_quiet(ex) for ex in server),
+                **{arm: _generated(quiet, len(server)) for arm, quiet in (("noted", 0), ("quiet1", 1),
+                                                                           ("quiet", QUIET_EXAMPLES))},
                 "foreign": (book.foreign,) if book.foreign is not None else ()}
     wordings = {"plain": engine.prompts, "instruction": InstructionPrompts(engine.tokenizer)}
     out: dict[str, Tally] = {}
@@ -220,14 +225,10 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
     return out
 
 
-def _quiet(example: FewShotExample) -> FewShotExample:
-    """``example`` with its note's sentence cut from its document and an empty note: a document that says nothing
-    of payment terms, and an output that says nothing either."""
-    value = json.loads(example.output)
-    note = value.get("notes", "")
-    text = example.text.replace(note, "").replace("  ", " ") if note else example.text
-    return replace(example, text="\n".join(line.rstrip() for line in text.splitlines()),
-                   output=compact_json({**value, "notes": ""}))
+def _generated(quiet_examples: int, shots: int) -> tuple[FewShotExample, ...]:
+    """The first ``shots`` invoice examples the generator writes with its first ``quiet_examples`` quiet."""
+    return tuple(FewShotExample(e["text"], e["output"])
+                 for e in worked_examples.build(quiet_examples)["schemas"]["invoice"][:shots])
 
 
 def _run_structspec(models, engine, items: list[WorkItem], max_tokens: int, tally: Tally) -> None:

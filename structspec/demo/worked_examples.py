@@ -15,6 +15,11 @@ What makes a base model (Gemma 3 270M) copy from the input rather than from the 
   the examples, the sentence of the example's own document that says the most of it: the
   examples show that every value, prose included, comes from the document. A paraphrase
   there teaches the model to write the example's paraphrase again.
+- **Quiet optional prose.** A free-text field that a document may not hold (``QUIET``: an invoice's
+  notes) is, in the first ``quiet_examples`` examples, empty, and the sentences that would fill it are
+  cut from their documents: a document that says nothing of it, and an output that says nothing
+  either. Shown a note, a base model writes that note into documents that have none (on held-out
+  invoices, Gemma 3 270M wrote the first example's note into 28 of 30 outputs; quiet, none).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import re
 import sys
 from typing import Any
 
-from structspec.demo.corpus import Example, flatten, generate, triage_from_ticket
+from structspec.demo.corpus import NOTE_PARTS, Example, flatten, generate, triage_from_ticket
 from structspec.prompts import compact_json
 from structspec.schemas import BUILTIN_EXAMPLES_FILE, load_builtin_schemas, load_builtin_tools
 
@@ -33,6 +38,9 @@ EXAMPLES_SEED = 7331  # not BENCH_SEED
 PER_SCHEMA = 4  # the most any profile asks for (``few_shot``); a profile takes the first n
 CANDIDATES = 24  # generated per schema to pick the varied ones from
 _WORD = re.compile(r"\w+")
+# schema -> (free-text field a document may not hold, the sentences of the corpus's documents that fill it)
+QUIET = {"invoice": ("notes", tuple(NOTE_PARTS["terms"] + NOTE_PARTS["extra"]))}
+QUIET_EXAMPLES = 3  # of each such schema's examples, the first this many are quiet (the profiles show up to 3)
 
 
 def _sentences(document: str) -> list[str]:
@@ -61,6 +69,21 @@ def extractive(ex: Example, schema: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def quiet(value: dict[str, Any], source: str, key: str, sentences: tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    """(value, source) with ``value[key]`` empty and each of ``sentences`` (and the value itself) cut from
+    ``source``: a document that does not hold the field, and its output. Lines left empty are dropped."""
+    cut = [str(value.get(key) or ""), *sentences]
+    lines = []
+    for line in source.splitlines():
+        for sentence in cut:
+            if sentence:
+                line = line.replace(sentence, "")
+        line = re.sub(r"\s{2,}", " ", line).strip()
+        if line:
+            lines.append(line)
+    return {**value, key: ""}, "\n".join(lines)
+
+
 def _signature(value: dict[str, Any], source: str) -> set[str]:
     """What makes two examples look alike: short (enum-like) values, list lengths, the document's first word."""
     sig = {f"first={(source.split() or [''])[0]}"}
@@ -86,7 +109,8 @@ def varied(candidates: list[tuple[dict[str, Any], str]], n: int) -> list[tuple[d
     return picked
 
 
-def build() -> dict:
+def build(quiet_examples: int = QUIET_EXAMPLES) -> dict:
+    """The examples file's content; ``quiet_examples``: how many of each ``QUIET`` schema's first examples are quiet."""
     schemas = load_builtin_schemas()
     candidates: dict[str, list[tuple[dict[str, Any], str]]] = {name: [] for name in schemas}
     per_tool: dict[str, list[tuple[dict[str, Any], str]]] = {t["function"]["name"]: [] for t in load_builtin_tools()}
@@ -104,8 +128,12 @@ def build() -> dict:
         if bucket is not None and len(bucket) < CANDIDATES:
             bucket.append((extractive(ex, schemas[ex.schema_name]), ex.source))
     render = lambda picks: [{"text": source, "output": compact_json(value)} for value, source in picks]  # noqa: E731
+    picked = {name: varied(items, PER_SCHEMA) for name, items in candidates.items()}
+    for name, (key, sentences) in QUIET.items():
+        picked[name] = [quiet(*pick, key, sentences) if i < quiet_examples else pick
+                        for i, pick in enumerate(picked[name])]
     return {"seed": EXAMPLES_SEED,
-            "schemas": {name: render(varied(items, PER_SCHEMA)) for name, items in candidates.items()},
+            "schemas": {name: render(picks) for name, picks in picked.items()},
             "tools": {name: render(varied(items, PER_SCHEMA)) for name, items in per_tool.items()}}
 
 
