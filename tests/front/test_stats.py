@@ -159,7 +159,9 @@ async def test_served_steps_price_before_the_profile_and_an_old_profile_is_still
     prices = entry.pricing[1].prices
     assert [d.step_source for d in prices[:3]] == ["served", "served", "profile"]
     assert prices[1].step_seconds == pytest.approx(0.025)
-    assert prices[2].step_seconds == pytest.approx(0.030 * 2)  # the profile scaled to serving's plain step
+    # the profile fitted to serving: the served plain step, then the profile's rows at what a served row cost
+    # (0.005 against the profile's 0.010)
+    assert prices[2].step_seconds == pytest.approx(0.020 + (0.030 - 0.010) * 0.5)
     (old,) = await stats.read_stats(priced, (HOUR,), model="old", now=NOW)
     assert old.pricing == []  # no decision and no drafting: nothing to price
     costs = await stats._model_costs(priced, "old", {}, NOW, PolicyConfig())
