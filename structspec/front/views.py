@@ -155,7 +155,7 @@ class DraftPrice:
 
     k: int  # 0: the plain step
     step_seconds: float | None  # the target step carrying a k-token draft at the batch bucket (None: no cost known)
-    propose_seconds: float  # the proposer's own drafting time for k tokens
+    propose_seconds: float  # the proposer's own drafting time per k-token draft made (empty lookups included)
     expected_accepted: float  # E[accepted drafted tokens | a k-token draft] at the priced acceptance
     seconds_per_token: float | None  # per committed token (k = 0: the plain step)
     step_source: str = ""  # served (measured while serving) | profile (measured at start) | interpolated | ""

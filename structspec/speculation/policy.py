@@ -32,7 +32,7 @@ decision with its reason. In order:
    cost model picks the draft length k minimising the time per committed token,
        (T(b, k) + D(k)) / (1 + E[accepted | k]),   E[accepted | k] = sum_{i<=k} prod_{j<=i} c_j
    (T: the measured target step with a k-token draft at batch bucket b; D: the proposer's
-   own drafting time; c_j: the schema's acceptance at draft position j given position j was
+   own drafting time per draft made, its lookups that found nothing included; c_j: the schema's acceptance at draft position j given position j was
    examined, for j > 1 pulled toward the proposer's pooled rate after the first position by
    ``depth_prior_tokens`` examinations, so a deep position few drafts reached does not cap
    the length), and switches the proposer off when no k beats plain decoding, T(b, 0), by
@@ -343,7 +343,7 @@ class DraftPrice:
 
     k: int
     step_seconds: float | None  # T(b, k): the target step carrying a k-token draft (None: not measured)
-    propose_seconds: float  # D(k): the proposer's own drafting time
+    propose_seconds: float  # D(k): the proposer's own drafting time per draft made (empty lookups included)
     expected_accepted: float  # E[accepted | k] at the priced acceptance
     seconds_per_token: float | None  # per committed token (k = 0: the plain step)
 

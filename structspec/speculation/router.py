@@ -136,9 +136,10 @@ class Router:
             started = time.perf_counter()
             draft = proposer.propose(ctx, k)
             stats = self._stats(seq)
+            made = draft is not None and bool(draft.tokens)
             if stats is not None:
-                stats.record_proposal(proposer.name, k, time.perf_counter() - started)
-            if draft is not None and draft.tokens:
+                stats.record_proposal(proposer.name, k, time.perf_counter() - started, made)
+            if draft is not None and made:
                 if probe:
                     ctx.state.probe_drafted += len(draft.tokens)
                 return fit_q(draft, self.vocab_size)

@@ -297,10 +297,12 @@ class Recorder:
                        *((k(Series.REPLAYED_ACCEPTED_AT, proposer, b, str(i)), float(n))
                          for i, n in accepted_at.items() if n)])
 
-    def record_proposal(self, proposer: str, asked: int, seconds: float) -> None:
+    def record_proposal(self, proposer: str, asked: int, seconds: float, made: bool = True) -> None:
+        """One ask of ``proposer`` for ``asked`` tokens, ``seconds`` long; ``made``: it returned a draft."""
         k = self._keys("")
         self.book.add([(k(Series.PROPOSALS, proposer, 0, str(asked)), 1.0),
-                       (k(Series.PROPOSE_SECONDS, proposer, 0, str(asked)), float(seconds))])
+                       (k(Series.PROPOSE_SECONDS, proposer, 0, str(asked)), float(seconds)),
+                       *([] if made else [(k(Series.PROPOSALS_EMPTY, proposer, 0, str(asked)), 1.0)])])
 
     def record_step(self, batch_size: int, longest_draft: int, seconds: float, restricted: bool = False) -> None:
         """One target forward over ``batch_size`` sequences, the longest carrying ``longest_draft`` drafted tokens;

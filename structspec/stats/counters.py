@@ -97,6 +97,7 @@ class Series:
     # per proposer: its own drafting time (label: tokens asked for)
     PROPOSALS = "proposals"
     PROPOSE_SECONDS = "propose_seconds"
+    PROPOSALS_EMPTY = "proposals_empty"  # of PROPOSALS, those that made no draft (a lookup that found nothing)
     # the model's (schema_key ""), per batch bucket: target step times by the longest draft in the step (label),
     # proposer "" (a forward running the output layer) or RESTRICTED_HEAD (every scored row's allowed set was small)
     STEPS = "steps"

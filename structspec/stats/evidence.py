@@ -152,6 +152,8 @@ class CostEvidence:
     # layer, ``ForwardStep.restricted_logits_max``): served steps measured so, and the profile's restricted rows
     restricted_steps: dict[tuple[int, int], float] = field(default_factory=dict)
     restricted_profile: dict[tuple[int, int], float] = field(default_factory=dict)
+    # proposer -> the share of its lookups that made a draft (measured while serving; absent: taken as 1)
+    proposal_hits: dict[str, float] = field(default_factory=dict)
 
     def step_seconds(self, batch_size: int, k: int) -> float | None:
         """A step at ``batch_size``'s bucket with a k-token draft: measured while serving; else the profile's, fitted
@@ -197,23 +199,28 @@ class CostEvidence:
         return seconds * bucket / at if seconds is not None else None
 
     def propose_seconds(self, proposer: str, k: int) -> float:
-        """Drafting time for ``k`` tokens: measured, or scaled from the nearest measured length; the draft model's
-        from the profile's per-token time where serving measured none (0 for the others: copy lookup and the
-        history cost microseconds)."""
+        """Drafting time per ``k``-token draft made: a lookup's time (measured, or scaled from the nearest measured
+        length) over the share of lookups that made a draft (``proposal_hits``). A proposer is asked at every
+        position it may draft at, and a lookup that finds nothing costs its step as much: charged to the drafts
+        made, the switch is exact (drafting pays iff (T(k) + lookup / hits) / (1 + E[accepted]) < T(0)). The draft
+        model's from the profile's per-token time where serving measured none; 0 for the others before any is
+        measured."""
+        hits = max(self.proposal_hits.get(proposer, 1.0), MIN_HIT_RATE)
         if (proposer, k) in self.proposals:
-            return self.proposals[(proposer, k)]
+            return self.proposals[(proposer, k)] / hits
         ks = [kk for p, kk in self.proposals if p == proposer]
         if not ks:
             if proposer == DRAFT_PROPOSER and self.draft_token:
                 return k * self.draft_token[min(self.draft_token)]
             return 0.0
         near = min(ks, key=lambda kk: abs(kk - k))
-        return self.proposals[(proposer, near)] * k / max(near, 1)
+        return self.proposals[(proposer, near)] * k / max(near, 1) / hits
 
     def with_profile(self, profile: dict[tuple[int, int], float], draft_token: dict[int, float],
                      restricted: dict[tuple[int, int], float] | None = None) -> CostEvidence:
         return CostEvidence(self.steps, self.proposals, dict(profile), dict(draft_token), self.restricted_steps,
-                            dict(restricted) if restricted is not None else self.restricted_profile)
+                            dict(restricted) if restricted is not None else self.restricted_profile,
+                            self.proposal_hits)
 
     def restricted(self) -> CostEvidence | None:
         """The costs of forwards that score small allowed sets alone, as a ``CostEvidence`` of their own (its plain
@@ -221,10 +228,12 @@ class CostEvidence:
         nor the profile measured one (the executor has no restricted head)."""
         if not self.restricted_steps and not self.restricted_profile:
             return None
-        return CostEvidence(self.restricted_steps, self.proposals, self.restricted_profile, self.draft_token)
+        return CostEvidence(self.restricted_steps, self.proposals, self.restricted_profile, self.draft_token,
+                            proposal_hits=self.proposal_hits)
 
 
 DRAFT_PROPOSER = "draft"  # the draft model's proposer name (``DraftModelProposer.name``)
+MIN_HIT_RATE = 0.01  # a proposer whose lookups (almost) never draft is charged 100 lookups per draft, not infinity
 
 
 def _between(table: dict[tuple[int, int], float], bucket: int, k: int) -> float | None:
@@ -350,7 +359,11 @@ def cost_evidence(counters: Counters, now_hour: int, half_life_hours: float, min
     """From the model's own series (schema key ""): means with at least ``min_samples`` weighted samples, and the step
     profile the engine recorded at start (``stored_profile``)."""
     sums: dict[tuple[str, str, int, int], list[float]] = {}
+    lookups: dict[str, list[float]] = {}  # proposer -> [lookups, empty ones], weighted
     for key, value in counters.items():
+        if key.series in (Series.PROPOSALS, Series.PROPOSALS_EMPTY):
+            lookups.setdefault(key.proposer, [0.0, 0.0])[key.series == Series.PROPOSALS_EMPTY] += \
+                _weight(key.hour, now_hour, half_life_hours) * value
         if key.series not in (Series.STEPS, Series.STEP_SECONDS, Series.PROPOSALS, Series.PROPOSE_SECONDS):
             continue
         w = _weight(key.hour, now_hour, half_life_hours) * value
@@ -368,7 +381,8 @@ def cost_evidence(counters: Counters, now_hour: int, half_life_hours: float, min
         else:
             steps[(bucket, k)] = seconds / n
     full, draft_token, restricted_profile = stored_profile(counters)
-    return CostEvidence(steps, proposals, full, draft_token, restricted, restricted_profile)
+    hits = {p: 1.0 - empty / n for p, (n, empty) in lookups.items() if n >= min_samples}
+    return CostEvidence(steps, proposals, full, draft_token, restricted, restricted_profile, hits)
 
 
 def stored_profile(counters: Counters) -> tuple[dict[tuple[int, int], float], dict[int, float],

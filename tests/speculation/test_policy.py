@@ -445,3 +445,16 @@ def test_a_short_outputs_cap_is_priced_at_the_rows_its_drafts_fill():
     # drafts that fill 2 rows and are refused at once do not pay however cheap their rows
     refused = ProposerEvidence(80.0, 0.0, (40.0,), (2.0,))
     assert short_draft_length(refused, host, "ngram", 1, CFG) == 0
+
+
+def test_lookups_that_find_nothing_can_price_a_proposer_out():
+    """A demo-like target whose step costs 4.4 ms and barely more with a draft: copy lookup at acceptance 0.6 pays
+    where each lookup makes a draft, and not where 1 lookup in 20 does (each draft then carries twenty 0.5 ms
+    lookups)."""
+    steps = {(1, k): 0.0044 * (1 + 0.03 * k) for k in range(9)}
+    found = CostEvidence(steps, {("ngram", k): 0.0005 for k in range(1, 9)})
+    ev = evidence(ngram=positional(0.6, drafts=200))
+    assert run(ev, found, proposers=("ngram",)).max_draft.get("ngram", 0) > 0
+    rare = CostEvidence(steps, dict(found.proposals), proposal_hits={"ngram": 0.05})
+    report = run(ev, rare, proposers=("ngram",))
+    assert "ngram" not in report.max_draft and report.reasons["ngram"] == Reason.NO_GAIN

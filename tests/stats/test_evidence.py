@@ -159,3 +159,23 @@ def test_the_newest_hour_a_proposer_drafted_or_was_probed_is_read_from_every_buc
     assert ev.hour == 605 * HOUR
     aged = schema_evidence(book.rows_for("m", "s"), 605 * HOUR, 3.0, max_age_hours=4)
     assert aged.last_measured == {"history": 603 * HOUR, "draft": 605 * HOUR}  # older than the age limit: not read
+
+
+def test_a_lookup_that_finds_nothing_is_charged_to_the_drafts_made():
+    """Asked at every position it may draft at, a copy proposer pays a lookup whether or not it finds a draft: with
+    1 lookup in 4 making a draft, a draft costs 4 lookups. Old records (no empty lookups counted) read as all made."""
+    book = StatsBook(clock=lambda: 50 * HOUR)
+    rec = book.recorder("m")
+    for i in range(40):
+        rec.record_proposal("ngram", 4, 0.001, made=i % 4 == 0)
+        rec.record_proposal("history", 4, 0.001)
+    costs = cost_evidence(book.rows_for("m", ""), 50 * HOUR, 3.0)
+    assert costs.proposal_hits == {"ngram": pytest.approx(0.25), "history": pytest.approx(1.0)}
+    assert costs.propose_seconds("ngram", 4) == pytest.approx(0.004)
+    assert costs.propose_seconds("ngram", 8) == pytest.approx(0.008)  # scaled from the measured length
+    assert costs.propose_seconds("history", 4) == pytest.approx(0.001)
+    restricted = CostEvidence(restricted_steps={(1, 0): 0.01}, proposals=costs.proposals,
+                              proposal_hits=costs.proposal_hits).restricted()
+    assert restricted is not None and restricted.propose_seconds("ngram", 4) == pytest.approx(0.004)
+    never = CostEvidence(proposals={("ngram", 4): 0.001}, proposal_hits={"ngram": 0.0})
+    assert never.propose_seconds("ngram", 4) == pytest.approx(0.1)  # bounded: MIN_HIT_RATE
