@@ -122,7 +122,7 @@ class Router:
         decision = seq.decision
         caps = (decision.caps() if narrow else {p: k for p, k in decision.max_draft.items() if k > 0}) \
             if decision is not None else {}
-        probe = seq.decision is not None and seq.decision.probe
+        probe = decision is not None and decision.probe
         if probe:  # a probe buys a bounded amount of evidence, not a whole request's drafting
             policy = self.decider.policy
             budget = (policy.probe_max_tokens if policy is not None else max_tokens) - ctx.state.probe_drafted
