@@ -50,11 +50,10 @@ def paired_ratio(tokens: Sequence[float], seconds: Sequence[float], base_tokens:
     point = float(ratio(t, s, bt, bs))
     if np.allclose(t / s, (t / s)[0]) and np.allclose(bt / bs, (bt / bs)[0]):  # no spread: nothing to resample
         return RatioInterval(point, point, point, len(t))
-    res = stats.bootstrap((t, s, bt, bs), ratio, paired=True, vectorized=True, confidence_level=confidence,
-                          n_resamples=RESAMPLES, method="BCa", rng=np.random.default_rng(seed))
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    if not (np.isfinite(low) and np.isfinite(high)):  # BCa degenerate on a tiny sample: the percentile interval
+    for method in ("BCa", "percentile"):  # BCa, degenerate on a tiny sample: the percentile interval
         res = stats.bootstrap((t, s, bt, bs), ratio, paired=True, vectorized=True, confidence_level=confidence,
-                              n_resamples=RESAMPLES, method="percentile", rng=np.random.default_rng(seed))
+                              n_resamples=RESAMPLES, method=method, rng=np.random.default_rng(seed))
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if np.isfinite(low) and np.isfinite(high):
+            break
     return RatioInterval(point, low, high, len(t))

@@ -142,7 +142,7 @@ class Drafter:
             if matcher.is_stopped():
                 break  # no draft continues past grammar termination
         matcher.rollback(consumed)
-        kept, allowed = self._priced_cut(plan, draft, bitmask, consumed)
+        kept, allowed = self._priced_cut(plan, draft, bitmask, consumed, (first[1],) if first is not None else ())
         if kept < consumed:  # cut for its price: what is cut was never verified, so it counts as not drafted
             tail, tokens = None, tokens[:kept]
             if kept == 0:
@@ -164,10 +164,11 @@ class Drafter:
         plan.seq.matcher.fill_mask(row, 0)
         return row[0], small_allowed_set(row[0], limit)
 
-    def _priced_cut(self, plan: StepPlan, draft: Draft | None, bitmask: torch.Tensor,
-                    consumed: int) -> tuple[int, tuple[torch.Tensor | None, ...] | None]:
-        """How many of the draft's ``consumed`` grammatical tokens the forward carries, and (where it looked them up)
-        the scored positions' small allowed sets. Up to the proposer's cap (``SpeculationReport.max_draft``) all of
+    def _priced_cut(self, plan: StepPlan, draft: Draft | None, bitmask: torch.Tensor, consumed: int,
+                    known: tuple[torch.Tensor | None, ...]) -> tuple[int, tuple[torch.Tensor | None, ...] | None]:
+        """How many of the draft's ``consumed`` grammatical tokens the forward carries, and the small allowed sets of
+        its first scored positions as far as they were looked up (``known``: those of the first rows, already
+        looked up; None where none were). Up to the proposer's cap (``SpeculationReport.max_draft``) all of
         them; past it, up to its restricted cap, only while every scored position's allowed set is small (the
         forward then skips the output layer: ``policy.restricted_draft_length``). Whether token i stays depends
         on the masks after it, so only a draft without draft probabilities (``Draft.q`` None: copy lookup, the
@@ -175,26 +176,27 @@ class Drafter:
         draft is never given a restricted cap."""
         decision, limit = plan.seq.decision, self.executor.restricted_logits_max
         if draft is None or decision is None or draft.q is not None or not limit:
-            return consumed, None
+            return consumed, known or None
         cap = decision.max_draft.get(draft.proposer, 0)
         wide = decision.restricted_max_draft.get(draft.proposer, 0)
         if consumed <= cap or wide <= cap:
-            return consumed, None
-        allowed: list[torch.Tensor | None] = []
-        for row in bitmask[: min(consumed, wide) + 1]:  # rows 0..d carry a d-token draft
-            ids = small_allowed_set(row, limit)
-            if ids is None:
+            return consumed, known or None
+        allowed = list(known)
+        for row in bitmask[len(allowed): min(consumed, wide) + 1]:  # rows 0..d carry a d-token draft
+            allowed.append(small_allowed_set(row, limit))
+            if allowed[-1] is None:
                 break
-            allowed.append(ids)
-        kept = max(cap, min(consumed, wide, len(allowed) - 1))
-        return kept, tuple(allowed[: kept + 1]) if len(allowed) > kept else None
+        small = next((i for i, ids in enumerate(allowed) if ids is None), len(allowed))  # leading small rows
+        kept = max(cap, min(consumed, wide, small - 1))
+        return kept, tuple(allowed[: kept + 1])
 
     def allowed_ids(self, step: StepDraft) -> tuple[torch.Tensor | None, ...] | None:
         """Per scored position, its allowed ids when the executor scores small allowed sets alone (the rest would
         be masked out anyway), kept on ``step`` for the masking; None where it scores whole rows."""
         limit = self.executor.restricted_logits_max
-        if limit and (step.allowed is None or len(step.allowed) != len(step.bitmask)):  # (the cut may have them)
-            step.allowed = tuple(small_allowed_set(row, limit) for row in step.bitmask)
+        known = step.allowed or ()  # the first rows' sets, where drafting looked them up already
+        if limit and len(known) < len(step.bitmask):
+            step.allowed = (*known, *(small_allowed_set(row, limit) for row in step.bitmask[len(known):]))
         return step.allowed
 
     def _propose(self, plan: StepPlan, narrow: bool = True) -> Draft | None:

@@ -142,13 +142,13 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
             if p in request.off and not (p == DRAFT_MODEL and arms_measured):  # known bad stays off
                 reasons[p] = request.off[p]
             else:
-                k = cold_draft_length(ev, costs, p, batch_size, config, evidence.replayed.get(p))
+                at = priced_evidence(ev, config, evidence.replayed.get(p))
+                k = cold_draft_length(at, costs, p, batch_size, config)
                 if k == 0:
                     reasons[p] = Reason.PRICED_OUT
                 else:
                     caps[p], reasons[p] = k, Reason.COLD
-                wide[p] = restricted_draft_length(priced_evidence(ev, config, evidence.replayed.get(p)), costs, p,
-                                                  batch_size, config)
+                wide[p] = restricted_draft_length(at, costs, p, batch_size, config)
         elif ev.acceptance < config.acceptance_threshold:
             k = guarded_draft_length(ev, costs, p, batch_size, config)
             if k == 0:
@@ -293,14 +293,14 @@ def priced_evidence(ev: ProposerEvidence | None, config: PolicyConfig,
                                                                config.max_draft, config.prior_continuation)
 
 
-def cold_draft_length(ev: ProposerEvidence | None, costs: CostEvidence, proposer: str, batch_size: int,
-                      config: PolicyConfig, replayed: ProposerEvidence | None = None) -> int:
-    """A cold proposer's draft length: the cost model's choice at the prior acceptance, its own thin evidence and
-    its replayed drafts added (``priced_evidence``), so it drafts only what pays at the measured step costs and
-    widens as evidence comes in; ``max_draft`` (measuring) where no step cost at this bucket is known at all."""
+def cold_draft_length(priced: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
+                      config: PolicyConfig) -> int:
+    """A cold proposer's draft length: the cost model's choice at ``priced`` (``priced_evidence``: the prior, its own
+    thin evidence and its replayed drafts), so it drafts only what pays at the measured step costs and widens as
+    evidence comes in; ``max_draft`` (measuring) where no step cost at this bucket is known at all."""
     if costs.step_seconds(batch_size, 0) is None:
         return config.max_draft
-    return best_draft_length(priced_evidence(ev, config, replayed), costs, proposer, batch_size, config)
+    return best_draft_length(priced, costs, proposer, batch_size, config)
 
 
 def restricted_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
@@ -374,8 +374,7 @@ def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, ba
     cold = ev is None or ev.drafted < config.min_evidence_tokens
     replayed = evidence.replayed.get(proposer)
     priced = priced_evidence(ev, config, replayed)
-    chosen = cold_draft_length(ev, costs, proposer, batch_size, config, replayed) if cold else \
-        best_draft_length(priced, costs, proposer, batch_size, config)
+    chosen = (cold_draft_length if cold else best_draft_length)(priced, costs, proposer, batch_size, config)
     prices = []
     for k in range(config.max_draft + 1):
         step = costs.step_seconds(batch_size, k)
