@@ -304,7 +304,10 @@ def test_requests_sharing_a_request_id_stay_apart(make_engine):
     async def both():
         doomed = asyncio.create_task(stream(ITEMS[5]))
         kept = asyncio.create_task(stream(ITEMS[4]))
-        await asyncio.sleep(0.15)
+        for _ in range(500):  # midway: once both decode (a fixed sleep can outlast a request on a fast executor)
+            if sum(bool(s.output) for s in engine.core.scheduler.running) == 2:
+                break
+            await asyncio.sleep(0.002)
         doomed.cancel()
         with pytest.raises(asyncio.CancelledError):
             await doomed
