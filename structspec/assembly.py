@@ -229,7 +229,8 @@ def make_prompts(models) -> PromptFormat:
     format."""
     template = getattr(models, "chat_template", None)
     if not template:
-        return PlainPrompts(models.tokenizer, answers=getattr(models, "plain_answers", True))
+        return PlainPrompts(models.tokenizer, answers=getattr(models, "plain_answers", True),
+                            json_line=getattr(models, "plain_json_line", "heading"))
     own = getattr(models.tokenizer, "chat_template", None)
     if isinstance(own, dict) and own.get("default") == template and "tool_use" in own:
         return ChatPrompts(models.tokenizer, {"default": template, "tool_use": own["tool_use"]})

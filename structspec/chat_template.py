@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from structspec.prompts import (ANSWER_TURN, CALL_TURN, PROMPT_FORMAT, TURN_STOPS, FewShotExample, ShownTool, Turn,
-                                compact_json, describe_tool, encode_prompt, extraction_prompt, extraction_template,
-                                heading, toolcall_prompt)
+from structspec.prompts import (ANSWER_TURN, CALL_TURN, JSON_LINES, PROMPT_FORMAT, TURN_STOPS, FewShotExample,
+                                ShownTool, Turn, compact_json, describe_tool, encode_prompt, extraction_prompt,
+                                extraction_template, heading, toolcall_prompt)
 
 CHAT_FORMAT = "chat-v2"  # the wording of the messages below; a change of wording is a new version
 SAID_IN_WORDS = ("$schema", "$id", "title", "description")  # a schema's top-level keys the system message says
@@ -104,15 +104,25 @@ class PlainPrompts:
     text_stop: tuple[str, ...] = TURN_STOPS  # a base model runs on into the format's next turn: the answer ends before its heading
     call_headings: tuple[str, ...] = (heading(CALL_TURN).rstrip("\n"),)  # a model trained on call turns would open one
 
-    def __init__(self, tokenizer: Any, answers: bool = False):
+    def __init__(self, tokenizer: Any, answers: bool = False, json_line: str = "heading"):
+        """``json_line``: the line an extraction's output follows (``prompts.JSON_LINES``;
+        ``ModelProfile.plain_json_line``): another wording, so another statistics key. Raises: ValueError for an
+        unknown one."""
+        if json_line not in JSON_LINES:
+            raise ValueError(f"unknown json_line {json_line!r}: one of {', '.join(JSON_LINES)}")
         self.tokenizer = tokenizer
         self.answers = answers  # under auto, offer a text answer beside a call (``ModelProfile.plain_answers``)
+        self.json_line = json_line
+        if json_line != "heading":
+            self.format_id = f"{PROMPT_FORMAT}+json-{json_line}"
+            self.stats_format = self.format_id.removeprefix("structspec-")
 
     def extraction(self, schema: dict[str, Any], text: str, instruction: str | None = None,
                    examples: tuple[FewShotExample, ...] = (), *, schema_id: str = "", public: bool = False) -> Prompt:
-        prompt = extraction_prompt(schema, text, instruction, examples, schema_id)
+        prompt = extraction_prompt(schema, text, instruction, examples, schema_id, self.json_line)
         ids = encode_prompt(self.tokenizer, prompt)
-        shared = encode_prompt(self.tokenizer, extraction_template(schema, None, examples, schema_id)) if public else []
+        shared = (encode_prompt(self.tokenizer, extraction_template(schema, None, examples, schema_id, self.json_line))
+                  if public else [])
         return Prompt(prompt, ids, shared)
 
     def toolcall(self, tools: Sequence[ShownTool], messages: Sequence[Turn],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from structspec.prompts import FewShotExample, ToolSpec, extraction_prompt, toolcall_prompt
 
 SCHEMA = {"title": "Contact", "type": "object"}
@@ -91,6 +93,31 @@ def test_only_models_not_trained_on_call_only_turns_are_offered_answers():
     assert profiles()["gemma-3-270m"].plain_answers is True
 
 
+def test_a_model_may_follow_its_extraction_examples_after_a_bare_json_label():
+    """``plain_json_line`` "label": every extraction output (the examples' and the model's own) follows ``JSON:``,
+    not the ``### JSON:`` heading; the rest of the prompt is the plain format's, and the wording is its own
+    statistics key. Gemma 3 270M is served so; the demo pair keeps the heading it was trained on."""
+    from structspec.assembly import make_prompts
+    from structspec.chat_template import PlainPrompts
+    from structspec.models.loading import LoadedModels
+    from structspec.models.profiles import profiles
+
+    contact = {"title": "Contact", "type": "object", "properties": {"name": {"type": "string"}}}
+    shots = (FewShotExample("Bo, bo@example.com", '{"name":"Bo"}'),)
+    heading, label = PlainPrompts(_CharTokenizer()), PlainPrompts(_CharTokenizer(), json_line="label")
+    said, plain = (p.extraction(contact, "Ada", examples=shots, public=True) for p in (label, heading))
+    assert said.text == plain.text.replace("### JSON:\n", "JSON:\n")
+    assert said.text.endswith("### Input:\nAda\nJSON:\n") and "\nJSON:\n{\"name\":\"Bo\"}\n" in said.text
+    assert said.ids[:len(said.public_ids)] == said.public_ids and said.public_ids != plain.public_ids
+    assert label.stats_format == "plain-v5+json-label" != heading.stats_format == "plain-v5"
+    assert label.toolcall(TOOLS, [("user", "Rain?")]).text == heading.toolcall(TOOLS, [("user", "Rain?")]).text
+    with pytest.raises(ValueError, match="json_line"):
+        PlainPrompts(_CharTokenizer(), json_line="### Output:")
+    assert profiles()["gemma-3-270m"].plain_json_line == "label" and profiles()["demo"].plain_json_line == "heading"
+    models = LoadedModels("m", None, _CharTokenizer(), None, None, None, plain_json_line="label")
+    assert make_prompts(models).stats_format == label.stats_format
+
+
 def test_under_none_the_plain_format_asks_for_an_answer_in_words():
     """``may_call`` False (``tool_choice`` none): the tools are listed and the conversation shown, the model's turn is
     the answer heading; no worked call is shown (not the episode's either), for either kind of model."""
@@ -144,7 +171,8 @@ def test_every_heading_a_plain_conversation_renders_ends_an_answer():
 
 # The plain format's wording, version by version: the digest of ``_plain_renders()``. A change of wording changes
 # what a model writes after it, so its statistics must not be mixed with the old wording's.
-WORDING_DIGESTS = {"structspec-plain-v4": "5b7e251f6299749a", "structspec-plain-v5": "1b9ac190b748259d"}
+WORDING_DIGESTS = {"structspec-plain-v4": "5b7e251f6299749a", "structspec-plain-v5": "1b9ac190b748259d",
+                   "structspec-plain-v5+json-label": "2458dafb31c795fc"}
 
 
 class _CharTokenizer:
@@ -154,7 +182,7 @@ class _CharTokenizer:
         return {"input_ids": [ord(c) for c in text]}
 
 
-def _plain_renders() -> list[str]:
+def _plain_renders(json_line: str = "heading") -> list[str]:
     """Every kind of prompt the plain format renders, on fixed inputs (and the stops and headings it cuts at)."""
     from structspec.chat_template import PlainPrompts
     from structspec.engine.api import ChatMessage
@@ -170,7 +198,7 @@ def _plain_renders() -> list[str]:
     answer = {"type": "object", "properties": {"city": {"type": "string"}}}
     out = []
     for answers in (False, True):
-        plain = PlainPrompts(_CharTokenizer(), answers=answers)
+        plain = PlainPrompts(_CharTokenizer(), answers=answers, json_line=json_line)
         out += [plain.extraction(contact, " Ada, ada@example.com ").text,
                 plain.extraction(contact, "Ada", "Names only.", shots, schema_id="contact").text,
                 plain.extraction({"type": "object", "description": "A person."}, "Ada", schema_id="person").text]
@@ -188,7 +216,13 @@ def test_a_change_of_the_plain_wording_is_a_new_format_version():
 
     from structspec.prompts import PROMPT_FORMAT
 
-    digest = hashlib.sha256(json.dumps(_plain_renders()).encode()).hexdigest()[:16]
-    assert WORDING_DIGESTS.get(PROMPT_FORMAT) == digest, (
-        f"the plain prompts' wording changed ({PROMPT_FORMAT}: {digest}): bump PROMPT_FORMAT (a new statistics key, "
-        "structspec/prompts.py) and record the new digest in WORDING_DIGESTS")
+    from structspec.chat_template import PlainPrompts
+    from structspec.prompts import JSON_LINES
+
+    for line in JSON_LINES:
+        key = PlainPrompts(_CharTokenizer(), json_line=line).format_id
+        assert key.startswith(PROMPT_FORMAT)
+        digest = hashlib.sha256(json.dumps(_plain_renders(line)).encode()).hexdigest()[:16]
+        assert WORDING_DIGESTS.get(key) == digest, (
+            f"the plain prompts' wording changed ({key}: {digest}): bump PROMPT_FORMAT (a new statistics key, "
+            "structspec/prompts.py) and record the new digest in WORDING_DIGESTS")

@@ -57,8 +57,13 @@ class FieldsPrompts(PlainPrompts):
         return Prompt(prompt, encode_prompt(self.tokenizer, prompt))
 
 
+def label_prompts(tokenizer: Any) -> PlainPrompts:
+    """``label``: the plain format with each output after a bare ``JSON:`` (``ModelProfile.plain_json_line``)."""
+    return PlainPrompts(tokenizer, json_line="label")
+
+
 VARIANTS: dict[str, Callable[[Any], PlainPrompts]] = {
-    "plain": PlainPrompts, "instruction": InstructionPrompts, "plain+fields": FieldsPrompts}
+    "plain": PlainPrompts, "label": label_prompts, "instruction": InstructionPrompts, "plain+fields": FieldsPrompts}
 
 # The workloads of this module's own: a schema, a draw of its values, and a document that states them.
 _NAMES = ("Ana Costa", "Bo Lindqvist", "Chidi Okafor", "Dana Weiss", "Emre Yilmaz", "Fiona Walsh", "Goran Petrov")

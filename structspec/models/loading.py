@@ -74,6 +74,7 @@ class LoadedModels:
     # None: the model has none and prompts keep the plain format
     chat_template: str | None = None
     plain_answers: bool = True  # ``ModelProfile.plain_answers``
+    plain_json_line: str = "heading"  # ``ModelProfile.plain_json_line``
     # every id that ends the target's turn, the tokenizer's EOS first (``end_of_turn``); empty: that EOS alone
     end_of_turn_ids: tuple[int, ...] = ()
     # the target's content identity (``identity``): what its statistics are kept under beside the served name;
@@ -379,6 +380,7 @@ def _load_llamacpp(profile: ModelProfile, with_draft: bool) -> LoadedModels:
     return LoadedModels(profile.name, target, tokenizer, draft.model, torch.device("cpu"), torch.float32,
                         draft.version, executor="llamacpp", draft_vocab=draft.vocab, draft_context=draft.context_tokens,
                         chat_template=chat_template_of(profile, tokenizer), plain_answers=profile.plain_answers,
+                        plain_json_line=profile.plain_json_line,
                         end_of_turn_ids=stops, identity=identity)
 
 
@@ -414,7 +416,8 @@ def load_models(profile: ModelProfile, device: str = "cpu", dtype: str | torch.d
              ", dummy weights" if load_format == "dummy" else "", list(stops))
     return LoadedModels(profile.name, target, tokenizer, draft.model, dev, dt, draft.version, draft_vocab=draft.vocab,
                         draft_context=draft.context_tokens, chat_template=chat_template_of(profile, tokenizer),
-                        plain_answers=profile.plain_answers, end_of_turn_ids=stops,
+                        plain_answers=profile.plain_answers, plain_json_line=profile.plain_json_line,
+                        end_of_turn_ids=stops,
                         identity=dummy_identity(profile.target) if load_format == "dummy" else weights_version(profile.target))
 
 
@@ -434,6 +437,7 @@ def load_without_weights(profile: ModelProfile, load_format: str = "auto") -> Lo
     identity = dummy_identity(profile.target) if load_format == "dummy" else weights_version(profile.target)
     return LoadedModels(profile.name, profile.target, tokenizer, None, torch.device("cpu"), torch.float32,
                         chat_template=chat_template_of(profile, tokenizer), plain_answers=profile.plain_answers,
+                        plain_json_line=profile.plain_json_line,
                         end_of_turn_ids=stops, identity=identity)
 
 

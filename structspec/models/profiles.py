@@ -77,6 +77,9 @@ class ModelProfile:
     # Under tool_choice auto the plain format offers a text answer beside a call (``prompts.toolcall_prompt``);
     # False for a model trained on the plain format's call-only turn (the demo pair)
     plain_answers: bool = True
+    # The line an extraction's output follows in the plain format (``prompts.JSON_LINES``): a base model shown worked
+    # examples may copy them less under a bare ``JSON:`` label; the demo pair is trained on the ``### JSON:`` heading
+    plain_json_line: str = "heading"
 
     def is_ready(self) -> bool:
         return _is_model(Path(self.target)) and (self.draft is None or _is_model(Path(self.draft)))
@@ -121,6 +124,9 @@ def _gemma_profile() -> ModelProfile:
         # A base LM: without worked examples it writes prose or loops inside the JSON; with one it copies
         # that example's values into a third of its outputs; three varied ones (README: Prompt format).
         few_shot=3,
+        # Under the bare label it copies the examples less and gets more fields right (docs/benchmarks.md, "Long
+        # invoices with a worked example")
+        plain_json_line="label",
         # Its draft starts from the target's own first layers: at 5e-4 an alignment to shifted traffic forgot the
         # style it was distilled on and the forgetting guard refused it; at 1e-4 it learned the shift and kept it
         align_lr=1e-4,
