@@ -4,8 +4,9 @@ Why: a base LM (Gemma 3 270M) given only an instruction and a schema writes pros
 loops inside the JSON (an amount repeated until ``max_tokens``); one worked document ->
 JSON example of the same schema first and it finishes with ``stop`` (the benchmark's
 workloads rely on the same thing). Profiles say how many they need (``few_shot``: 0
-for the demo pair, trained on the bare format; 1 for Gemma). A request that brings its
-own ``examples`` keeps them; any other schema or tool list gets one synthesised from
+for the demo pair, trained on the bare format; 3 for Gemma). A request that brings its
+own ``examples`` keeps them, after as many of the server's own as bring it up to that count (``fill_examples``);
+any other schema or tool list gets one synthesised from
 the schema itself where the schema names every value it holds (``synthetic_examples``:
 never a placeholder, which models copy into real calls), else none.
 
@@ -49,6 +50,19 @@ FOREIGN_CALLS = (
                    "- set_reminder(task, days, hour): Sets a weekly reminder."),
 )
 FOREIGN_SHOWN = 2  # calls of other tools shown to a list with none of its own
+
+
+def fill_examples(given: tuple[FewShotExample, ...], server: tuple[FewShotExample, ...]) -> tuple[FewShotExample, ...]:
+    """The worked examples a request is shown: the caller's ``given``, after as many of the server's own of the same
+    schema (``server``: ``for_schema``'s, those without a ``title``) as bring the count up to the server's. Shown
+    one example, Gemma 3 270M writes that example's values into most of what it extracts; shown it after two of the
+    server's varied ones, it copies less and gets more fields right (docs/benchmarks.md, "Long invoices with a
+    worked example"). A request with none gets ``server``; a model that needs none (an empty book) gets ``given``
+    alone. Raises: Never."""
+    if not given:
+        return server
+    own = tuple(ex for ex in server if not ex.title)
+    return own[:max(0, len(own) - len(given))] + tuple(given)
 
 
 class ExampleBook:

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable
 
 from structspec.chat_template import ChatTemplateError, PlainPrompts, Prompt, PromptFormat, call_family
 from structspec.engine.api import ExtractionRequest, TextRequest, ToolCallRequest
-from structspec.engine.default_examples import ExampleBook
+from structspec.engine.default_examples import ExampleBook, fill_examples
 from structspec.engine.postcheck import CheckResult, check_instance, check_json_text, too_deep
 from structspec.engine.prefix_cache import common_prefix
 from structspec.engine.sequence import EngineSequence
@@ -75,7 +75,7 @@ class RequestPipeline:
         text = request.input_text
         digest = request.schema_digest or self.compiler.digest(request.schema)  # the grammar's and the examples' key
         grammar = self.compiler.compile_schema(request.schema, digest=digest)
-        examples = request.examples or self.examples.for_schema(request.schema, digest)
+        examples = fill_examples(request.examples, self.examples.for_schema(request.schema, digest))
         key = request.schema_key or digest
         # a caller's instruction or examples come first in the prompt, so nothing of it is public then
         public = request.public_template and request.instruction is None and not request.examples

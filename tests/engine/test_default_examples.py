@@ -7,7 +7,7 @@ import json
 import jsonschema
 
 from structspec.engine.api import ChatMessage, ExtractionRequest, ToolCallRequest
-from structspec.engine.default_examples import FOREIGN_CALLS, ExampleBook, build_example_book
+from structspec.engine.default_examples import FOREIGN_CALLS, ExampleBook, build_example_book, fill_examples
 from structspec.grammar.cache import schema_digest
 from structspec.models.profiles import get_profile
 from structspec.prompts import FewShotExample
@@ -71,6 +71,33 @@ def test_engine_adds_book_examples_only_when_the_request_has_none(make_engine):
     assert "please book the usual example call" in call
     engine.examples = ExampleBook()
     assert shown.text.strip()[:40] not in prompt(ExtractionRequest(schema=invoice, text="INVOICE 7 from Foo Ltd"))
+
+
+def test_a_request_with_fewer_examples_than_the_server_shows_gets_the_server_s_first():
+    """The caller's examples come last, after as many of the server's own of that schema as make up its count;
+    another schema's example (titled) never fills; with as many as the server's, or an empty book, the caller's
+    alone."""
+    own = tuple(FewShotExample(f"server {k}", f'{{"k":{k}}}') for k in range(3))
+    given = FewShotExample("mine", '{"k":9}')
+    assert fill_examples((), own) == own
+    assert fill_examples((given,), own) == (own[0], own[1], given)
+    assert fill_examples((given, given), own) == (own[0], given, given)
+    assert fill_examples((given,) * 4, own) == (given,) * 4
+    assert fill_examples((given,), ()) == (given,)
+    foreign = FewShotExample("Ada, ada@example.com", '{"name":"Ada"}', title="Contact")
+    assert fill_examples((given,), (own[0], foreign)) == (given,)
+
+
+def test_the_engine_shows_a_caller_s_example_after_the_server_s(make_engine):
+    engine = make_engine()
+    invoice = load_builtin_schemas()["invoice"]
+    engine.examples = build_example_book(2)
+    first, second = engine.examples.for_schema(invoice)
+    own = FewShotExample("INVOICE 1 from Bar Inc", '{"invoice_number":"1"}')
+    prompt = engine.tokenizer.decode(engine.prepare_extraction(
+        ExtractionRequest(schema=invoice, text="INVOICE 7 from Foo Ltd", examples=(own,))).prompt)
+    at = [prompt.index(s) for s in (first.text.strip()[:40], own.text, "INVOICE 7 from Foo Ltd")]
+    assert at == sorted(at) and second.text.strip()[:40] not in prompt
 
 
 def test_a_tool_list_without_an_example_of_its_own_gets_another_tools_call_it_does_not_hold():
