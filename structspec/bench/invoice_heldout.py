@@ -21,15 +21,21 @@ structspec arm is ``examples/wording``: the worked examples shown and the prompt
             quiet1    the same with the first example quiet: its note's sentences cut from its document, ``"notes":""``
             quiet     the same with every example shown quiet (``QUIET_EXAMPLES`` of them: what the server ships)
             foreign   the server's example of another schema (contact, under its title)
-            client    one worked example the caller passes (another held-out invoice, in the ``table`` layout)
-  wording   plain        structspec's plain format (headings)
+            client    one worked example the caller passes (another held-out invoice, in the ``table`` layout), as
+                      the server serves it: after the server's own (``default_examples.fill_examples``)
+            alone     the caller's example alone (the server's book emptied for the arm)
+  wording   plain        structspec's plain format (headings; the output after ``### JSON:``)
+            label        the same with the output after a bare ``JSON:`` (``ModelProfile.plain_json_line``: what
+                         the server runs for Gemma 3 270M)
             instruction  the example, an instruction, the document, ``JSON:`` (``prompt_formats``)
   llamacpp  llama.cpp's grammar (``LlamaGrammar.from_json_schema``) on the ``instruction`` wording with the
             caller's example: what a llama.cpp user runs
 
 Per arm: outputs that finished (``stop``), valid ones, exact leaf fields (``notes`` aside), the values copied from
 the example shown (``WorkItem.copied``), notes the document does not hold (made up or copied) and notes right (the
-document's, or ``""`` where it has none).
+document's, or ``""`` where it has none). Fields are also given over the ``llamacpp`` arm's (else the first arm's)
+on the same documents, with a paired bootstrap interval over documents (``ratio_interval``): one greedy run of 30
+documents moves by 15-20% between runs of the same arm (llama.cpp's prompt cache follows the requests before).
 
     python -m structspec.bench.invoice_heldout --model gemma-3-270m --documents 30 --json report.json
 """
@@ -41,27 +47,29 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from structspec.assembly import assemble_engine
 from structspec.bench.llamacpp_baselines import LlamaCppBaseline, context_for
 from structspec.bench.prompt_formats import InstructionPrompts
+from structspec.bench.ratio_interval import RatioInterval, paired_ratio
 from structspec.bench.text_table import aligned
 from structspec.bench.workloads import WorkItem
+from structspec.chat_template import PlainPrompts
 from structspec.demo import worked_examples
 from structspec.demo.worked_examples import QUIET_EXAMPLES
 from structspec.engine.api import ExtractionRequest
-from structspec.engine.default_examples import build_example_book
+from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
 from structspec.models.loading import load_profile, model_profile
 from structspec.prompts import FewShotExample, compact_json
 from structspec.schemas import load_builtin_schemas
 
-EXAMPLES = ("server", "server2", "spaced", "noted", "quiet1", "quiet", "foreign", "client")
-WORDINGS = ("plain", "instruction")
+EXAMPLES = ("server", "server2", "spaced", "noted", "quiet1", "quiet", "foreign", "client", "alone")
+WORDINGS = ("plain", "label", "instruction")
 LLAMACPP = "llamacpp"
-ARMS = ("server/plain", "client/plain", "client/instruction", LLAMACPP)  # the default run
+ARMS = ("server/label", "client/label", LLAMACPP)  # the default run: the server as Gemma 3 270M is served, llama.cpp
 LAYOUTS = ("table", "pages", "csv", "letter", "scan")
 
 _VENDORS = ("Saltmarsh Print Co.", "Vantablue Ltd", "Odessa Tooling GmbH", "Brightwater Catering", "Quillon & Sons",
@@ -172,6 +180,7 @@ class Tally:
     notes_right: int = 0  # the document's note, or "" where it has none
     tokens: int = 0
     seconds: float = 0.0
+    right_by_item: list[int] = field(default_factory=list)  # exact fields per document, in the items' order
 
     def add(self, item: WorkItem, finished: bool, value: Any, n_tokens: int) -> None:
         right, total = item.score(value)
@@ -181,6 +190,7 @@ class Tally:
         self.finished += finished
         self.valid += value is not None
         self.right, self.fields, self.tokens = self.right + right, self.fields + total, self.tokens + n_tokens
+        self.right_by_item.append(right)
         self.copied, self.counted = self.copied + copied, self.counted + counted
         self.notes_made_up += int(isinstance(note, str) and bool(note.strip()) and note.strip() not in item.source)
         self.notes_right += int(value is not None and note == item.truth.get("notes"))
@@ -201,19 +211,22 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
     assert schema is not None, "extraction items of one schema"
     book = build_example_book(model_profile(model).few_shot)
     server = book.for_schema(schema)
-    examples = {"server": server, "client": (example,), "server2": build_example_book(2).for_schema(schema),
+    examples = {"server": server, "client": (example,), "alone": (example,), "server2": build_example_book(2).for_schema(schema),
                 "spaced": tuple(replace(ex, output=json.dumps(json.loads(ex.output), ensure_ascii=False))
                                 for ex in server),
                 **{arm: _generated(quiet, len(server)) for arm, quiet in (("noted", 0), ("quiet1", 1),
                                                                            ("quiet", QUIET_EXAMPLES))},
                 "foreign": (book.foreign,) if book.foreign is not None else ()}
-    wordings = {"plain": engine.prompts, "instruction": InstructionPrompts(engine.tokenizer)}
+    wordings = {"plain": PlainPrompts(engine.tokenizer), "label": PlainPrompts(engine.tokenizer, json_line="label"),
+                "instruction": InstructionPrompts(engine.tokenizer)}
     out: dict[str, Tally] = {}
     engine.start()
     try:
         for arm in arms:
             shown, _, wording = (arm if arm != LLAMACPP else "client/instruction").partition("/")
             engine.prompts = wordings[wording]
+            # every arm but ``client`` is shown exactly its examples; ``client`` as the server fills a caller's
+            engine.examples = book if shown == "client" else ExampleBook()
             tally, start = Tally(), time.perf_counter()
             (_run_llamacpp if arm == LLAMACPP else _run_structspec)(
                 models, engine, [replace(i, examples=examples[shown]) for i in items], max_tokens, tally)
@@ -261,10 +274,26 @@ def _run_llamacpp(models, engine, items: list[WorkItem], max_tokens: int, tally:
         baseline.close()
 
 
+def fields_over(results: dict[str, Tally]) -> tuple[str, dict[str, RatioInterval | None]]:
+    """(base arm, {arm: its fields over the base's on the same documents, with a paired 95% interval}): the base is
+    ``llamacpp`` where it ran, else the first arm."""
+    if not results:
+        return "", {}
+    base = LLAMACPP if LLAMACPP in results else next(iter(results))
+    b = results[base].right_by_item
+    ones = [1.0] * len(b)
+    return base, {arm: paired_ratio(t.right_by_item, ones, b, ones) if len(t.right_by_item) == len(b) else None
+                  for arm, t in results.items()}
+
+
 def table(results: dict[str, Tally]) -> str:
-    rows = [["arm", "finished", "valid", "fields", "copied", "notes made up", "notes right", "tokens", "seconds"]]
+    base, over = fields_over(results)
+    rows = [["arm", "finished", "valid", "fields", f"fields / {base} (95%)", "copied", "notes made up",
+             "notes right", "tokens", "seconds"]]
     for arm, t in results.items():
+        r = over.get(arm)
         rows.append([arm, f"{t.finished}/{t.items}", f"{t.valid}/{t.items}", f"{t.right}/{t.fields}",
+                     f"{r.ratio:.2f} ({r.low:.2f}-{r.high:.2f})" if r is not None else "-",
                      f"{t.copied}/{t.counted}", f"{t.notes_made_up}/{t.items}", f"{t.notes_right}/{t.items}",
                      str(t.tokens), f"{t.seconds:.0f}"])
     return aligned(rows)
@@ -286,12 +315,14 @@ def main(argv: list[str] | None = None) -> None:
     items, example = invoice_items(args.documents, args.seed, bounded_list=not args.unbounded_list)
     results = run(args.model, items, example, args.arms.split(","), args.max_tokens, args.executor)
     print(table(results))
+    base, over = fields_over(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "documents": args.documents, "seed": args.seed,
                        "unbounded_list": args.unbounded_list,
-                       "max_tokens": args.max_tokens, "results": {a: asdict(t) for a, t in results.items()}}, f,
-                      indent=1)
+                       "max_tokens": args.max_tokens, "results": {a: asdict(t) for a, t in results.items()},
+                       "fields_over": {"base": base, **{a: asdict(r) if r is not None else None for a, r in over.items()}}},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from dataclasses import replace
 import jsonschema
 import pytest
 
-from structspec.bench.invoice_heldout import LAYOUTS, Tally, invoice_document, invoice_items, run, table
+from structspec.bench.invoice_heldout import (LAYOUTS, Tally, fields_over, invoice_document, invoice_items, run,
+                                               table)
 from structspec.demo.corpus import flatten
 from structspec.schemas import load_builtin_schemas
 from tests.conftest import need_llamacpp
@@ -58,6 +59,24 @@ def test_the_tally_counts_copied_values_and_made_up_notes():
     assert "2/3" in table({"client/plain": t})
 
 
+def test_fields_are_compared_per_document_with_the_llamacpp_arm():
+    """Each arm's fields over llama.cpp's on the same documents, with a paired interval: an arm that gets every
+    document's fields where llama.cpp gets half shows 2.0 and an interval that excludes 1."""
+    items, _ = invoice_items(8)
+    ours, theirs = Tally(), Tally()
+    for k, item in enumerate(items):
+        ours.add(item, True, item.truth, 100)
+        half = {**item.truth, "vendor": "?", "customer": "?", "invoice_number": "?", "total": -1,
+                "line_items": item.truth["line_items"][:1]} if k % 2 else item.truth
+        theirs.add(item, True, half, 100)
+    base, over = fields_over({"server/label": ours, "llamacpp": theirs})
+    assert base == "llamacpp" and over["llamacpp"].ratio == 1.0
+    r = over["server/label"]
+    assert r.ratio == pytest.approx(ours.right / theirs.right) and 1.0 < r.low <= r.ratio <= r.high
+    assert f"{r.ratio:.2f} ({r.low:.2f}-{r.high:.2f})" in table({"server/label": ours, "llamacpp": theirs})
+    assert fields_over({"a": ours})[0] == "a"  # without llamacpp: the first arm
+
+
 @pytest.mark.parametrize("arm", ["server", "client/json", "nobody/plain"])
 def test_an_unknown_arm_is_refused_before_any_model_loads(arm):
     items, example = invoice_items(1)
@@ -69,7 +88,7 @@ def test_an_unknown_arm_is_refused_before_any_model_loads(arm):
 def test_a_run_scores_every_arm():
     need_llamacpp()
     items, example = invoice_items(1)
-    arms = ["server/plain", "client/instruction", "llamacpp"]
+    arms = ["server/plain", "server/label", "client/instruction", "llamacpp"]
     results = run("smollm2", items, example, arms, max_tokens=24)
     assert list(results) == arms
     for t in results.values():  # 24 tokens cannot hold an invoice: cut, scored as nothing
