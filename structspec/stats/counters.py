@@ -31,7 +31,7 @@ def batch_bucket(batch_size: int) -> int:
 
 def model_key(name: str, draft_version: str = "", prompt_format: str = "", identity: str = "", engine: str = "") -> str:
     """The model statistics are kept under: ``<name>@<identity>+<prompt format>[+draft:<version>][+<engine>]``, e.g.
-    ``gemma-3-270m@1a2b3c4d5e6f+plain-v5``, ``smollm2@9f8e7d6c5b4a+chat-v2:5e6f7a8b+draft:1a2b3c4d`` and
+    ``gemma-3-270m@1a2b3c4d5e6f+plain-v5+json-label``, ``smollm2@9f8e7d6c5b4a+chat-v2:5e6f7a8b+draft:1a2b3c4d`` and
     ``demo@4bff5f0f0a20+plain-v5+vllm:ngram``.
 
     ``name``: the served name (what people read); ``identity``: the weights' content (``models.identity``: two
