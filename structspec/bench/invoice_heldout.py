@@ -211,7 +211,8 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
     assert schema is not None, "extraction items of one schema"
     book = build_example_book(model_profile(model).few_shot)
     server = book.for_schema(schema)
-    examples = {"server": server, "client": (example,), "alone": (example,), "server2": build_example_book(2).for_schema(schema),
+    examples = {"server": server, "client": (example,), "alone": (example,),
+                "server2": build_example_book(2).for_schema(schema),
                 "spaced": tuple(replace(ex, output=json.dumps(json.loads(ex.output), ensure_ascii=False))
                                 for ex in server),
                 **{arm: _generated(quiet, len(server)) for arm, quiet in (("noted", 0), ("quiet1", 1),
@@ -321,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
             json.dump({"model": args.model, "documents": args.documents, "seed": args.seed,
                        "unbounded_list": args.unbounded_list,
                        "max_tokens": args.max_tokens, "results": {a: asdict(t) for a, t in results.items()},
-                       "fields_over": {"base": base, **{a: asdict(r) if r is not None else None for a, r in over.items()}}},
+                       "fields_over": {"base": base,
+                                       **{a: asdict(r) if r is not None else None for a, r in over.items()}}},
                       f, indent=1)
 
 
