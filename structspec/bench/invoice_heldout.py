@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     items, example = invoice_items(args.documents, args.seed, bounded_list=not args.unbounded_list)
     results = run(args.model, items, example, args.arms.split(","), args.max_tokens, args.executor)
     print(table(results))
-    base, over = fields_over(results)
     if args.json:
+        base, over = fields_over(results)
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "documents": args.documents, "seed": args.seed,
                        "unbounded_list": args.unbounded_list,
