@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from structspec.speculation.base import Draft, DraftContext
+from structspec.speculation.text_tokens import TextTokens
 
 
 @dataclass(frozen=True)
@@ -28,27 +29,34 @@ class NgramProposer:
 
     def __init__(self, tokenizer: Any, config: NgramConfig = NgramConfig()):
         self.tokenizer = tokenizer
+        self.tokens = TextTokens(tokenizer)
         self.config = config
 
     def propose(self, ctx: DraftContext, k: int) -> Draft | None:
         cont = find_continuation(ctx.prompt_text, ctx.output_text, self.config)
         if not cont:
             return None
-        tokens = self.tokenizer(cont, add_special_tokens=False)["input_ids"][:k]
+        tokens = self.tokens(cont, k)
         return Draft(tokens, None, self.name) if tokens else None
 
 
 def find_continuation(source: str, output: str, cfg: NgramConfig) -> str | None:
-    """Text following the longest match of ``output``'s tail in ``source`` (or earlier in ``output``)."""
-    cfg_max = min(cfg.max_chars, len(output))
-    for n in range(cfg_max, cfg.min_chars - 1, -1):
-        tail = output[-n:]
+    """Text following the longest match of ``output``'s tail in ``source`` (or earlier in ``output``: at that
+    length, ``source``'s latest match first). The longest is found by bisection: a tail that occurs means every
+    shorter one occurs too (in ``output``, ending at the same place), so a lookup searches about
+    log2(``max_chars``) times, not once per tail length."""
+    def match(n: int) -> str | None:
+        tail = output[len(output) - n:]
         at = source.rfind(tail)
         if at >= 0:
-            start = at + n
-            return source[start: start + cfg.continuation_chars] or None
+            return source[at + n: at + n + cfg.continuation_chars]
         at = output.rfind(tail, 0, len(output) - 1)  # an earlier repeat inside the output itself
-        if at >= 0 and at + n < len(output):
-            start = at + n
-            return output[start: min(len(output), start + cfg.continuation_chars)] or None
-    return None
+        return output[at + n: min(len(output), at + n + cfg.continuation_chars)] if at >= 0 else None
+
+    lo, hi = cfg.min_chars, min(cfg.max_chars, len(output))
+    if lo > hi or match(lo) is None:
+        return None
+    while lo < hi:  # the longest tail that matches: match(lo) holds, match(hi + 1) does not
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if match(mid) is not None else (lo, mid - 1)
+    return match(lo) or None

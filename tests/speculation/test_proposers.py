@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from structspec.schemas import load_builtin_schemas
-from structspec.speculation.history import SchemaHistory, majority_prefix
+from structspec.speculation.history import SEPARATOR, HistoryConfig, SchemaHistory, majority_prefix
 from structspec.speculation.json_position import is_free_text, scan, subschema
 from structspec.speculation.ngram import NgramConfig, find_continuation
 
@@ -26,6 +28,62 @@ def test_lookup_inside_output_repeats():
     out = '[{"sku":"A-1","qty":1},{"sku":"'
     cont = find_continuation("unrelated prompt", out, NgramConfig())
     assert cont is not None and cont.startswith("A-1")
+
+
+def _every_length(source: str, output: str, cfg: NgramConfig) -> str | None:
+    """Copy lookup tried at every tail length from the longest: what the bisection must find."""
+    for n in range(min(cfg.max_chars, len(output)), cfg.min_chars - 1, -1):
+        tail = output[len(output) - n:]
+        at = source.rfind(tail)
+        if at >= 0:
+            return source[at + n: at + n + cfg.continuation_chars] or None
+        at = output.rfind(tail, 0, len(output) - 1)
+        if at >= 0:
+            return output[at + n: at + n + cfg.continuation_chars] or None
+    return None
+
+
+def _texts(rng: random.Random, count: int, length: int) -> list[str]:
+    """JSON-like texts over a small alphabet: tails of every length recur, and some occur nowhere."""
+    parts = ['{"', '":', ',"', 'name', 'ab', 'a', 'b', '"}', '1', ' ']
+    return ["".join(rng.choice(parts) for _ in range(rng.randint(1, length))) for _ in range(count)]
+
+
+def test_lookup_finds_the_longest_tail_by_bisection_as_every_length_would():
+    rng = random.Random(5)
+    configs = [NgramConfig(), NgramConfig(min_chars=1, max_chars=12, continuation_chars=5)]
+    checked = found = 0
+    for _ in range(3000):
+        source, output = _texts(rng, 2, 40)
+        cfg = rng.choice(configs)
+        expected = _every_length(source, output, cfg)
+        assert find_continuation(source, output, cfg) == expected, (source, output, cfg)
+        checked, found = checked + 1, found + (expected is not None)
+    assert 0.2 * checked < found < 0.95 * checked  # both outcomes exercised
+
+
+def test_history_finds_the_longest_tail_by_bisection_as_each_output_searched_alone_would():
+    rng = random.Random(11)
+    for cfg in (HistoryConfig(), HistoryConfig(min_chars=2, max_chars=9, continuation_chars=6, max_matches=5)):
+        history = SchemaHistory(cfg)
+        agreed = 0
+        for round_ in range(400):
+            if round_ % 10 == 0:
+                for text in _texts(rng, 3, 30):
+                    history.add("s", text)
+            output = _texts(rng, 1, 30)[0]
+            expected = history._continuation_each(history.outputs("s"), output)
+            assert history.continuation("s", output) == expected, output
+            agreed += expected is not None
+        assert agreed > 50
+
+
+def test_history_never_continues_across_two_outputs():
+    history = SchemaHistory()
+    history.add("s", '{"id": "abcd')
+    history.add("s", 'efgh"}')
+    assert history.continuation("s", "x abcd") is None  # the first output ends there: nothing after it
+    assert history.continuation("s", 'x "id": "abcd' + SEPARATOR + "ef") is None  # no output holds that tail
 
 
 def test_history_majority_continuation_and_bounds():
