@@ -37,42 +37,72 @@ def scan(text: str, max_depth: int | None = None) -> JsonPosition:
     With ``max_depth``, stops at the first object or array that opens past that depth and
     returns the path to it with ``too_deep`` set. Keys appear as written (escapes not decoded).
     """
-    stack: list[list[Any]] = []  # frames: ["obj", key or None, expecting_key] / ["arr", index]
-    in_string = escaped = False
-    key_chars: list[str] | None = None
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                if key_chars is not None:
-                    stack[-1][1] = "".join(key_chars)
-                    key_chars = None
-            elif key_chars is not None:
-                key_chars.append(ch)
-            continue
-        if ch == '"':
-            in_string = True
-            if stack and stack[-1][0] == "obj" and stack[-1][2]:
-                key_chars = []
-        elif ch in "{[":
-            if max_depth is not None and len(stack) >= max_depth:
-                return JsonPosition(_path(stack), False, False, too_deep=True)
-            stack.append(["obj", None, True] if ch == "{" else ["arr", 0])
-        elif ch in "}]":
-            if stack:
-                stack.pop()
-        elif ch == ":" and stack and stack[-1][0] == "obj":
-            stack[-1][2] = False
-        elif ch == "," and stack:
-            if stack[-1][0] == "obj":
-                stack[-1][1], stack[-1][2] = None, True
-            else:
-                stack[-1][1] += 1
-    return JsonPosition(_path(stack), in_string, key_chars is not None)
+    return JsonScan(max_depth).position(text)
+
+
+class JsonScan:
+    """``scan`` that resumes: ``position(text)`` reads only what ``text`` adds to the text it read last (a growing
+    output, asked at every step, is read once in all, not once a step); a text that does not begin with the last
+    is read from its start. Raises: Never."""
+
+    def __init__(self, max_depth: int | None = None):
+        self.max_depth = max_depth
+        self._restart()
+
+    def _restart(self) -> None:
+        self._read = ""  # the text read so far
+        self._stack: list[list[Any]] = []  # frames: ["obj", key or None, expecting_key] / ["arr", index]
+        self._in_string = self._escaped = False
+        self._key_chars: list[str] | None = None
+        self._too_deep: JsonPosition | None = None  # where nesting first passed ``max_depth``
+
+    def position(self, text: str) -> JsonPosition:
+        if not text.startswith(self._read):
+            self._restart()
+        if self._too_deep is None:
+            self._feed(text[len(self._read):])
+        self._read = text
+        if self._too_deep is not None:
+            return self._too_deep
+        return JsonPosition(_path(self._stack), self._in_string, self._key_chars is not None)
+
+    def _feed(self, text: str) -> None:
+        stack, in_string, escaped, key_chars = self._stack, self._in_string, self._escaped, self._key_chars
+        max_depth = self.max_depth
+        for ch in text:
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+                    if key_chars is not None:
+                        stack[-1][1] = "".join(key_chars)
+                        key_chars = None
+                elif key_chars is not None:
+                    key_chars.append(ch)
+                continue
+            if ch == '"':
+                in_string = True
+                if stack and stack[-1][0] == "obj" and stack[-1][2]:
+                    key_chars = []
+            elif ch in "{[":
+                if max_depth is not None and len(stack) >= max_depth:
+                    self._too_deep = JsonPosition(_path(stack), False, False, too_deep=True)
+                    break
+                stack.append(["obj", None, True] if ch == "{" else ["arr", 0])
+            elif ch in "}]":
+                if stack:
+                    stack.pop()
+            elif ch == ":" and stack and stack[-1][0] == "obj":
+                stack[-1][2] = False
+            elif ch == "," and stack:
+                if stack[-1][0] == "obj":
+                    stack[-1][1], stack[-1][2] = None, True
+                else:
+                    stack[-1][1] += 1
+        self._in_string, self._escaped, self._key_chars = in_string, escaped, key_chars
 
 
 def _path(stack: list[list[Any]]) -> tuple[str | int, ...]:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from structspec.engine.speculator import Draft
 from structspec.engine.types import SamplingParams
 from structspec.grammar.base import Matcher
+from structspec.grammar.json_text import JsonScan
 
 __all__ = ["Draft", "DraftContext", "Proposer", "SequenceSpeculation"]
 
@@ -25,6 +26,7 @@ class SequenceSpeculation:
     draft: Any = None
     draw: float | None = None  # the request's uniform draw for the drafting policy, drawn at its first decision
     probe_drafted: int = 0  # tokens this request drafted as a recovery probe (bounded by ``probe_max_tokens``)
+    json_scan: JsonScan = field(default_factory=JsonScan)  # where the output stands, read as it grows
 
 
 @dataclass

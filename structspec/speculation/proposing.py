@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from structspec.grammar.json_text import scan
 from structspec.speculation.base import Draft, DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.json_position import is_free_text
 
@@ -27,7 +26,7 @@ def proposer_order(ctx: DraftContext, ngram: Proposer | None, draft: Proposer | 
     Why both orders: a value copied from the document (a summary quoting it) is drafted whole by copy
     lookup (Gemma's free text: 4.1 tokens a verification, the draft model 2.3), prose of the model's own
     by the draft model (demo summaries: copy lookup 0.26 acceptance, the draft 0.68)."""
-    free = ctx.prose or is_free_text(ctx.schema, scan(ctx.output_text))
+    free = ctx.prose or is_free_text(ctx.schema, ctx.state.json_scan.position(ctx.output_text))
     if not free:
         order = [history, ngram]
     else:

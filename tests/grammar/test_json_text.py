@@ -1,8 +1,10 @@
-"""JSON nesting: linear scans that find where a document passes a depth limit, without recursion."""
+"""JSON nesting and position: linear scans that find where a document passes a depth limit (without recursion) and where a
+partial document stands, read whole or as it grows."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -41,3 +43,19 @@ def test_value_and_schema_depth_agree_with_the_text_scan():
     assert json_text.schema_too_deep(schema, 3) == "/properties/a/items/anyOf/0"
     # const/enum values are data, not subschemas
     assert json_text.schema_too_deep({"const": {"a": {"b": {"c": {}}}}}, 1) is None
+
+
+def test_a_resumed_scan_stands_where_a_whole_scan_does():
+    """``JsonScan`` read as a text grows (and restarted on a text that does not extend the last) agrees with
+    ``scan`` of the whole text at every length, escapes and keys split between reads included."""
+    doc = '{"a": {"k\\"ey": ["x,y", {"b": "q\\\\"}], "c": 2}, "d": [[1], {"e": "{["}], "f": "'
+    rng = random.Random(2)
+    for max_depth, most in ((None, 1), (None, 5), (2, 1), (2, 5)):  # a character a read: every split point
+        resumed = json_text.JsonScan(max_depth)
+        n = 0
+        while n < len(doc):
+            n = min(len(doc), n + rng.randint(1, most))
+            assert resumed.position(doc[:n]) == json_text.scan(doc[:n], max_depth), (doc[:n], max_depth)
+        other = '[{"z": "'  # not a continuation of what it read: read from its start
+        assert resumed.position(other) == json_text.scan(other, max_depth)
+        assert resumed.position(other + '1", "w') == json_text.scan(other + '1", "w', max_depth)
