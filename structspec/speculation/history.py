@@ -7,7 +7,7 @@ dropped), find the longest tail of the current output that occurs in them, and
 extend it character by character with the continuation a majority of the
 matches agree on: the continuation seen most often.
 
-Cost: the router asks at most steps, so the lookup searches one text per schema (its outputs joined by a
+Cost: the router asks at almost every step, so the lookup searches one text per schema (its outputs joined by a
 separator no output holds in practice, rebuilt when one is added), and finds the longest tail by bisection:
 a tail that occurs means every shorter tail occurs too. About log2(``max_chars``) searches a step, not one
 per tail length and output.
