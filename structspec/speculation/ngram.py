@@ -54,9 +54,14 @@ def find_continuation(source: str, output: str, cfg: NgramConfig) -> str | None:
         return output[at + n: min(len(output), at + n + cfg.continuation_chars)] if at >= 0 else None
 
     lo, hi = cfg.min_chars, min(cfg.max_chars, len(output))
-    if lo > hi or match(lo) is None:
+    found = match(lo) if lo <= hi else None
+    if found is None:
         return None
-    while lo < hi:  # the longest tail that matches: match(lo) holds, match(hi + 1) does not
+    while lo < hi:  # the longest tail that matches: ``found`` is match(lo), match(hi + 1) is None
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if match(mid) is not None else (lo, mid - 1)
-    return match(lo) or None
+        longer = match(mid)
+        if longer is None:
+            hi = mid - 1
+        else:
+            lo, found = mid, longer
+    return found or None

@@ -8,7 +8,7 @@ dict lookup.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from functools import lru_cache
 from typing import Any
 
 
@@ -18,16 +18,11 @@ class TextTokens:
 
     def __init__(self, tokenizer: Any, size: int = 4096):
         self.tokenizer = tokenizer
-        self.size = size
-        self._known: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._ids = lru_cache(maxsize=size)(self._encode)
 
     def __call__(self, text: str, limit: int) -> list[int]:
         """The first ``limit`` ids of ``text``."""
-        ids = self._known.get(text)
-        if ids is None:
-            ids = self._known[text] = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            if len(self._known) > self.size:
-                self._known.popitem(last=False)
-        else:
-            self._known.move_to_end(text)
-        return list(ids[:limit])
+        return list(self._ids(text)[:limit])
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
