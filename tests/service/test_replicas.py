@@ -31,10 +31,13 @@ SCHEMA = {"type": "object", "properties": {"number": {"type": "string"}, "total"
           "required": ["number", "total"]}
 DOCS = ["INVOICE INV-2025-0001\nFrom: Acme Tools Ltd\nTotal: 12.50 EUR",
         "Invoice no. INV-2026-0420 | Orbit Consulting | total 2700.00 USD"]
-# every proposer below acceptance 1.0 is switched off once it has 16 drafted tokens of evidence; no random probes
+# every proposer below acceptance 1.0 is switched off once it has 16 drafted tokens of evidence; no random probes;
+# a cold proposer is priced at a perfect prior that its own thin evidence cannot outweigh, so it drafts until it has
+# those 16 tokens whatever this run's measured step costs are
 POLICY = ["--speculation", "policy", "--acceptance-threshold", "1.0", "--acceptance-guard", "always",
           "--min-evidence-tokens", "16", "--evidence-window-tokens", "64", "--probe-rate", "0",
-          "--min-predicted-length", "0"]
+          "--min-predicted-length", "0", "--prior-acceptance", "1.0", "--prior-continuation", "1.0",
+          "--prior-tokens", "100000"]
 
 pytestmark = pytest.mark.slow
 
@@ -217,9 +220,8 @@ def test_a_switch_off_learned_on_one_replica_is_applied_by_the_other_within_one_
     off_on_a: set[str] = set()
     decisions = []
     with a.client() as c:
-        # up to 80 requests: a proposer priced out at the prior drafts only on probes and replays, so how soon its
-        # evidence reaches the switch-off depends on this run's measured step costs (30 were not always enough)
-        for _ in range(80):
+        # a cold proposer drafts (the perfect prior) until its 16 tokens of evidence show a rejection
+        for _ in range(30):
             report = c.extract_result(DOCS[0], schema_id="policy", max_tokens=40).speculation
             decisions.append(dict(report.reasons))  # type: ignore[union-attr]
             off_on_a = {p for p, reason in report.reasons.items() if reason == "low_acceptance"}  # type: ignore[union-attr]
