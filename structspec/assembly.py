@@ -82,6 +82,7 @@ class AssemblyConfig:
     history: SchemaHistory | None = None
     step_profile_dir: str = ""  # where measured step costs are kept ("": this process's memory only)
     step_profile_seconds: float = 20.0  # the measurement's budget; 0: none (a cold schema drafts at the cap)
+    copy_guard: bool = True  # outputs never go along the server's examples' values past the input (grammar.copy_guard)
 
 
 def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine:
@@ -112,7 +113,7 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator,
                       Serving(stats, engine_model_key(models), draft_version))
     return Engine(core, models.tokenizer, compiler, executor.max_context, config.max_tokens_cap, config.examples,
-                  config.fast_forward, draft_loader=loader, prompts=prompts)
+                  config.fast_forward, draft_loader=loader, prompts=prompts, copy_guard=config.copy_guard)
 
 
 def step_profile(models, executor: ForwardStep, draft: DraftModelProposer | None, limits: SchedulerLimits,
@@ -327,7 +328,7 @@ def build_engine(settings: Any, store: Any = None) -> Engine:
         config.grammar_backend, config.limits, spec.proposers, max_tokens_cap=config.max_tokens_cap,
         fast_forward=spec.fast_forward, policy=config.policy if spec.adaptive else None, stats=recorder,
         examples=examples, history=history, step_profile_dir=config.step_profile_dir,
-        step_profile_seconds=config.step_profile_seconds))
+        step_profile_seconds=config.step_profile_seconds, copy_guard=config.copy_guard))
     engine.start()
     log.info("engine ready in %.1fs (model %s on %s, statistics under model %s)", time.monotonic() - t0,
              models.profile, models.executor, model)

@@ -28,11 +28,14 @@ structspec arm is ``examples/wording``: the worked examples shown and the prompt
             label        the same with the output after a bare ``JSON:`` (``ModelProfile.plain_json_line``: what
                          the server runs for Gemma 3 270M)
             instruction  the example, an instruction, the document, ``JSON:`` (``prompt_formats``)
+  guard     (optional third part) ``noguard``: the copy guard off (``grammar.copy_guard``: an output never closes
+            a value only the server's examples hold); by default it is on, as the server runs. It guards the
+            server's own examples, which ``server`` and ``client`` are shown as the server adds them to a request
   llamacpp  llama.cpp's grammar (``LlamaGrammar.from_json_schema``) on the ``instruction`` wording with the
             caller's example: what a llama.cpp user runs
 
 Per arm: outputs that finished (``stop``), valid ones, exact leaf fields (``notes`` aside), the values copied from
-the example shown (``WorkItem.copied``), notes the document does not hold (made up or copied) and notes right (the
+the examples shown (``WorkItem.copied``; and of those, the server's own examples' values), notes the document does not hold (made up or copied) and notes right (the
 document's, or ``""`` where it has none). Fields are also given over the ``llamacpp`` arm's (else the first arm's)
 on the same documents, with a paired bootstrap interval over documents (``ratio_interval``): one greedy run of 30
 documents moves by 15-20% between runs of the same arm (llama.cpp's prompt cache follows the requests before).
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -59,8 +63,10 @@ from structspec.bench.workloads import WorkItem
 from structspec.chat_template import PlainPrompts
 from structspec.demo import worked_examples
 from structspec.demo.worked_examples import QUIET_EXAMPLES
+from structspec.demo.corpus import flatten
 from structspec.engine.api import ExtractionRequest
-from structspec.engine.default_examples import ExampleBook, build_example_book
+from structspec.engine.default_examples import ExampleBook, build_example_book, fill_examples
+from structspec.grammar.copy_guard import normalized
 from structspec.engine.types import FinishReason, Outcome, SamplingParams, SpeculationMode
 from structspec.models.loading import load_profile, model_profile
 from structspec.prompts import FewShotExample, compact_json
@@ -176,15 +182,20 @@ class Tally:
     fields: int = 0
     copied: int = 0  # values the example shown holds and the document does not
     counted: int = 0
+    copied_server: int = 0  # ... of those, values the server's own examples shown hold (what the guard guards)
+    near_copied: int = 0  # strings the document does not hold that begin as a shown example's does (``near_copy``)
     notes_made_up: int = 0  # a notes value the document does not hold
     notes_right: int = 0  # the document's note, or "" where it has none
     tokens: int = 0
     seconds: float = 0.0
     right_by_item: list[int] = field(default_factory=list)  # exact fields per document, in the items' order
 
-    def add(self, item: WorkItem, finished: bool, value: Any, n_tokens: int) -> None:
+    def add(self, item: WorkItem, finished: bool, value: Any, n_tokens: int,
+            server_shown: tuple[FewShotExample, ...] = ()) -> None:
         right, total = item.score(value)
         copied, counted = item.copied(value)
+        self.copied_server += replace(item, examples=server_shown).copied(value)[0] if server_shown else 0
+        self.near_copied += near_copies(value, item)
         note = value.get("notes", "") if isinstance(value, dict) else ""
         self.items += 1
         self.finished += finished
@@ -200,9 +211,9 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
         executor: str = "llamacpp") -> dict[str, Tally]:
     """{arm: Tally} over ``items``; every arm on one loaded model. Raises ValueError for an unknown arm."""
     for arm in arms:
-        shown, _, wording = arm.partition("/")
-        if arm != LLAMACPP and (shown not in EXAMPLES or wording not in WORDINGS):
-            raise ValueError(f"unknown arm {arm!r}: {LLAMACPP}, or examples/wording with examples one of "
+        shown, wording, guard = _parts(arm)
+        if arm != LLAMACPP and (shown not in EXAMPLES or wording not in WORDINGS or guard not in ("", "noguard")):
+            raise ValueError(f"unknown arm {arm!r}: {LLAMACPP}, or examples/wording[/noguard] with examples one of "
                              f"{', '.join(EXAMPLES)} and wording one of {', '.join(WORDINGS)}")
     models = load_profile(model, executor=executor)
     engine = assemble_engine(models)
@@ -224,13 +235,21 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
     engine.start()
     try:
         for arm in arms:
-            shown, _, wording = (arm if arm != LLAMACPP else "client/instruction").partition("/")
+            shown, wording, guard = _parts(arm if arm != LLAMACPP else "client/instruction")
             engine.prompts = wordings[wording]
-            # every arm but ``client`` is shown exactly its examples; ``client`` as the server fills a caller's
-            engine.examples = book if shown == "client" else ExampleBook()
+            engine.copy_guard = guard != "noguard"
+            # ``server`` and ``client`` are shown the server's examples as the server adds them to a request (the
+            # guard guards those); every other arm is shown exactly its examples, as a caller's
+            engine.examples = book if shown in ("server", "client") else ExampleBook()
+            server_shown = server if shown == "server" else fill_examples((example,), server)[:-1] \
+                if shown == "client" else ()
             tally, start = Tally(), time.perf_counter()
-            (_run_llamacpp if arm == LLAMACPP else _run_structspec)(
-                models, engine, [replace(i, examples=examples[shown]) for i in items], max_tokens, tally)
+            shown_items = [replace(i, examples=examples[shown]) for i in items]
+            if arm == LLAMACPP:
+                _run_llamacpp(models, engine, shown_items, max_tokens, tally)
+            else:
+                _run_structspec(engine, shown_items, max_tokens, tally, send=shown != "server",
+                                server_shown=server_shown)
             tally.seconds = time.perf_counter() - start
             out[arm] = tally
             print(f"{table({arm: tally}).splitlines()[-1]}", flush=True)
@@ -245,15 +264,41 @@ def _generated(quiet_examples: int, shots: int) -> tuple[FewShotExample, ...]:
                  for e in worked_examples.build(quiet_examples)["schemas"]["invoice"][:shots])
 
 
-def _run_structspec(models, engine, items: list[WorkItem], max_tokens: int, tally: Tally) -> None:
-    """structspec's engine on its prompt format (``engine.prompts``), each item's examples."""
+def near_copies(value: Any, item: WorkItem) -> int:
+    """String values (3+ characters) the document does not hold that begin as a string value of a shown example
+    does, which the document does not hold either: their first max(4, 60%) letters and digits alike
+    (``copy_guard.normalized``: ``INV_2027-1149`` of ``INV-2027-1149``, ``consulting hours (invoices)`` of
+    ``consulting hours``). What an exact comparison (``WorkItem.copied``) misses."""
+    source = normalized(item.source.encode())
+    shown = {normalized(v.encode()) for ex in item.examples for v in flatten(json.loads(ex.output)).values()
+             if isinstance(v, str) and len(v.strip()) >= 3}
+    shown = {u for u in shown if u and u not in source}
+    n = 0
+    for v in (flatten(value).values() if isinstance(value, (dict, list)) else ()):
+        w = normalized(v.encode()) if isinstance(v, str) and len(v.strip()) >= 3 else b""
+        if w and w not in source and any(len(os.path.commonprefix([w, u])) >= max(4, 0.6 * len(u)) for u in shown):
+            n += 1
+    return n
+
+
+def _parts(arm: str) -> tuple[str, str, str]:
+    """(examples, wording, guard) of ``examples/wording[/noguard]``."""
+    shown, _, rest = arm.partition("/")
+    wording, _, guard = rest.partition("/")
+    return shown, wording, guard
+
+
+def _run_structspec(engine, items: list[WorkItem], max_tokens: int, tally: Tally, send: bool = True,
+                    server_shown: tuple[FewShotExample, ...] = ()) -> None:
+    """structspec's engine on its prompt format (``engine.prompts``), each item's examples (``send``: as the
+    caller's; else the engine adds the server's own, which the items hold for scoring)."""
     for item in items:
         assert item.schema is not None
         res = asyncio.run(engine.extract(ExtractionRequest(
-            schema=item.schema, text=item.source, examples=item.examples,
+            schema=item.schema, text=item.source, examples=item.examples if send else (),
             sampling=SamplingParams(max_tokens=max_tokens), speculation=SpeculationMode.OFF)))
         tally.add(item, res.finish_reason is FinishReason.STOP, res.value if res.outcome is Outcome.VALID else None,
-                  len(res.token_ids))
+                  len(res.token_ids), server_shown)
 
 
 def _run_llamacpp(models, engine, items: list[WorkItem], max_tokens: int, tally: Tally) -> None:
@@ -289,13 +334,13 @@ def fields_over(results: dict[str, Tally]) -> tuple[str, dict[str, RatioInterval
 
 def table(results: dict[str, Tally]) -> str:
     base, over = fields_over(results)
-    rows = [["arm", "finished", "valid", "fields", f"fields / {base} (95%)", "copied", "notes made up",
-             "notes right", "tokens", "seconds"]]
+    rows = [["arm", "finished", "valid", "fields", f"fields / {base} (95%)", "copied", "of the server's",
+             "near copies", "notes made up", "notes right", "tokens", "seconds"]]
     for arm, t in results.items():
         r = over.get(arm)
         rows.append([arm, f"{t.finished}/{t.items}", f"{t.valid}/{t.items}", f"{t.right}/{t.fields}",
                      f"{r.ratio:.2f} ({r.low:.2f}-{r.high:.2f})" if r is not None else "-",
-                     f"{t.copied}/{t.counted}", f"{t.notes_made_up}/{t.items}", f"{t.notes_right}/{t.items}",
+                     f"{t.copied}/{t.counted}", str(t.copied_server), str(t.near_copied), f"{t.notes_made_up}/{t.items}", f"{t.notes_right}/{t.items}",
                      str(t.tokens), f"{t.seconds:.0f}"])
     return aligned(rows)
 

@@ -114,6 +114,7 @@ class EngineConfig:
     engine: str = "structspec"  # structspec (its own decode loop) | vllm (vLLM's AsyncLLM runs the requests)
     step_profile_dir: str = ""  # where measured step costs are kept per model and machine ("": this process only)
     step_profile_seconds: float = 20.0  # the step-cost measurement's time budget (0: none measured)
+    copy_guard: bool = True  # an output never goes along a value of the server's worked examples past the input
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def resolved_device(self, cuda_available: bool) -> str:

@@ -49,8 +49,9 @@ class Engine(RequestPipeline):
 
     def __init__(self, core: EngineCore, tokenizer: Any, compiler: GrammarCompiler, max_context: int,
                  max_tokens_cap: int = 4096, examples: ExampleBook | None = None, fast_forward: bool = True,
-                 draft_loader: DraftLoader | None = None, prompts: PromptFormat | None = None):
-        super().__init__(tokenizer, compiler, max_context, max_tokens_cap, examples, fast_forward, prompts)
+                 draft_loader: DraftLoader | None = None, prompts: PromptFormat | None = None,
+                 copy_guard: bool = True):
+        super().__init__(tokenizer, compiler, max_context, max_tokens_cap, examples, fast_forward, prompts, copy_guard)
         self.core = core
         self.draft_loader = draft_loader  # None: no draft can be loaded while running
         self._draft_lock: asyncio.Lock | None = None  # one load at a time (made in the loop that loads)

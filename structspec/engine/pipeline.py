@@ -28,7 +28,9 @@ from structspec.engine.types import (ContextTooLong, EngineError, EngineStopped,
 from structspec.grammar import GrammarCompiler
 from structspec.grammar import call_formats
 from structspec.grammar.base import CompiledGrammar
+from structspec.grammar.copy_guard import CopyGuard, GuardTokens, guarded_values
 from structspec.grammar.tools import ToolSet
+from structspec.prompts import FewShotExample
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ class RequestPipeline:
     """The part of ``EngineAPI`` every engine shares; a subclass implements ``_run`` (and the lifecycle)."""
 
     def __init__(self, tokenizer: Any, compiler: GrammarCompiler, max_context: int, max_tokens_cap: int = 4096,
-                 examples: ExampleBook | None = None, fast_forward: bool = True, prompts: PromptFormat | None = None):
+                 examples: ExampleBook | None = None, fast_forward: bool = True, prompts: PromptFormat | None = None,
+                 copy_guard: bool = True):
         self.prompts = prompts or PlainPrompts(tokenizer)  # the model's chat template, or the plain format
         self.examples = examples or ExampleBook()  # worked examples for requests that bring none
         self.tokenizer = tokenizer
@@ -49,6 +52,8 @@ class RequestPipeline:
         self.max_context = max_context
         self.max_tokens_cap = max_tokens_cap  # a request may not ask for more
         self.fast_forward = fast_forward  # the server's switch; a request may turn it off for itself
+        # an output never closes a value that only the server's worked examples hold (``grammar.copy_guard``)
+        self.copy_guard = copy_guard
         self.internal_errors = 0  # outputs that failed the post-check on an enforced keyword (bugs)
         self._stopping = False
 
@@ -75,7 +80,8 @@ class RequestPipeline:
         text = request.input_text
         digest = request.schema_digest or self.compiler.digest(request.schema)  # the grammar's and the examples' key
         grammar = self.compiler.compile_schema(request.schema, digest=digest)
-        examples = fill_examples(request.examples, self.examples.for_schema(request.schema, digest))
+        server = self.examples.for_schema(request.schema, digest)
+        examples = fill_examples(request.examples, server)
         key = request.schema_key or digest
         # a caller's instruction or examples come first in the prompt, so nothing of it is public then
         public = request.public_template and request.instruction is None and not request.examples
@@ -84,7 +90,18 @@ class RequestPipeline:
                                              schema_id=key.rpartition("@")[0], public=public)  # "id@version"
         except ChatTemplateError as exc:
             raise EngineError(str(exc)) from exc
-        return self._sequence(request, prompt, grammar, key, request.schema)
+        seq = self._sequence(request, prompt, grammar, key, request.schema)
+        if self.copy_guard and server:
+            self._guard(seq, [ex for ex in examples if any(ex is s for s in server)], request)
+        return seq
+
+    def _guard(self, seq: EngineSequence, shown: list[FewShotExample], request: ExtractionRequest) -> None:
+        """Wrap ``seq``'s matcher in a copy guard over the values of the server's examples it is ``shown`` that
+        the input does not hold (none: left as is)."""
+        guarded = guarded_values((ex.output for ex in shown), request.input_text, request.schema,
+                                 shown_elsewhere=(ex.output for ex in request.examples))
+        if guarded:
+            seq.matcher = CopyGuard(seq.matcher, guarded, GuardTokens.for_view(self.compiler.view))
 
     async def _generate_extraction(self, request: ExtractionRequest, stream: bool
                                    ) -> AsyncIterator[TextDelta | GenerationResult]:

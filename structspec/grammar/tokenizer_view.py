@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 
 
 class TokenizerView:
@@ -78,3 +80,27 @@ class TokenizerView:
         digest = hashlib.sha256(backend.to_str().encode())
         digest.update(json.dumps([self.n_vocab, list(self.eos_token_ids)]).encode())
         return digest.hexdigest()[:24]
+
+
+class TokenPrefixIndex:
+    """Token ids by their bytes (``token_bytes[id]``, as given: a view's, or a form of them): the ids whose bytes
+    begin with a prefix, or are exactly some bytes, by bisection in the sorted bytes. Empty bytes (special tokens)
+    begin with no prefix. Raises: Never."""
+
+    def __init__(self, token_bytes: Sequence[bytes], n_vocab: int):
+        order = sorted(range(len(token_bytes)), key=token_bytes.__getitem__)
+        self._sorted = [token_bytes[i] for i in order]
+        self._ids = np.asarray(order, dtype=np.int64)
+        self.words = (n_vocab + 31) // 32  # a mask row's words
+
+    def starting_with(self, prefix: bytes) -> np.ndarray:
+        """The ids whose bytes begin with ``prefix`` (non-empty), as an int64 array."""
+        lo = bisect_left(self._sorted, prefix)
+        head = prefix.rstrip(b"\xff")  # the least bytes above every extension of ``prefix``: its last byte + 1
+        hi = bisect_left(self._sorted, head[:-1] + bytes([head[-1] + 1]), lo) if head else len(self._sorted)
+        return self._ids[lo:hi]
+
+    def exactly(self, data: bytes) -> np.ndarray:
+        """The ids whose bytes are ``data`` (non-empty), as an int64 array."""
+        lo = bisect_left(self._sorted, data)
+        return self._ids[lo:bisect_right(self._sorted, data, lo)]

@@ -212,6 +212,9 @@ class ServiceSettings:
     depth_prior_tokens: float = _opt(_POLICY.depth_prior_tokens, "how many examined tokens at its proposer's pooled "
                                      "rate each draft position after the first is priced with beside its own (a "
                                      "deep position a handful of drafts reached does not cap the draft length)")
+    copy_guard: bool = _opt(_ENGINE.copy_guard, "an extraction's output never writes a value of the server's own worked "
+                            "examples further than its input holds it (the values a base model copies from them); a "
+                            "caller's own examples are not guarded; not on --engine vllm")
     step_profile_seconds: float = _opt(_ENGINE.step_profile_seconds, "time budget for measuring the executor's step costs at the first start "
                                        "of a model on a machine (kept in <data-dir>/step-costs; 0: not measured, a "
                                        "cold schema drafts at the cap to measure)")
@@ -361,6 +364,7 @@ class ServiceSettings:
             speculation=self.speculation, max_tokens_cap=self.max_tokens_cap, limits=limits,
             policy=self._policy(limits.max_draft), engine=self.engine,
             step_profile_dir=str(Path(self.data_dir) / "step-costs"), step_profile_seconds=self.step_profile_seconds,
+            copy_guard=self.copy_guard,
             vllm=VllmOptions(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
                              self.distributed_executor_backend, self.gpu_memory_utilization, self.max_model_len,
                              self.speculative_config, self.enable_prefix_caching, self.vllm_args),

@@ -88,8 +88,10 @@ class VllmEngine(RequestPipeline):
                  max_in_flight: int = 1024, schedule: tuple[tuple[int, int, int], ...] = (),
                  drafting: DraftingFront | None = None, max_batch: int = 256):
         # forced tokens reach vLLM as drafts of structspec's proposer; without it vLLM decodes each one
+        # vLLM masks the target's tokens with its own grammar: a copy guard around structspec's matcher would not
+        # reach them
         super().__init__(tokenizer, compiler, max_context, max_tokens_cap, examples,
-                         fast_forward=drafting is not None, prompts=prompts)
+                         fast_forward=drafting is not None, prompts=prompts, copy_guard=False)
         self.llm = llm
         self._model_key = model_key
         self.eos = tuple(end_of_turn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import jsonschema
 
@@ -144,3 +145,67 @@ def test_a_call_of_another_tool_is_shown_under_its_own_list_before_the_request_s
         FOREIGN_CALLS[0].output) < own_at < prompt.index("Find my keys.")
     assert prompt.endswith("### Call:\n")
 
+
+
+def test_the_server_s_examples_are_guarded_and_a_caller_s_are_not(make_engine):
+    """An extraction shown the server's examples decodes under a copy guard over their values its input does not
+    hold; a caller's own example is not guarded, nor anything with the guard off."""
+    from structspec.grammar.copy_guard import CopyGuard, normalized
+
+    engine = make_engine()
+    invoice = load_builtin_schemas()["invoice"]
+    engine.examples = book = build_example_book(2)
+    first, second = book.for_schema(invoice)
+    vendor = json.loads(first.output)["vendor"]
+    seq = engine.prepare_extraction(ExtractionRequest(schema=invoice, text=f"INVOICE 7 from Foo Ltd, {vendor}"))
+    assert isinstance(seq.matcher, CopyGuard)
+    guarded = set(seq.matcher.guarded.strings)
+    assert normalized(json.loads(second.output)["vendor"].encode()) in guarded
+    assert normalized(vendor.encode()) not in guarded  # this input holds it
+    own = FewShotExample("INVOICE 1 from Bar Inc", '{"invoice_number":"Bar-1","vendor":"Bar Inc"}')
+    seq = engine.prepare_extraction(ExtractionRequest(schema=invoice, text="INVOICE 7", examples=(own,)))
+    assert isinstance(seq.matcher, CopyGuard) and b"bar1" not in seq.matcher.guarded.strings
+    assert normalized(json.loads(first.output)["vendor"].encode()) in seq.matcher.guarded.strings  # shown before it
+    assert not isinstance(engine.prepare_extraction(ExtractionRequest(
+        schema=invoice, text="INVOICE 7", examples=(own, own))).matcher, CopyGuard)  # the server's none shown
+    engine.copy_guard = False
+    assert not isinstance(engine.prepare_extraction(ExtractionRequest(schema=invoice, text="INVOICE 7")).matcher,
+                          CopyGuard)
+
+
+def test_no_sampled_output_goes_along_a_guarded_value_past_its_input(make_engine):
+    """Sampled at temperature 1 on inputs that hold none of the examples' values: wherever an output's token ends
+    inside a string value, what that value holds so far (normalized) is no guarded value's beginning past what the
+    input holds. (The invoice schema forces no free string, so the guard never yields here.)"""
+    from structspec.grammar.copy_guard import GuardTokens
+
+    engine = make_engine()
+    invoice = load_builtin_schemas()["invoice"]
+    engine.examples = build_example_book(2)
+    tokens = GuardTokens.for_view(engine.compiler.view)
+    engine.start()
+    assert _past_input(engine, invoice, tokens) == 0
+    engine.copy_guard = False  # the check has power: unguarded, the demo model writes the examples' values
+    assert _past_input(engine, invoice, tokens) > 0
+
+
+def _past_input(engine, invoice, tokens) -> int:
+    """Token ends, over 6 sampled outputs, where a string value holds a guarded value's beginning past its input."""
+    import asyncio
+
+    from structspec.engine.types import SamplingParams
+    from structspec.grammar.copy_guard import JsonCursor, guarded_values, normalized
+
+    past = 0
+    for seed in range(6):
+        text = f"Bill {seed}. Goods delivered. Please pay."
+        guarded = guarded_values([ex.output for ex in engine.examples.for_schema(invoice)], text, invoice)
+        res = asyncio.run(engine.extract(ExtractionRequest(
+            schema=invoice, text=text, sampling=SamplingParams(max_tokens=160, temperature=1.0, seed=seed))))
+        cursor = JsonCursor()
+        for t in res.token_ids:
+            cursor.feed(tokens.bytes_of(t))
+            written = cursor.open_string()
+            w = normalized(written) if written is not None else b""
+            past += sum(bool(w) and g.startswith(w) and not guarded.holds(w) for g in guarded.strings)
+    return past

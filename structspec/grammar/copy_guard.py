@@ -1,0 +1,287 @@
+"""The copy guard: an output never writes a value of a worked example further than the input holds it.
+
+Terms:
+- a *shown value*: a string leaf (3+ characters) of a worked example's output that the server put in the prompt
+  (its own examples, not a caller's);
+- *normalized* text: lower-cased, ASCII punctuation and whitespace dropped (``INV_2027-1149`` and
+  ``inv-2027 1149`` are both ``inv20271149``); every comparison below is of normalized texts;
+- a *guarded value*: a shown value the request's input does not hold and the schema neither enumerates nor
+  formats (``date``, ``time``, ...: a value the output writes in a form of its own, not as the input does):
+  written into an output it can only have come from the example;
+- the *held part* of a string value being written: the most of it that the input holds.
+
+A base model shown worked examples writes their values where it cannot find the document's (Gemma 3 270M: a
+quarter to a half of the values it writes on held-out invoices, docs/benchmarks.md). ``CopyGuard`` wraps a
+sequence's matcher and takes out of the mask every token that would take the string value being written along a
+guarded value past what the input holds: ``"INV-2027-`` may go on as the input's ``INV-2027-0456`` goes on, not as
+the example's ``INV-2027-1149``. The model writes the input's value, or another. Refusing only the close instead
+(the value whole) does not work: Gemma 3 270M then writes the example's value with a character more
+(``"INV-2027-1149,"``), and a refused number's end runs on as digits to ``max_tokens``; numbers are not guarded.
+Comparing raw text does not work either: refused ``INV-2027-1``, it writes ``INV_2027-1149``; normalized, a
+token is refused by the letters and digits it adds, whatever punctuation comes with them.
+
+It yields where it would leave nothing allowed (the grammar forces the value: an enumerated or patterned one),
+so it never stops a grammar from completing. It is part of the mask every executor and the verifier apply, so
+speculation stays exact under it.
+
+Cost: a fill inside a string value compares it with each guarded value (a prefix test); a value it is a prefix of
+costs a few substring tests on the input and bisections in the tokens' sorted normalized bytes (``GuardTokens``,
+built once per tokenizer: a sort of the vocabulary). A consumed token's bytes advance a small JSON cursor; a
+rollback pops its states.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from structspec.grammar.base import Matcher, bitmask_row
+from structspec.grammar.tokenizer_view import TokenizerView, TokenPrefixIndex
+
+MIN_STRING_CHARS = 3  # shorter strings ("EU", "1a") are too often a document's own to guard
+# a string of one of these formats is the output's rendering ("2027-04-16" of "16 April 2027"), not the input's text
+RENDERED_FORMATS = frozenset({"date", "time", "date-time", "duration"})
+_DROPPED = bytes(b for b in range(128) if not (48 <= b <= 57 or 97 <= b <= 122))  # after lower(): not [0-9a-z]
+
+
+def normalized(data: bytes) -> bytes:
+    """Lower-cased, ASCII punctuation and whitespace dropped (UTF-8 past ASCII kept as it is)."""
+    return data.lower().translate(None, _DROPPED)
+
+
+@dataclass(frozen=True)
+class GuardedValues:
+    """The values an output may not write past what the input holds, and the input, all normalized. Empty: no
+    guard."""
+
+    strings: tuple[bytes, ...] = ()
+    source: bytes = b""
+
+    def __bool__(self) -> bool:
+        return bool(self.strings)
+
+    def holds(self, text: bytes) -> bool:
+        """Whether the input holds ``text`` (normalized)."""
+        return text in self.source
+
+
+class GuardTokens:
+    """A tokenizer's tokens as the guard reads them: each token's bytes, and the ids by their normalized bytes.
+    ``for_view`` builds it once per tokenizer view."""
+
+    _built: "weakref.WeakKeyDictionary[TokenizerView, GuardTokens]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, token_bytes: Sequence[bytes], n_vocab: int):
+        self.token_bytes = token_bytes
+        self.index = TokenPrefixIndex([normalized(b) for b in token_bytes], n_vocab)
+
+    @classmethod
+    def for_view(cls, view: TokenizerView) -> "GuardTokens":
+        tokens = cls._built.get(view)
+        if tokens is None:
+            tokens = cls._built[view] = cls(view.token_bytes, view.n_vocab)
+        return tokens
+
+    def bytes_of(self, token: int) -> bytes:
+        """A token's bytes; b"" for special tokens and ids past the tokenizer (padding rows)."""
+        return self.token_bytes[token] if 0 <= token < len(self.token_bytes) else b""
+
+
+def guarded_values(example_outputs: Iterable[str], source: str, schema: Mapping[str, Any] | None = None,
+                   shown_elsewhere: Iterable[str] = ()) -> GuardedValues:
+    """The guarded values of worked examples (``example_outputs``: their JSON texts) for a request whose input is
+    ``source``, whose output follows ``schema``. ``shown_elsewhere``: outputs of examples that are not guarded (a
+    caller's): a value one of them holds is the caller's to show, and is not guarded. Raises: Never (an output
+    that is not JSON holds none)."""
+    norm = normalized(source.encode())
+    kept = {v for out in shown_elsewhere for v, _ in _leaves(out, None)}
+    strings: dict[bytes, None] = {}
+    for out in example_outputs:
+        for v, at in _leaves(out, schema):
+            if not isinstance(v, str) or v in kept or len(v.strip()) < MIN_STRING_CHARS or _fixed(at):
+                continue
+            data = normalized(json.dumps(v, ensure_ascii=False)[1:-1].encode())
+            if data and data not in norm:
+                strings[data] = None
+    return GuardedValues(tuple(strings), norm)
+
+
+class CopyGuard:
+    """A ``Matcher`` whose mask never takes a string value along a guarded value past what the input holds (see the
+    module docstring); everything else is ``inner``'s. Raises: Never (as ``inner``)."""
+
+    def __init__(self, inner: Matcher, guarded: GuardedValues, tokens: GuardTokens):
+        self.inner = inner
+        self.guarded = guarded
+        self._tokens = tokens
+        self._cursor = JsonCursor()
+        self.refusals = 0  # fills that took a token out of the mask (diagnostic)
+
+    # -- the mask --------------------------------------------------------------------------------
+    def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        self.inner.fill_mask(bitmask, row)
+        refused = self.refused()
+        if refused is None:
+            return
+        words = bitmask_row(bitmask, row, self._tokens.index.words).numpy().view(np.uint32)
+        refused = refused[((words[refused >> 5] >> (refused & 31).astype(np.uint32)) & 1).astype(bool)]
+        if not len(refused):
+            return
+        before = words.copy()
+        np.bitwise_and.at(words, refused >> 5, ~(np.uint32(1) << (refused & 31).astype(np.uint32)))
+        if not words.any():  # the grammar allows only what the guard refuses: the value is forced, the guard yields
+            words[:] = before
+            return
+        self.refusals += 1
+
+    def refused(self) -> np.ndarray | None:
+        """Token ids that would take the open string value along a guarded value past what the input holds; None
+        where no string value is open or none is refused."""
+        raw = self._cursor.open_string()
+        if raw is None:
+            return None
+        written, index = normalized(raw), self._tokens.index
+        found: list[np.ndarray] = []
+        for v in self.guarded.strings:
+            if not v.startswith(written):
+                continue
+            rest = v[len(written):]
+            if not rest:  # written whole: it went past the input before (a forced part), nothing left to refuse
+                continue
+            held = self._held_length(written, rest)
+            # a token that adds the rest's beginning past the held part, or the whole rest and more
+            found.extend(index.exactly(rest[:n]) for n in range(held + 1, len(rest)))
+            found.append(index.starting_with(rest))
+        found = [f for f in found if len(f)]
+        return np.concatenate(found) if found else None
+
+    def _held_length(self, written: bytes, rest: bytes) -> int:
+        """The most bytes of ``rest`` that ``written`` can go on with and the input still hold it (a held text's
+        every prefix is held: bisection)."""
+        lo, hi = 0, len(rest)  # written + rest[:lo] is held, or lo == 0; written + rest whole is not
+        if self.guarded.holds(written + rest):
+            return len(rest)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.guarded.holds(written + rest[:mid]):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    # -- the rest is the grammar's ---------------------------------------------------------------
+    def consume(self, tokens: Sequence[int]) -> bool:
+        tokens = list(tokens)
+        if not self.inner.consume(tokens):
+            return False
+        for t in tokens:
+            self._cursor.feed(self._tokens.bytes_of(t))
+        return True
+
+    def rollback(self, n: int) -> None:
+        self.inner.rollback(n)
+        self._cursor.rollback(n)
+
+    def forced_tokens(self) -> list[int]:
+        return self.inner.forced_tokens()  # one token allowed: the guard yields there
+
+    def is_accepting(self) -> bool:
+        return self.inner.is_accepting()
+
+    def is_stopped(self) -> bool:
+        return self.inner.is_stopped()
+
+    @property
+    def error(self) -> str | None:
+        return self.inner.error
+
+    @property
+    def limit_exceeded(self) -> str | None:
+        return self.inner.limit_exceeded
+
+
+# cursor modes
+_OUT, _KEY, _VALUE = 0, 1, 2
+
+
+class JsonCursor:
+    """Where a JSON output written token by token stands: inside a string value (not a key) or not, and what that
+    value holds so far. One state per fed token, so a rollback pops states. Raises: Never (bytes that are not
+    JSON leave it somewhere harmless: in no value)."""
+
+    def __init__(self) -> None:
+        self._text = bytearray()
+        # after each fed token: (text length, mode, escaped, value start, stack); the stack is a linked tuple of
+        # frames (is_object, expecting_key, parent)
+        self._states: list[tuple[int, int, bool, int, Any]] = [(0, _OUT, False, 0, None)]
+
+    def feed(self, data: bytes) -> None:
+        _, mode, escaped, start, stack = self._states[-1]
+        text = self._text
+        for b in data:
+            pos = len(text)
+            text.append(b)
+            if mode != _OUT:
+                if escaped:
+                    escaped = False
+                elif b == 0x5C:  # backslash
+                    escaped = True
+                elif b == 0x22:  # the closing quote
+                    mode = _OUT
+            elif b == 0x22:
+                key = stack is not None and stack[0] and stack[1]
+                mode, start = (_KEY if key else _VALUE), pos + 1
+            elif b == 0x7B:  # {
+                stack = (True, True, stack)
+            elif b == 0x5B:  # [
+                stack = (False, False, stack)
+            elif b in (0x7D, 0x5D):  # } ]
+                stack = stack[2] if stack is not None else None
+            elif b == 0x3A and stack is not None and stack[0]:  # ':' after a key
+                stack = (True, False, stack[2])
+            elif b == 0x2C and stack is not None and stack[0]:  # ',' in an object: a key next
+                stack = (True, True, stack[2])
+        self._states.append((len(text), mode, escaped, start, stack))
+
+    def rollback(self, n: int) -> None:
+        n = min(n, len(self._states) - 1)
+        if n > 0:
+            del self._states[len(self._states) - n:]
+            del self._text[self._states[-1][0]:]
+
+    def open_string(self) -> bytes | None:
+        """The bytes written inside the open string value (JSON text, escapes as written); None outside one."""
+        _, mode, _, start, _ = self._states[-1]
+        return bytes(self._text[start:]) if mode == _VALUE else None
+
+
+def _leaves(output: str, schema: Mapping[str, Any] | None) -> list[tuple[Any, Mapping[str, Any] | None]]:
+    """(leaf, the subschema it is an instance of, where ``properties`` and ``items`` lead to one) of a JSON text."""
+    try:
+        value = json.loads(output)
+    except ValueError:
+        return []
+    out: list[tuple[Any, Mapping[str, Any] | None]] = []
+    stack: list[tuple[Any, Any]] = [(value, schema)]
+    while stack:  # no recursion: an example's depth is bounded, but a walk need not rely on it
+        v, at = stack.pop()
+        at = at if isinstance(at, Mapping) else None
+        if isinstance(v, dict):
+            props = at.get("properties") if at is not None else None
+            stack.extend((x, props.get(k) if isinstance(props, Mapping) else None) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, at.get("items") if at is not None else None) for x in v)
+        else:
+            out.append((v, at))
+    return out
+
+
+def _fixed(at: Mapping[str, Any] | None) -> bool:
+    """The schema enumerates the value, or has the output render it in a format of its own."""
+    return at is not None and ("enum" in at or "const" in at or at.get("format") in RENDERED_FORMATS)

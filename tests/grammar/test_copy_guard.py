@@ -1,0 +1,173 @@
+"""The copy guard: which values it guards, where a written output stands, and the mask it leaves."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from structspec.grammar.copy_guard import CopyGuard, GuardedValues, GuardTokens, JsonCursor, guarded_values, normalized
+from structspec.grammar.tokenizer_view import TokenPrefixIndex
+from tests.grammar.conftest import allowed
+
+SCHEMA = {"type": "object", "properties": {
+    "vendor": {"type": "string"}, "currency": {"enum": ["USD", "EUR", "Euro"]}, "date": {"type": "string", "format": "date"},
+    "code": {"type": "string", "pattern": "^INV-[0-9]{3}$"}, "total": {"type": "number"},
+    "items": {"type": "array", "items": {"type": "object", "properties": {"description": {"type": "string"}}}}},
+    "required": ["vendor", "currency", "code", "total", "items"], "additionalProperties": False}
+EXAMPLE = {"vendor": "Iris Media S.A.", "currency": "Euro", "date": "2027-04-16", "code": "INV-123", "total": 6049,
+           "items": [{"description": "consulting hours"}, {"description": "EU"}]}
+
+
+def test_guarded_values_are_the_examples_strings_the_input_does_not_hold() -> None:
+    g = guarded_values([json.dumps(EXAMPLE)], "Invoice from IRIS  media s.a. for 12 hours, total 6049", SCHEMA)
+    # the vendor is in the input (case and spacing aside); "Euro" is enumerated; the date is the output's
+    # rendering (format: date); "EU" is too short; numbers are not guarded
+    assert set(g.strings) == {b"inv123", b"consultinghours"}
+    held = guarded_values([json.dumps(EXAMPLE)], "inv 123 for Consulting-Hours", SCHEMA)  # punctuation aside
+    assert held.strings == (b"irismediasa",)
+    # a value a caller's own example shows is the caller's: not guarded
+    caller = guarded_values([json.dumps(EXAMPLE)], "", SCHEMA, shown_elsewhere=['{"vendor": "Iris Media S.A."}'])
+    assert b"irismediasa" not in caller.strings and b"consultinghours" in caller.strings
+    assert not guarded_values(["not json"], "", SCHEMA)
+    # without a schema nothing is known to be fixed: the date is guarded too
+    assert b"20270416" in guarded_values([json.dumps(EXAMPLE)], "").strings
+
+
+def test_guarded_strings_are_their_json_text_normalized() -> None:
+    g = guarded_values([json.dumps({"a": 'Say "HI"\n', "b": "Zoë's Café"})], "")
+    assert set(g.strings) == {b"sayhin", "zoëscafé".encode()}  # as the output writes them: escapes, UTF-8 kept
+    assert normalized(b"INV_2027-1149 ") == normalized(b"inv 2027 1149") == b"inv20271149"
+    assert g.holds(b"") and not g.holds(b"say")
+
+
+def _reference(text: bytes) -> bytes | None:
+    """The open string value of ``text``, read from its start with a stack of the containers' states."""
+    s = text.decode("utf-8", "replace")
+    in_str, esc, start, stack, key = False, False, 0, [], False
+    for i, ch in enumerate(s):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch == '"':
+            in_str, start, key = True, i + 1, bool(stack) and stack[-1] == "key"
+        elif ch == "{":
+            stack.append("key")
+        elif ch == "[":
+            stack.append("arr")
+        elif ch in "}]":
+            stack.pop()
+        elif ch == ":":
+            stack[-1] = "value"
+        elif ch == "," and stack[-1] in ("key", "value"):
+            stack[-1] = "key"
+    return s[start:].encode() if in_str and not key else None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_cursor_tracks_the_open_value_through_random_splits_and_rollbacks(seed: int) -> None:
+    r = random.Random(seed)
+    doc = json.dumps({"a": [1, -2.5e3, {"b\\\"": 'x"y\\'}], "c": "Iris, Media", "d": {"e": 10}, "f": ""},
+                     separators=(",", ":") if seed % 2 else (", ", ": ")).encode()
+    cuts = sorted(r.sample(range(1, len(doc)), 12))
+    pieces = [doc[i:j] for i, j in zip([0, *cuts], [*cuts, len(doc)])]
+    cursor, fed = JsonCursor(), b""
+    for piece in pieces:
+        cursor.feed(piece)
+        fed += piece
+        assert cursor.open_string() == _reference(fed), fed
+        if r.random() < 0.4:  # a draft rolled back, then the same bytes again
+            cursor.feed(b'"zz')
+            cursor.rollback(1)
+            assert cursor.open_string() == _reference(fed), fed
+    cursor.rollback(len(pieces) + 5)
+    assert cursor.open_string() is None
+
+
+def _walk(matcher, view, text: str) -> None:
+    assert matcher.consume(view.encode(text)), (text, matcher.error)
+
+
+def _walked(grammar, view, text: str):
+    m = grammar.matcher()
+    _walk(m, view, text)
+    return m
+
+
+def _starting(tokens: set[int], view, prefix: bytes) -> set[int]:
+    return {t for t in tokens if view.token_bytes[t].startswith(prefix)}
+
+
+def _along(rest: bytes, held: int, view) -> set[int]:
+    """Token ids whose normalized bytes take a value along ``rest`` past its first ``held`` bytes."""
+    return {t for t, b in enumerate(view.token_bytes) if (n := normalized(b)) and (
+        (rest.startswith(n) and len(n) > held) or n.startswith(rest))}
+
+
+def test_the_guard_refuses_to_go_along_a_guarded_value_past_what_the_input_holds(compilers, view) -> None:
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    tokens = GuardTokens.for_view(view)
+    guarded = guarded_values([json.dumps(EXAMPLE)], "Bill from IRIS  mountain ltd", SCHEMA)
+    assert b"irismediasa" in guarded.strings
+    text = '{"vendor":"Iris M'  # the input holds "irism", not "irisme"
+    guard, inner = CopyGuard(grammar.matcher(), guarded, tokens), _walked(grammar, view, text)
+    _walk(guard, view, text)
+    gone = allowed(inner, view) - allowed(guard, view)
+    want = _along(b"ediasa", 0, view) & allowed(inner, view)
+    assert want and gone == want
+    assert _starting(allowed(guard, view), view, b"o")  # the input's "Iris Mountain" goes on
+    assert guard.refusals == 2  # the two fills above
+    # the held part is free: the input holds "helloexam", so at "Hello " the tokens along "example" go only as far
+    # as "exam", whatever punctuation they bring
+    guarded = guarded_values([json.dumps({"vendor": "Hello example"})], "HELLO  EXAMINER, Paris", SCHEMA)
+    guard = CopyGuard(grammar.matcher(), guarded, tokens)
+    _walk(guard, view, '{"vendor":"Hello ')
+    inner = _walked(grammar, view, '{"vendor":"Hello ')
+    gone = allowed(inner, view) - allowed(guard, view)
+    assert gone and gone == _along(b"example", len(b"exam"), view) & allowed(inner, view)
+    # another vendor goes on freely
+    other = CopyGuard(grammar.matcher(), guarded, tokens)
+    _walk(other, view, '{"vendor":"Saltmarsh')
+    assert allowed(other, view) == allowed(_walked(grammar, view, '{"vendor":"Saltmarsh'), view)
+    assert other.refusals == 0
+
+
+def test_the_guard_yields_where_the_grammar_forces_the_value(compilers, view) -> None:
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    # guarded as if no schema had said they are fixed
+    guarded = GuardedValues(strings=(b"inv123", b"euro"), source=b"nothing")
+    guard = CopyGuard(grammar.matcher(), guarded, GuardTokens.for_view(view))
+    text = '{"vendor":"x","currency":"Eu'
+    _walk(guard, view, text)  # the enum allows one way on ("ro"): the guard lets it be
+    inner = _walked(grammar, view, text)
+    assert allowed(guard, view) == allowed(inner, view) and allowed(inner, view)
+    assert guard.refusals == 0
+    text += 'ro","code":"INV-12'
+    _walk(guard, view, 'ro","code":"INV-12')  # the pattern allows ten digits: the guard refuses the example's
+    inner = _walked(grammar, view, text)
+    gone = allowed(inner, view) - allowed(guard, view)
+    assert gone == _starting(allowed(inner, view), view, b"3") and gone
+    assert guard.refusals == 1
+
+
+def test_keys_and_numbers_are_never_guarded(compilers, view) -> None:
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    guard = CopyGuard(grammar.matcher(), GuardedValues(strings=(b"vendor", b"6049"), source=b""),
+                      GuardTokens.for_view(view))
+    for text in ('{"ven', 'dor":"x","currency":"USD","code":"INV-001","total":60'):
+        _walk(guard, view, text)
+        assert guard.refused() is None, text
+
+
+def test_prefix_index_finds_exactly_the_tokens_that_begin_with_a_prefix(view) -> None:
+    index = TokenPrefixIndex(view.token_bytes, view.n_vocab)
+    for prefix in (b'"', b'",', b"In", b"\xff", b"e", b'"}', b"example"):
+        want = {i for i, b in enumerate(view.token_bytes) if b.startswith(prefix)}
+        assert set(index.starting_with(prefix).tolist()) == want, prefix
+        assert set(index.exactly(prefix).tolist()) == {i for i in want if view.token_bytes[i] == prefix}, prefix
