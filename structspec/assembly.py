@@ -31,6 +31,7 @@ from structspec.engine.default_examples import ExampleBook, build_example_book
 from structspec.engine.engine import Engine
 from structspec.engine.sequence import Serving
 from structspec.engine.types import DraftLoadError, DraftUpdate
+from structspec.grammar.copy_guard import GuardTokens
 from structspec.grammar import GrammarCompiler, TokenizerView
 from structspec.models.draft_vocab import DraftVocab, VocabMappedExecutor
 from structspec.models.end_of_turn import end_of_turn_ids
@@ -112,6 +113,8 @@ def assemble_engine(models, config: AssemblyConfig = AssemblyConfig()) -> Engine
                                  eos, prompts.stats_format, getattr(models, "identity", ""))
     core = EngineCore(executor, models.tokenizer, eos, limits, speculator,
                       Serving(stats, engine_model_key(models), draft_version))
+    if config.copy_guard and config.examples:  # the guard's token index, built now rather than on a request
+        GuardTokens.for_view(compiler.view)
     return Engine(core, models.tokenizer, compiler, executor.max_context, config.max_tokens_cap, config.examples,
                   config.fast_forward, draft_loader=loader, prompts=prompts, copy_guard=config.copy_guard)
 

@@ -86,6 +86,10 @@ class ExampleBook:
         self._made: OrderedDict[str, tuple[FewShotExample, ...]] = OrderedDict()
         self._lock = threading.Lock()  # requests are prepared on worker threads
 
+    def __bool__(self) -> bool:
+        """Whether any request may be shown one of this book's examples."""
+        return bool(self._by_schema or self._by_tools or self.synthesize)
+
     def for_schema(self, schema: dict[str, Any], digest: str | None = None) -> tuple[FewShotExample, ...]:
         """``digest``: the schema's ``schema_digest``, where the caller has it already."""
         key = digest or schema_digest(schema)

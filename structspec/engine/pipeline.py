@@ -98,8 +98,13 @@ class RequestPipeline:
     def _guard(self, seq: EngineSequence, shown: list[FewShotExample], request: ExtractionRequest) -> None:
         """Wrap ``seq``'s matcher in a copy guard over the values of the server's examples it is ``shown`` that
         the input does not hold (none: left as is)."""
-        guarded = guarded_values((ex.output for ex in shown), request.input_text, request.schema,
-                                 shown_elsewhere=(ex.output for ex in request.examples))
+        try:
+            guarded = guarded_values((ex.output for ex in shown), request.input_text, request.schema,
+                                     shown_elsewhere=(ex.output for ex in request.examples))
+        except Exception:  # noqa: BLE001 - a bug here must cost the guard, not the request
+            log.exception("request %s: the copy guard's values could not be read; decoding without it",
+                          seq.request_id)
+            return
         if guarded:
             seq.matcher = CopyGuard(seq.matcher, guarded, GuardTokens.for_view(self.compiler.view))
 

@@ -5,7 +5,7 @@ Terms:
   (its own examples, not a caller's);
 - *normalized* text: lower-cased, ASCII punctuation and whitespace dropped (``INV_2027-1149`` and
   ``inv-2027 1149`` are both ``inv20271149``); every comparison below is of normalized texts;
-- a *guarded value*: a shown value the request's input does not hold and the schema neither enumerates nor
+- a *guarded value*: a shown value (or a number leaf) the request's input does not hold and the schema neither enumerates nor
   formats (``date``, ``time``, ...: a value the output writes in a form of its own, not as the input does):
   written into an output it can only have come from the example;
 - the *held part* of a string value being written: the most of it that the input holds.
@@ -16,9 +16,16 @@ sequence's matcher and takes out of the mask every token that would take the str
 guarded value past what the input holds: ``"INV-2027-`` may go on as the input's ``INV-2027-0456`` goes on, not as
 the example's ``INV-2027-1149``. The model writes the input's value, or another. Refusing only the close instead
 (the value whole) does not work: Gemma 3 270M then writes the example's value with a character more
-(``"INV-2027-1149,"``), and a refused number's end runs on as digits to ``max_tokens``; numbers are not guarded.
-Comparing raw text does not work either: refused ``INV-2027-1``, it writes ``INV_2027-1149``; normalized, a
+(``"INV-2027-1149,"``), and a refused number's end runs on as digits to ``max_tokens``. Numbers are guarded the
+same way, by their JSON text (sign aside) against the texts of the input's numbers read as JSON would write them
+(``2,845.45`` -> ``2845.45``; ``41.00`` -> ``41``, ``41.0``, ``41.00``): a number may not go along a guarded one
+past what one of those begins with. Comparing raw text does not work for strings: refused ``INV-2027-1``, it writes ``INV_2027-1149``; normalized, a
 token is refused by the letters and digits it adds, whatever punctuation comes with them.
+
+Turned off an example's value, Gemma 3 270M at times writes one character on and on (``"INV-0000000…``, to
+``max_tokens``: 6-10 of 90 held-out invoices). So under the guard a string value that ends with a run of
+``MAX_RUN`` or more of one letter or digit that the input does not hold may only close, and a number that ends
+with such a run of one digit may only end: no value the input holds has one, and the output goes on.
 
 It yields where it would leave nothing allowed (the grammar forces the value: an enumerated or patterned one),
 so it never stops a grammar from completing. It is part of the mask every executor and the verifier apply, so
@@ -33,9 +40,11 @@ rollback pops its states.
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+import math
 from typing import Any
 
 import numpy as np
@@ -45,9 +54,16 @@ from structspec.grammar.base import Matcher, bitmask_row
 from structspec.grammar.tokenizer_view import TokenizerView, TokenPrefixIndex
 
 MIN_STRING_CHARS = 3  # shorter strings ("EU", "1a") are too often a document's own to guard
+MAX_RUN = 8  # a run this long of one letter or digit that the input does not hold ends its string value
 # a string of one of these formats is the output's rendering ("2027-04-16" of "16 April 2027"), not the input's text
 RENDERED_FORMATS = frozenset({"date", "time", "date-time", "duration"})
 _DROPPED = bytes(b for b in range(128) if not (48 <= b <= 57 or 97 <= b <= 122))  # after lower(): not [0-9a-z]
+
+
+_NUMBER_START = frozenset(b"-0123456789")
+_NUMBER_BYTES = frozenset(b"0123456789+-.eE")
+_NUMBER_ENDS = (b",", b"}", b"]", b" ", b"\n", b"\r", b"\t")  # what may follow a number in JSON
+_SOURCE_NUMBER = re.compile(r"\d(?:[\d.,]*\d)?")
 
 
 def normalized(data: bytes) -> bytes:
@@ -62,9 +78,11 @@ class GuardedValues:
 
     strings: tuple[bytes, ...] = ()
     source: bytes = b""
+    numbers: tuple[bytes, ...] = ()  # guarded numbers' JSON text, sign aside
+    number_prefixes: frozenset[bytes] = frozenset()  # every beginning of the input's numbers as JSON texts
 
     def __bool__(self) -> bool:
-        return bool(self.strings)
+        return bool(self.strings or self.numbers)
 
     def holds(self, text: bytes) -> bool:
         """Whether the input holds ``text`` (normalized)."""
@@ -80,6 +98,16 @@ class GuardTokens:
     def __init__(self, token_bytes: Sequence[bytes], n_vocab: int):
         self.token_bytes = token_bytes
         self.index = TokenPrefixIndex([normalized(b) for b in token_bytes], n_vocab)
+        self.raw_index = TokenPrefixIndex(token_bytes, n_vocab)
+        self.closing_words = self._row(i for i, b in enumerate(token_bytes) if b.startswith(b'"'))
+        self.digit_words = self._row(i for i, b in enumerate(token_bytes) if b[:1].isdigit())
+
+    def _row(self, ids: Iterable[int]) -> np.ndarray:
+        """A mask row (uint32 words) allowing ``ids``."""
+        at = np.asarray(list(ids), dtype=np.int64)
+        row = np.zeros(self.index.words, dtype=np.uint32)
+        np.bitwise_or.at(row, at >> 5, np.uint32(1) << (at & 31).astype(np.uint32))
+        return row
 
     @classmethod
     def for_view(cls, view: TokenizerView) -> "GuardTokens":
@@ -101,15 +129,40 @@ def guarded_values(example_outputs: Iterable[str], source: str, schema: Mapping[
     that is not JSON holds none)."""
     norm = normalized(source.encode())
     kept = {v for out in shown_elsewhere for v, _ in _leaves(out, None)}
+    texts = {t for m in _SOURCE_NUMBER.findall(source) for t in _number_texts(m)}
+    values = {float(t) for t in texts}
     strings: dict[bytes, None] = {}
+    numbers: dict[bytes, None] = {}
     for out in example_outputs:
         for v, at in _leaves(out, schema):
-            if not isinstance(v, str) or v in kept or len(v.strip()) < MIN_STRING_CHARS or _fixed(at):
+            if v in kept or _fixed(at) or isinstance(v, bool):
                 continue
-            data = normalized(json.dumps(v, ensure_ascii=False)[1:-1].encode())
-            if data and data not in norm:
-                strings[data] = None
-    return GuardedValues(tuple(strings), norm)
+            if isinstance(v, str) and len(v.strip()) >= MIN_STRING_CHARS:
+                data = normalized(json.dumps(v, ensure_ascii=False)[1:-1].encode())
+                if data and data not in norm:
+                    strings[data] = None
+            elif isinstance(v, (int, float)) and abs(v) not in values and math.isfinite(v):
+                numbers[json.dumps(abs(v)).encode()] = None
+    prefixes = frozenset(t[:n].encode() for t in texts for n in range(len(t) + 1))
+    return GuardedValues(tuple(strings), norm, tuple(numbers), prefixes)
+
+
+def _number_texts(text: str) -> set[str]:
+    """The JSON texts a number the input writes (``text``: digits, dots and commas) may be written as: its
+    separators read as thousands, or its last one as the decimal point, or each group alone (a date's parts), and
+    each with no, one or two decimals (``41.00`` -> ``41``, ``41.0``, ``41.00``). Generous: a number the input may hold is never
+    guarded."""
+    parts = [p for p in re.split(r"[.,]", text) if p][:64]  # (more groups than that are no number a text means)
+    readings = {float("".join(parts)), *(float(p) for p in parts)}  # "19.09.2026" holds 19, 9 and 2026 too
+    if len(parts) > 1:
+        readings.add(float("".join(parts[:-1]) + "." + parts[-1]))
+    out: set[str] = set()
+    for r in readings:
+        if math.isfinite(r):
+            out |= {json.dumps(r), f"{r:.1f}", f"{r:.2f}"}
+            if r.is_integer():
+                out.add(str(int(r)))
+    return out
 
 
 class CopyGuard:
@@ -126,10 +179,17 @@ class CopyGuard:
     # -- the mask --------------------------------------------------------------------------------
     def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
         self.inner.fill_mask(bitmask, row)
-        refused = self.refused()
-        if refused is None:
+        kind, raw = self._cursor.open_value()
+        if kind is None:
             return
         words = bitmask_row(bitmask, row, self._tokens.index.words).numpy().view(np.uint32)
+        written = normalized(raw) if kind == "string" else raw.lstrip(b"-")
+        if self.runs_on(written):  # a string may only close, a number only end
+            self._keep(words, self._tokens.closing_words if kind == "string" else ~self._tokens.digit_words)
+            return
+        refused = self.refused(written) if kind == "string" else self.refused_number(written)
+        if refused is None:
+            return
         refused = refused[((words[refused >> 5] >> (refused & 31).astype(np.uint32)) & 1).astype(bool)]
         if not len(refused):
             return
@@ -140,13 +200,25 @@ class CopyGuard:
             return
         self.refusals += 1
 
-    def refused(self) -> np.ndarray | None:
-        """Token ids that would take the open string value along a guarded value past what the input holds; None
-        where no string value is open or none is refused."""
-        raw = self._cursor.open_string()
-        if raw is None:
-            return None
-        written, index = normalized(raw), self._tokens.index
+    def _keep(self, words: np.ndarray, allowed: np.ndarray) -> None:
+        kept = words & allowed
+        if kept.any():  # else the grammar does not allow it here: the guard yields
+            words[:] = kept
+            self.refusals += 1
+
+    def runs_on(self, written: bytes) -> bool:
+        """Whether the open value (``written``: a string's normalized, a number's text) ends with a run of
+        ``MAX_RUN`` or more of one letter or digit that the input does not hold."""
+        if len(written) < MAX_RUN:
+            return False
+        last = written[-1:]
+        run = len(written) - len(written.rstrip(last))
+        return run >= MAX_RUN and not self.guarded.holds(last * run)
+
+    def refused(self, written: bytes) -> np.ndarray | None:
+        """Token ids that would take the open string value (``written``, normalized) along a guarded value past what
+        the input holds; None where none is refused."""
+        index = self._tokens.index
         found: list[np.ndarray] = []
         for v in self.guarded.strings:
             if not v.startswith(written):
@@ -158,6 +230,23 @@ class CopyGuard:
             # a token that adds the rest's beginning past the held part, or the whole rest and more
             found.extend(index.exactly(rest[:n]) for n in range(held + 1, len(rest)))
             found.append(index.starting_with(rest))
+        found = [f for f in found if len(f)]
+        return np.concatenate(found) if found else None
+
+    def refused_number(self, written: bytes) -> np.ndarray | None:
+        """Token ids that would take the open number (``written``, its sign aside) along a guarded number past
+        what the input's numbers begin with, or bring the rest of a guarded one and end it; None where none is."""
+        index, held_texts = self._tokens.raw_index, self.guarded.number_prefixes
+        found: list[np.ndarray] = []
+        for g in self.guarded.numbers:
+            if not g.startswith(written) or g == written:
+                continue
+            rest = g[len(written):]
+            held = 0
+            while held < len(rest) and written + rest[:held + 1] in held_texts:  # prefixes of a held text are held
+                held += 1
+            found.extend(index.exactly(rest[:n]) for n in range(held + 1, len(rest) + 1))
+            found.extend(index.starting_with(rest + end) for end in _NUMBER_ENDS)
         found = [f for f in found if len(f)]
         return np.concatenate(found) if found else None
 
@@ -207,12 +296,12 @@ class CopyGuard:
 
 
 # cursor modes
-_OUT, _KEY, _VALUE = 0, 1, 2
+_OUT, _KEY, _VALUE, _NUMBER = 0, 1, 2, 3
 
 
 class JsonCursor:
-    """Where a JSON output written token by token stands: inside a string value (not a key) or not, and what that
-    value holds so far. One state per fed token, so a rollback pops states. Raises: Never (bytes that are not
+    """Where a JSON output written token by token stands: inside a string value (not a key), a number or neither,
+    and what that value holds so far. One state per fed token, so a rollback pops states. Raises: Never (bytes that are not
     JSON leave it somewhere harmless: in no value)."""
 
     def __init__(self) -> None:
@@ -227,6 +316,10 @@ class JsonCursor:
         for b in data:
             pos = len(text)
             text.append(b)
+            if mode == _NUMBER:
+                if b in _NUMBER_BYTES:
+                    continue
+                mode = _OUT  # the number ended: this byte is read outside it
             if mode != _OUT:
                 if escaped:
                     escaped = False
@@ -247,6 +340,8 @@ class JsonCursor:
                 stack = (True, False, stack[2])
             elif b == 0x2C and stack is not None and stack[0]:  # ',' in an object: a key next
                 stack = (True, True, stack[2])
+            elif b in _NUMBER_START:
+                mode, start = _NUMBER, pos
         self._states.append((len(text), mode, escaped, start, stack))
 
     def rollback(self, n: int) -> None:
@@ -255,10 +350,15 @@ class JsonCursor:
             del self._states[len(self._states) - n:]
             del self._text[self._states[-1][0]:]
 
-    def open_string(self) -> bytes | None:
-        """The bytes written inside the open string value (JSON text, escapes as written); None outside one."""
+    def open_value(self) -> tuple[str | None, bytes]:
+        """("string", the bytes written inside the open string value: JSON text, escapes as written), ("number",
+        its bytes so far) or (None, b"")."""
         _, mode, _, start, _ = self._states[-1]
-        return bytes(self._text[start:]) if mode == _VALUE else None
+        if mode == _VALUE:
+            return "string", bytes(self._text[start:])
+        if mode == _NUMBER:
+            return "number", bytes(self._text[start:])
+        return None, b""
 
 
 def _leaves(output: str, schema: Mapping[str, Any] | None) -> list[tuple[Any, Mapping[str, Any] | None]]:

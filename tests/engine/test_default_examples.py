@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import jsonschema
 
@@ -205,7 +204,7 @@ def _past_input(engine, invoice, tokens) -> int:
         cursor = JsonCursor()
         for t in res.token_ids:
             cursor.feed(tokens.bytes_of(t))
-            written = cursor.open_string()
-            w = normalized(written) if written is not None else b""
+            kind, written = cursor.open_value()
+            w = normalized(written) if kind == "string" else b""
             past += sum(bool(w) and g.startswith(w) and not guarded.holds(w) for g in guarded.strings)
     return past

@@ -42,10 +42,10 @@ def test_guarded_strings_are_their_json_text_normalized() -> None:
     assert g.holds(b"") and not g.holds(b"say")
 
 
-def _reference(text: bytes) -> bytes | None:
-    """The open string value of ``text``, read from its start with a stack of the containers' states."""
+def _reference(text: bytes) -> tuple[str | None, bytes]:
+    """The open string value or number of ``text``, read from its start with a stack of the containers' states."""
     s = text.decode("utf-8", "replace")
-    in_str, esc, start, stack, key = False, False, 0, [], False
+    in_str, esc, start, stack, key, num = False, False, 0, [], False, None
     for i, ch in enumerate(s):
         if in_str:
             if esc:
@@ -55,6 +55,10 @@ def _reference(text: bytes) -> bytes | None:
             elif ch == '"':
                 in_str = False
             continue
+        if num is not None:
+            if ch in "0123456789+-.eE":
+                continue
+            num = None
         if ch == '"':
             in_str, start, key = True, i + 1, bool(stack) and stack[-1] == "key"
         elif ch == "{":
@@ -67,7 +71,11 @@ def _reference(text: bytes) -> bytes | None:
             stack[-1] = "value"
         elif ch == "," and stack[-1] in ("key", "value"):
             stack[-1] = "key"
-    return s[start:].encode() if in_str and not key else None
+        elif ch in "-0123456789":
+            num = i
+    if in_str and not key:
+        return "string", s[start:].encode()
+    return ("number", s[num:].encode()) if num is not None else (None, b"")
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -81,13 +89,13 @@ def test_the_cursor_tracks_the_open_value_through_random_splits_and_rollbacks(se
     for piece in pieces:
         cursor.feed(piece)
         fed += piece
-        assert cursor.open_string() == _reference(fed), fed
+        assert cursor.open_value() == _reference(fed), fed
         if r.random() < 0.4:  # a draft rolled back, then the same bytes again
             cursor.feed(b'"zz')
             cursor.rollback(1)
-            assert cursor.open_string() == _reference(fed), fed
+            assert cursor.open_value() == _reference(fed), fed
     cursor.rollback(len(pieces) + 5)
-    assert cursor.open_string() is None
+    assert cursor.open_value() == (None, b"")
 
 
 def _walk(matcher, view, text: str) -> None:
@@ -156,13 +164,71 @@ def test_the_guard_yields_where_the_grammar_forces_the_value(compilers, view) ->
     assert guard.refusals == 1
 
 
-def test_keys_and_numbers_are_never_guarded(compilers, view) -> None:
+def test_keys_are_never_guarded(compilers, view) -> None:
     grammar = compilers["llguidance"].compile_schema(SCHEMA)
-    guard = CopyGuard(grammar.matcher(), GuardedValues(strings=(b"vendor", b"6049"), source=b""),
+    guard = CopyGuard(grammar.matcher(), GuardedValues(strings=(b"vendor", b"currency"), source=b""),
                       GuardTokens.for_view(view))
-    for text in ('{"ven', 'dor":"x","currency":"USD","code":"INV-001","total":60'):
+    text = ""
+    for more in ('{"ven', 'dor":"x","curr'):
+        _walk(guard, view, more)
+        text += more
+        assert allowed(guard, view) == allowed(_walked(grammar, view, text), view), text
+    assert guard.refusals == 0
+
+
+def test_guarded_numbers_are_the_examples_numbers_the_input_does_not_write() -> None:
+    g = guarded_values([json.dumps({"total": 6049, "code": "x", "items": [{"q": 41}, {"q": 3.5}, {"q": -12}]})],
+                       "Total 6.049,00 EUR; 41.00 each; 12 boxes", SCHEMA)
+    assert g.numbers == (b"3.5",)  # 6049 (as 6.049,00), 41 (as 41.00) and 12 are the input's
+    assert {b"6049", b"6049.0", b"6049.00", b"41", b"41.00", b"4"} <= g.number_prefixes
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_guarded_values_never_raise_on_what_an_input_writes(seed: int) -> None:
+    r = random.Random(seed)
+    source = "".join(r.choice("0123456789.,, -e\n") for _ in range(2000)) + " 19.09.2026 1e999 " + "9" * 400
+    example = json.dumps({"a": 19, "b": 2026.5, "c": 1e300, "d": "19.09"})
+    g = guarded_values([example], source, None)
+    assert b"19" not in g.numbers  # the date's day
+
+
+def test_the_guard_refuses_to_go_along_a_guarded_number_past_the_input_s(compilers, view) -> None:
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    guarded = guarded_values([json.dumps({"total": 6049})], "Total 60 EUR", SCHEMA)
+    text = '{"vendor":"x","currency":"USD","code":"INV-001","total":60'
+    guard, inner = CopyGuard(grammar.matcher(), guarded, GuardTokens.for_view(view)), _walked(grammar, view, text)
+    _walk(guard, view, text)
+    gone = allowed(inner, view) - allowed(guard, view)
+    ends = (b",", b"}", b"]", b" ", b"\n", b"\r", b"\t")
+    want = {t for t in allowed(inner, view) if (b := view.token_bytes[t]) and (
+        b"49".startswith(b) or any(b.startswith(b"49" + e) for e in ends))}
+    assert want and gone == want
+    assert _starting(allowed(guard, view), view, b",")  # 60 itself may end
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_string_value_running_on_one_character_the_input_does_not_hold_may_only_close(compilers, view,
+                                                                                       held: bool) -> None:
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    source = b"ref" + b"0" * (16 if held else 7)  # holds every run written below, or one of 7
+    guard = CopyGuard(grammar.matcher(), GuardedValues(strings=(b"unrelated",), source=source),
+                      GuardTokens.for_view(view))
+    for n in (7, 8, 12):
+        text = '{"vendor":"INV-' + "0" * n
+        guard = CopyGuard(grammar.matcher(), guard.guarded, GuardTokens.for_view(view))
         _walk(guard, view, text)
-        assert guard.refused() is None, text
+        inner = allowed(_walked(grammar, view, text), view)
+        if n < 8 or held:
+            assert allowed(guard, view) == inner, n
+        else:
+            assert allowed(guard, view) == _starting(inner, view, b'"') and allowed(guard, view), n
+    # a number that runs one digit on may only end
+    text = '{"vendor":"x","currency":"USD","code":"INV-001","total":1.' + "0" * 12
+    guard = CopyGuard(grammar.matcher(), guard.guarded, GuardTokens.for_view(view))
+    _walk(guard, view, text)
+    inner = allowed(_walked(grammar, view, text), view)
+    digits = {t for t in inner if view.token_bytes[t][:1].isdigit()}
+    assert digits and allowed(guard, view) == (inner if held else inner - digits)
 
 
 def test_prefix_index_finds_exactly_the_tokens_that_begin_with_a_prefix(view) -> None:
