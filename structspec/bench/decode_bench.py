@@ -52,6 +52,7 @@ from rich.console import Console
 from rich.table import Table
 
 from structspec.assembly import AssemblyConfig, assemble_engine, engine_model_key, make_prompts
+from structspec.engine.default_examples import build_example_book
 from structspec.bench.llamacpp_baselines import (LLAMACPP_BASELINES, LlamaCppBaseline, context_for,
                                                  run_llamacpp_baseline)
 from structspec.bench.perfect_draft import install_perfect_draft
@@ -264,7 +265,8 @@ def request_for(item: WorkItem, max_tokens: int, fast_forward: bool, speculate: 
                                sampling=params, speculation=mode, fast_forward=fast_forward, request_id=rid,
                                examples=item.examples)
     assert item.schema is not None  # an extraction item's (chat and tool call items are answered above)
-    return ExtractionRequest(schema=item.schema, text=item.source, examples=item.examples, sampling=params,
+    return ExtractionRequest(schema=item.schema, text=item.source, examples=() if item.served else item.examples,
+                             sampling=params,
                              speculation=mode, fast_forward=fast_forward, request_id=rid, schema_key=item.schema_name)
 
 
@@ -595,9 +597,12 @@ def _start_engine(name, models, items, concurrency, compiler, policy, data_dir=N
         if data_dir is not None:
             store = open_store("", data_dir, book)
             asyncio.run(store.open())
+    # items whose examples are the server's own send none: the engine adds them from its book, as the server does
+    served = max((len(i.examples) for i in items if i.served), default=0)
     engine = run_in_worker(assemble_engine, models, AssemblyConfig(
         limits=SchedulerLimits(max_batch=max(16, concurrency)), proposers=proposers, compiler=compiler, stats=recorder,
-        policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0))
+        policy=(policy or PolicyConfig()) if spec.adaptive else None, seed=0,
+        examples=build_example_book(served) if served else None))
     if perfect:
         # the same dict the off row fills as the run goes (an empty one is not replaced)
         install_perfect_draft(engine, references if references is not None else {}, recorder)

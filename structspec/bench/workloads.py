@@ -54,6 +54,9 @@ class WorkItem:
     tools: tuple[dict[str, Any], ...] = ()
     examples: tuple[FewShotExample, ...] = field(default=())
     phase: str = ""  # the ``shift`` workload's phase
+    # ``examples`` are the server's own for this schema: a request sends none, and an engine that holds the
+    # server's book (``build_example_book``) adds them as it does to a user's request (its copy guard included)
+    served: bool = False
 
     def score(self, value: Any) -> tuple[int, int]:
         """(right, total) over the non-prose leaf fields."""
@@ -230,7 +233,8 @@ def build_workload(workload: str, n: int, few_shot: int = 0, seed: int = BENCH_S
             schema = schemas[ex.schema_name]
             out.append(WorkItem("extract", ex.schema_name, ex.source, ex.value, ex.freetext_fields,
                                 schema=schema, examples=(other if examples == "synthesized" and
-                                                         ex.schema_name == "contact" else book).for_schema(schema)))
+                                                         ex.schema_name == "contact" else book).for_schema(schema),
+                                served=examples == "shipped" and few_shot > 0))
     return out
 
 
