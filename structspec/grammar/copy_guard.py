@@ -1,50 +1,50 @@
 """The copy guard: an output never writes a value of a worked example further than the input holds it.
 
 Terms:
-- a *shown value*: a string leaf (3+ characters) of a worked example's output that the server put in the prompt
-  (its own examples, not a caller's);
+- a *shown value*: a string (3+ characters) or number leaf of a worked example's output that the server put in
+  the prompt (its own examples, not a caller's);
 - *normalized* text: lower-cased, ASCII punctuation and whitespace dropped (``INV_2027-1149`` and
-  ``inv-2027 1149`` are both ``inv20271149``); every comparison below is of normalized texts;
-- a *guarded value*: a shown value (or a number leaf) the request's input does not hold and the schema neither enumerates nor
+  ``inv-2027 1149`` are both ``inv20271149``); strings are compared normalized;
+- a *guarded value*: a shown value the request's input does not hold and the schema neither enumerates nor
   formats (``date``, ``time``, ...: a value the output writes in a form of its own, not as the input does):
   written into an output it can only have come from the example;
-- the *held part* of a string value being written: the most of it that the input holds.
+- the *held part* of a value being written: the most of it that the input holds (a number: that one of the
+  input's numbers begins with, read as JSON would write it: ``2,845.45`` as ``2845.45``, ``41.00`` as ``41``,
+  ``41.0`` or ``41.00``).
 
 A base model shown worked examples writes their values where it cannot find the document's (Gemma 3 270M: a
-quarter to a half of the values it writes on held-out invoices, docs/benchmarks.md). ``CopyGuard`` wraps a
-sequence's matcher and takes out of the mask every token that would take the string value being written along a
-guarded value past what the input holds: ``"INV-2027-`` may go on as the input's ``INV-2027-0456`` goes on, not as
-the example's ``INV-2027-1149``. The model writes the input's value, or another. Refusing only the close instead
-(the value whole) does not work: Gemma 3 270M then writes the example's value with a character more
-(``"INV-2027-1149,"``), and a refused number's end runs on as digits to ``max_tokens``. Numbers are guarded the
-same way, by their JSON text (sign aside) against the texts of the input's numbers read as JSON would write them
-(``2,845.45`` -> ``2845.45``; ``41.00`` -> ``41``, ``41.0``, ``41.00``): a number may not go along a guarded one
-past what one of those begins with. Comparing raw text does not work for strings: refused ``INV-2027-1``, it writes ``INV_2027-1149``; normalized, a
-token is refused by the letters and digits it adds, whatever punctuation comes with them.
+quarter of the values it writes on held-out invoices, docs/benchmarks.md). ``CopyGuard`` wraps a sequence's
+matcher and takes out of the mask every token that would take the value being written along a guarded value
+past its held part: ``"INV-2027-`` may go on as the input's ``INV-2027-0456`` goes on, not as the example's
+``INV-2027-1149``. The model writes the input's value, or another. What does not work, measured:
+- refusing only the close (the value whole): Gemma 3 270M then writes the example's value with a character more
+  (``"INV-2027-1149,"``), and a refused number's end runs on as digits to ``max_tokens``;
+- comparing raw text: refused ``INV-2027-1``, it writes ``INV_2027-1149``. Normalized, a token is refused by the
+  letters and digits it adds, whatever punctuation comes with them.
 
 Turned off an example's value, Gemma 3 270M at times writes one character on and on (``"INV-0000000…``, to
-``max_tokens``: 6-10 of 90 held-out invoices). So under the guard a string value that ends with a run of
-``MAX_RUN`` or more of one letter or digit that the input does not hold may only close, and a number that ends
-with such a run of one digit may only end: no value the input holds has one, and the output goes on.
+``max_tokens``: 6-10 of 90 held-out invoices). So under the guard a value that ends with a run of ``MAX_RUN`` or
+more of one letter or digit that the input does not hold may only end (a string close, a number stop): no value
+the input holds has one, and the output goes on.
 
 It yields where it would leave nothing allowed (the grammar forces the value: an enumerated or patterned one),
 so it never stops a grammar from completing. It is part of the mask every executor and the verifier apply, so
 speculation stays exact under it.
 
-Cost: a fill inside a string value compares it with each guarded value (a prefix test); a value it is a prefix of
-costs a few substring tests on the input and bisections in the tokens' sorted normalized bytes (``GuardTokens``,
-built once per tokenizer: a sort of the vocabulary). A consumed token's bytes advance a small JSON cursor; a
-rollback pops its states.
+Cost: a fill inside a value compares it with each guarded value (a prefix test); a value it is a prefix of costs
+a few substring tests on the input and bisections in the tokens' sorted bytes (``GuardTokens``, built once per
+tokenizer: two sorts of the vocabulary, 0.26 s for Gemma's 262k tokens). A consumed token's bytes advance a
+small JSON cursor; a rollback pops its states.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-import math
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ from structspec.grammar.base import Matcher, bitmask_row
 from structspec.grammar.tokenizer_view import TokenizerView, TokenPrefixIndex
 
 MIN_STRING_CHARS = 3  # shorter strings ("EU", "1a") are too often a document's own to guard
-MAX_RUN = 8  # a run this long of one letter or digit that the input does not hold ends its string value
+MAX_RUN = 8  # a run this long of one letter or digit that the input does not hold ends its value
 # a string of one of these formats is the output's rendering ("2027-04-16" of "16 April 2027"), not the input's text
 RENDERED_FORMATS = frozenset({"date", "time", "date-time", "duration"})
 _DROPPED = bytes(b for b in range(128) if not (48 <= b <= 57 or 97 <= b <= 122))  # after lower(): not [0-9a-z]
@@ -166,8 +166,9 @@ def _number_texts(text: str) -> set[str]:
 
 
 class CopyGuard:
-    """A ``Matcher`` whose mask never takes a string value along a guarded value past what the input holds (see the
-    module docstring); everything else is ``inner``'s. Raises: Never (as ``inner``)."""
+    """A ``Matcher`` whose mask never takes a value along a guarded value past its held part, nor a value on past a
+    run the input does not hold (see the module docstring); everything else is ``inner``'s. Raises: Never (as
+    ``inner``)."""
 
     def __init__(self, inner: Matcher, guarded: GuardedValues, tokens: GuardTokens):
         self.inner = inner
