@@ -28,8 +28,8 @@ structspec arm is ``examples/wording``: the worked examples shown and the prompt
             label        the same with the output after a bare ``JSON:`` (``ModelProfile.plain_json_line``: what
                          the server runs for Gemma 3 270M)
             instruction  the example, an instruction, the document, ``JSON:`` (``prompt_formats``)
-  guard     (optional third part) ``noguard``: the copy guard off (``grammar.copy_guard``: an output never closes
-            a value only the server's examples hold); by default it is on, as the server runs. It guards the
+  guard     (optional third part) ``noguard``: the copy guard off (``grammar.copy_guard``: an output never writes
+            a value of the server's examples past what the document holds); by default it is on, as the server runs. It guards the
             server's own examples, which ``server`` and ``client`` are shown as the server adds them to a request
   llamacpp  llama.cpp's grammar (``LlamaGrammar.from_json_schema``) on the ``instruction`` wording with the
             caller's example: what a llama.cpp user runs
@@ -241,8 +241,7 @@ def run(model: str, items: list[WorkItem], example: FewShotExample, arms: list[s
             # ``server`` and ``client`` are shown the server's examples as the server adds them to a request (the
             # guard guards those); every other arm is shown exactly its examples, as a caller's
             engine.examples = book if shown in ("server", "client") else ExampleBook()
-            server_shown = server if shown == "server" else fill_examples((example,), server)[:-1] \
-                if shown == "client" else ()
+            server_shown = {"server": server, "client": fill_examples((example,), server)[:-1]}.get(shown, ())
             tally, start = Tally(), time.perf_counter()
             shown_items = [replace(i, examples=examples[shown]) for i in items]
             if arm == LLAMACPP:

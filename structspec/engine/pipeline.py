@@ -52,7 +52,8 @@ class RequestPipeline:
         self.max_context = max_context
         self.max_tokens_cap = max_tokens_cap  # a request may not ask for more
         self.fast_forward = fast_forward  # the server's switch; a request may turn it off for itself
-        # an output never closes a value that only the server's worked examples hold (``grammar.copy_guard``)
+        # an output never writes a value of the server's worked examples past what its input holds
+        # (``grammar.copy_guard``)
         self.copy_guard = copy_guard
         self.internal_errors = 0  # outputs that failed the post-check on an enforced keyword (bugs)
         self._stopping = False

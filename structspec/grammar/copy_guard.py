@@ -43,7 +43,7 @@ import json
 import math
 import re
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +58,6 @@ MAX_RUN = 8  # a run this long of one letter or digit that the input does not ho
 # a string of one of these formats is the output's rendering ("2027-04-16" of "16 April 2027"), not the input's text
 RENDERED_FORMATS = frozenset({"date", "time", "date-time", "duration"})
 _DROPPED = bytes(b for b in range(128) if not (48 <= b <= 57 or 97 <= b <= 122))  # after lower(): not [0-9a-z]
-
-
 _NUMBER_START = frozenset(b"-0123456789")
 _NUMBER_BYTES = frozenset(b"0123456789+-.eE")
 _NUMBER_ENDS = (b",", b"}", b"]", b" ", b"\n", b"\r", b"\t")  # what may follow a number in JSON
@@ -149,9 +147,9 @@ def guarded_values(example_outputs: Iterable[str], source: str, schema: Mapping[
 
 def _number_texts(text: str) -> set[str]:
     """The JSON texts a number the input writes (``text``: digits, dots and commas) may be written as: its
-    separators read as thousands, or its last one as the decimal point, or each group alone (a date's parts), and
-    each with no, one or two decimals (``41.00`` -> ``41``, ``41.0``, ``41.00``). Generous: a number the input may hold is never
-    guarded."""
+    separators read as thousands, or its last one as the decimal point, or each group alone (a date's parts),
+    each with no, one or two decimals (``41.00`` -> ``41``, ``41.0``, ``41.00``). Generous: a number the input may
+    hold is never guarded."""
     parts = [p for p in re.split(r"[.,]", text) if p][:64]  # (more groups than that are no number a text means)
     readings = {float("".join(parts)), *(float(p) for p in parts)}  # "19.09.2026" holds 19, 9 and 2026 too
     if len(parts) > 1:
@@ -221,49 +219,21 @@ class CopyGuard:
         the input holds; None where none is refused."""
         index = self._tokens.index
         found: list[np.ndarray] = []
-        for v in self.guarded.strings:
-            if not v.startswith(written):
-                continue
-            rest = v[len(written):]
-            if not rest:  # written whole: it went past the input before (a forced part), nothing left to refuse
-                continue
-            held = self._held_length(written, rest)
+        for rest, held in _along(written, self.guarded.strings, self.guarded.holds):
             # a token that adds the rest's beginning past the held part, or the whole rest and more
             found.extend(index.exactly(rest[:n]) for n in range(held + 1, len(rest)))
             found.append(index.starting_with(rest))
-        found = [f for f in found if len(f)]
-        return np.concatenate(found) if found else None
+        return _ids(found)
 
     def refused_number(self, written: bytes) -> np.ndarray | None:
         """Token ids that would take the open number (``written``, its sign aside) along a guarded number past
         what the input's numbers begin with, or bring the rest of a guarded one and end it; None where none is."""
-        index, held_texts = self._tokens.raw_index, self.guarded.number_prefixes
+        index = self._tokens.raw_index
         found: list[np.ndarray] = []
-        for g in self.guarded.numbers:
-            if not g.startswith(written) or g == written:
-                continue
-            rest = g[len(written):]
-            held = 0
-            while held < len(rest) and written + rest[:held + 1] in held_texts:  # prefixes of a held text are held
-                held += 1
+        for rest, held in _along(written, self.guarded.numbers, self.guarded.number_prefixes.__contains__):
             found.extend(index.exactly(rest[:n]) for n in range(held + 1, len(rest) + 1))
             found.extend(index.starting_with(rest + end) for end in _NUMBER_ENDS)
-        found = [f for f in found if len(f)]
-        return np.concatenate(found) if found else None
-
-    def _held_length(self, written: bytes, rest: bytes) -> int:
-        """The most bytes of ``rest`` that ``written`` can go on with and the input still hold it (a held text's
-        every prefix is held: bisection)."""
-        lo, hi = 0, len(rest)  # written + rest[:lo] is held, or lo == 0; written + rest whole is not
-        if self.guarded.holds(written + rest):
-            return len(rest)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.guarded.holds(written + rest[:mid]):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return _ids(found)
 
     # -- the rest is the grammar's ---------------------------------------------------------------
     def consume(self, tokens: Sequence[int]) -> bool:
@@ -294,6 +264,31 @@ class CopyGuard:
     @property
     def limit_exceeded(self) -> str | None:
         return self.inner.limit_exceeded
+
+
+def _along(written: bytes, values: Iterable[bytes], holds: Callable[[bytes], bool]) -> Iterator[tuple[bytes, int]]:
+    """(rest, held) of each of ``values`` that ``written`` is a proper beginning of: what is left of it, and the
+    most bytes of that rest ``written`` can go on with while ``holds`` says the input holds it. A held text's every
+    beginning is held, so the held length is found by bisection."""
+    for v in values:
+        if not v.startswith(written) or v == written:
+            continue
+        rest = v[len(written):]
+        lo, hi = 0, len(rest)  # written + rest[:lo] is held, or lo == 0; written + rest whole is not
+        if holds(v):
+            lo = hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if holds(written + rest[:mid]):
+                lo = mid
+            else:
+                hi = mid
+        yield rest, lo
+
+
+def _ids(found: list[np.ndarray]) -> np.ndarray | None:
+    found = [f for f in found if len(f)]
+    return np.concatenate(found) if found else None
 
 
 # cursor modes
