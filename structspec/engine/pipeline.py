@@ -101,7 +101,8 @@ class RequestPipeline:
         the input does not hold (none: left as is)."""
         try:
             guarded = guarded_values((ex.output for ex in shown), request.input_text, request.schema,
-                                     shown_elsewhere=(ex.output for ex in request.examples))
+                                     shown_elsewhere=(ex.output for ex in request.examples),
+                                     example_texts=(ex.text for ex in shown))
         except Exception:  # noqa: BLE001 - a bug here must cost the guard, not the request
             log.exception("request %s: the copy guard's values could not be read; decoding without it",
                           seq.request_id)

@@ -1,13 +1,14 @@
 """The copy guard: an output never writes a value of a worked example further than the input holds it.
 
 Terms:
-- a *shown value*: a string (3+ characters) or number leaf of a worked example's output that the server put in
-  the prompt (its own examples, not a caller's);
+- a *shown value*: a string (3+ characters) or number leaf of a worked example's output, or a number its text
+  writes, that the server put in the prompt (its own examples, not a caller's);
 - *normalized* text: lower-cased, ASCII punctuation and whitespace dropped (``INV_2027-1149`` and
   ``inv-2027 1149`` are both ``inv20271149``); strings are compared normalized;
 - a *guarded value*: a shown value the request's input does not hold and the schema neither enumerates nor
   formats (``date``, ``time``, ...: a value the output writes in a form of its own, not as the input does):
-  written into an output it can only have come from the example;
+  written into an output it can only have come from the example. A shown date (``date``, ``date-time``) whose
+  day or year the input does not write is a *guarded date*: the output may not write it whole;
 - the *held part* of a value being written: the most of it that the input holds (a number: that one of the
   input's numbers begins with, read as JSON would write it: ``2,845.45`` as ``2845.45``, ``41.00`` as ``41``,
   ``41.0`` or ``41.00``).
@@ -16,16 +17,18 @@ A base model shown worked examples writes their values where it cannot find the 
 quarter of the values it writes on held-out invoices, docs/benchmarks.md). ``CopyGuard`` wraps a sequence's
 matcher and takes out of the mask every token that would take the value being written along a guarded value
 past its held part: ``"INV-2027-`` may go on as the input's ``INV-2027-0456`` goes on, not as the example's
-``INV-2027-1149``. The model writes the input's value, or another. What does not work, measured:
+``INV-2027-1149``. The model writes the input's value, or another. A number may not end where it is a guarded
+one whole (``11`` where the input writes ``117.65``: the input's goes on). What does not work, measured:
 - refusing only the close (the value whole): Gemma 3 270M then writes the example's value with a character more
-  (``"INV-2027-1149,"``), and a refused number's end runs on as digits to ``max_tokens``;
+  (``"INV-2027-1149,"``), and a refused number's end, with no run rule (below), runs on as digits to
+  ``max_tokens``;
 - comparing raw text: refused ``INV-2027-1``, it writes ``INV_2027-1149``. Normalized, a token is refused by the
   letters and digits it adds, whatever punctuation comes with them.
 
 Turned off an example's value, Gemma 3 270M at times writes one character on and on (``"INV-0000000…``, to
-``max_tokens``: 6-10 of 90 held-out invoices). So under the guard a value that ends with a run of ``MAX_RUN`` or
-more of one letter or digit that the input does not hold may only end (a string close, a number stop): no value
-the input holds has one, and the output goes on.
+``max_tokens``: 6-10 of 90 held-out invoices), or a short unit (``-y-x-y-x…``). So under the guard a value that
+ends with a run of ``MAX_RUN`` or more bytes repeating a unit of up to ``MAX_PERIOD`` that the input does not hold
+may only end (a string close, a number stop): no value the input holds has one, and the output goes on.
 
 It yields where it would leave nothing allowed (the grammar forces the value: an enumerated or patterned one),
 so it never stops a grammar from completing. It is part of the mask every executor and the verifier apply, so
@@ -54,7 +57,8 @@ from structspec.grammar.base import Matcher, bitmask_row
 from structspec.grammar.tokenizer_view import TokenizerView, TokenPrefixIndex
 
 MIN_STRING_CHARS = 3  # shorter strings ("EU", "1a") are too often a document's own to guard
-MAX_RUN = 8  # a run this long of one letter or digit that the input does not hold ends its value
+MAX_RUN = 8  # a run this long of one letter or digit (or of a short unit) that the input does not hold ends its value
+MAX_PERIOD = 3  # the longest unit a run repeats: "yxyxyxyx" runs on as "00000000" does
 # a string of one of these formats is the output's rendering ("2027-04-16" of "16 April 2027"), not the input's text
 RENDERED_FORMATS = frozenset({"date", "time", "date-time", "duration"})
 _DROPPED = bytes(b for b in range(128) if not (48 <= b <= 57 or 97 <= b <= 122))  # after lower(): not [0-9a-z]
@@ -62,6 +66,8 @@ _NUMBER_START = frozenset(b"-0123456789")
 _NUMBER_BYTES = frozenset(b"0123456789+-.eE")
 _NUMBER_ENDS = (b",", b"}", b"]", b" ", b"\n", b"\r", b"\t")  # what may follow a number in JSON
 _SOURCE_NUMBER = re.compile(r"\d(?:[\d.,]*\d)?")
+_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+_THOUSANDS = re.compile(r"\d{1,3}(?:([.,])\d{3})(?:\1\d{3})*(?:[.,]\d{1,2})?")  # 9,980.75; 1.234.567,8
 
 
 def normalized(data: bytes) -> bytes:
@@ -78,9 +84,10 @@ class GuardedValues:
     source: bytes = b""
     numbers: tuple[bytes, ...] = ()  # guarded numbers' JSON text, sign aside
     number_prefixes: frozenset[bytes] = frozenset()  # every beginning of the input's numbers as JSON texts
+    dates: tuple[bytes, ...] = ()  # rendered dates (normalized: 20250918) whose day or year the input lacks
 
     def __bool__(self) -> bool:
-        return bool(self.strings or self.numbers)
+        return bool(self.strings or self.numbers or self.dates)
 
     def holds(self, text: bytes) -> bool:
         """Whether the input holds ``text`` (normalized)."""
@@ -120,20 +127,33 @@ class GuardTokens:
 
 
 def guarded_values(example_outputs: Iterable[str], source: str, schema: Mapping[str, Any] | None = None,
-                   shown_elsewhere: Iterable[str] = ()) -> GuardedValues:
-    """The guarded values of worked examples (``example_outputs``: their JSON texts) for a request whose input is
-    ``source``, whose output follows ``schema``. ``shown_elsewhere``: outputs of examples that are not guarded (a
-    caller's): a value one of them holds is the caller's to show, and is not guarded. Raises: Never (an output
-    that is not JSON holds none)."""
+                   shown_elsewhere: Iterable[str] = (), example_texts: Iterable[str] = ()) -> GuardedValues:
+    """The guarded values of worked examples (``example_outputs``: their JSON texts; ``example_texts``: their
+    inputs, whose numbers are shown too) for a request whose input is ``source``, whose output follows ``schema``.
+    ``shown_elsewhere``: outputs of examples that are not guarded (a caller's): a value one of them holds is the
+    caller's to show, and is not guarded. Raises: Never (an output that is not JSON holds none)."""
     norm = normalized(source.encode())
     kept = {v for out in shown_elsewhere for v, _ in _leaves(out, None)}
     texts = {t for m in _SOURCE_NUMBER.findall(source) for t in _number_texts(m)}
     values = {float(t) for t in texts}
     strings: dict[bytes, None] = {}
     numbers: dict[bytes, None] = {}
+    dates: dict[bytes, None] = {}
+    for shown in example_texts:  # as the input writes them: "2,845.45" is 2845.45
+        for m in _SOURCE_NUMBER.findall(shown):
+            v = _written_number(m)
+            if v is not None and v not in values and v not in kept:
+                numbers[json.dumps(int(v) if v.is_integer() else v).encode()] = None
     for out in example_outputs:
         for v, at in _leaves(out, schema):
-            if v in kept or _fixed(at) or isinstance(v, bool):
+            if v in kept or isinstance(v, bool):
+                continue
+            if isinstance(v, str) and at is not None and at.get("format") in ("date", "date-time"):
+                day = _DATE.match(v)  # a rendered date the input cannot hold as written: its day and year can
+                if day and not {float(day[1]), float(day[3])} <= values:
+                    dates[normalized(day[0].encode())] = None
+                continue
+            if _fixed(at):
                 continue
             if isinstance(v, str) and len(v.strip()) >= MIN_STRING_CHARS:
                 data = normalized(json.dumps(v, ensure_ascii=False)[1:-1].encode())
@@ -142,16 +162,29 @@ def guarded_values(example_outputs: Iterable[str], source: str, schema: Mapping[
             elif isinstance(v, (int, float)) and abs(v) not in values and math.isfinite(v):
                 numbers[json.dumps(abs(v)).encode()] = None
     prefixes = frozenset(t[:n].encode() for t in texts for n in range(len(t) + 1))
-    return GuardedValues(tuple(strings), norm, tuple(numbers), prefixes)
+    return GuardedValues(tuple(strings), norm, tuple(numbers), prefixes, tuple(dates))
+
+
+def _written_number(text: str) -> float | None:
+    """The number a text writes (``text``: digits, dots and commas), commas read as thousands (``2,845.45``);
+    None where it is none (``19.09.2026``)."""
+    try:
+        v = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    return abs(v) if math.isfinite(v) else None
 
 
 def _number_texts(text: str) -> set[str]:
     """The JSON texts a number the input writes (``text``: digits, dots and commas) may be written as: its
-    separators read as thousands, or its last one as the decimal point, or each group alone (a date's parts),
-    each with no, one or two decimals (``41.00`` -> ``41``, ``41.0``, ``41.00``). Generous: a number the input may
-    hold is never guarded."""
+    separators read as thousands, or its last one as the decimal point, or each group alone where there are two
+    separators or more and the groups are no thousands (a date's parts: ``19.09.2026``; ``9,980.75`` holds no 9,
+    ``16.20`` no 16), each with no, one or two decimals (``41.00`` -> ``41``, ``41.0``, ``41.00``). Generous: a
+    number the input may hold is never guarded."""
     parts = [p for p in re.split(r"[.,]", text) if p][:64]  # (more groups than that are no number a text means)
-    readings = {float("".join(parts)), *(float(p) for p in parts)}  # "19.09.2026" holds 19, 9 and 2026 too
+    readings = {float("".join(parts))}
+    if len(parts) > 2 and not _THOUSANDS.fullmatch(text):
+        readings |= {float(p) for p in parts}  # "19.09.2026" holds 19, 9 and 2026 too
     if len(parts) > 1:
         readings.add(float("".join(parts[:-1]) + "." + parts[-1]))
     out: set[str] = set()
@@ -173,6 +206,7 @@ class CopyGuard:
         self.guarded = guarded
         self._tokens = tokens
         self._cursor = JsonCursor()
+        self._number_values = frozenset(float(n) for n in guarded.numbers)
         self.refusals = 0  # fills that took a token out of the mask (diagnostic)
 
     # -- the mask --------------------------------------------------------------------------------
@@ -207,12 +241,18 @@ class CopyGuard:
 
     def runs_on(self, written: bytes) -> bool:
         """Whether the open value (``written``: a string's normalized, a number's text) ends with a run of
-        ``MAX_RUN`` or more of one letter or digit that the input does not hold."""
+        ``MAX_RUN`` or more bytes repeating a unit of up to ``MAX_PERIOD`` (``0000…``, ``yxyx…``) that the input
+        does not hold. Cost: a backward scan of the run, per period."""
         if len(written) < MAX_RUN:
             return False
-        last = written[-1:]
-        run = len(written) - len(written.rstrip(last))
-        return run >= MAX_RUN and not self.guarded.holds(last * run)
+        for period in range(1, MAX_PERIOD + 1):
+            i = len(written) - period - 1
+            while i >= 0 and written[i] == written[i + period]:
+                i -= 1
+            run = len(written) - 1 - i  # the repeating tail, its first unit included
+            if run >= max(MAX_RUN, 2 * period) and not self.guarded.holds(written[-run:]):
+                return True
+        return False
 
     def refused(self, written: bytes) -> np.ndarray | None:
         """Token ids that would take the open string value (``written``, normalized) along a guarded value past what
@@ -223,17 +263,29 @@ class CopyGuard:
             # a token that adds the rest's beginning past the held part, or the whole rest and more
             found.extend(index.exactly(rest[:n]) for n in range(held + 1, len(rest)))
             found.append(index.starting_with(rest))
+        for date in self.guarded.dates:  # a rendered date goes on freely, but not to the example's whole
+            if date.startswith(written) and date != written:
+                found.append(index.starting_with(date[len(written):]))
         return _ids(found)
 
     def refused_number(self, written: bytes) -> np.ndarray | None:
         """Token ids that would take the open number (``written``, its sign aside) along a guarded number past
-        what the input's numbers begin with, or bring the rest of a guarded one and end it; None where none is."""
+        what the input's numbers begin with, or bring the rest of a guarded one and end it, or end it where it is
+        one (``1.0`` is ``1``); None where none is."""
         index = self._tokens.raw_index
         found: list[np.ndarray] = []
         for rest, held in _along(written, self.guarded.numbers, self.guarded.number_prefixes.__contains__):
             found.extend(index.exactly(rest[:n]) for n in range(held + 1, len(rest) + 1))
             found.extend(index.starting_with(rest + end) for end in _NUMBER_ENDS)
+        if self._is_guarded_number(written):
+            found.extend(index.starting_with(end) for end in _NUMBER_ENDS)
         return _ids(found)
+
+    def _is_guarded_number(self, written: bytes) -> bool:
+        try:
+            return float(written) in self._number_values
+        except ValueError:  # not a whole number yet ("1.", "2e")
+            return False
 
     # -- the rest is the grammar's ---------------------------------------------------------------
     def consume(self, tokens: Sequence[int]) -> bool:

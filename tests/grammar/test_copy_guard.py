@@ -31,8 +31,25 @@ def test_guarded_values_are_the_examples_strings_the_input_does_not_hold() -> No
     caller = guarded_values([json.dumps(EXAMPLE)], "", SCHEMA, shown_elsewhere=['{"vendor": "Iris Media S.A."}'])
     assert b"irismediasa" not in caller.strings and b"consultinghours" in caller.strings
     assert not guarded_values(["not json"], "", SCHEMA)
-    # without a schema nothing is known to be fixed: the date is guarded too
+    # without a schema nothing is known to be fixed: the date is guarded as a string
     assert b"20270416" in guarded_values([json.dumps(EXAMPLE)], "").strings
+
+
+def test_a_shown_date_whose_day_or_year_the_input_lacks_may_not_be_written_whole(compilers, view) -> None:
+    # EXAMPLE's date is 2027-04-16: the input writes its day and year in words' company, or not
+    assert guarded_values([json.dumps(EXAMPLE)], "issued April 16, 2027", SCHEMA).dates == ()
+    assert guarded_values([json.dumps(EXAMPLE)], "issued 20.04.2027", SCHEMA).dates == (b"20270416",)
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    guarded = guarded_values([json.dumps(EXAMPLE)], "issued 20.04.2027", SCHEMA)
+    for text, refused in (('{"vendor":"x","currency":"USD","date":"2027-04-1', True),
+                          ('{"vendor":"x","currency":"USD","date":"2027-04-', False),  # the input's 20 goes on
+                          ('{"vendor":"x","currency":"USD","date":"2027-05-1', False)):
+        guard = CopyGuard(grammar.matcher(), guarded, GuardTokens.for_view(view))
+        _walk(guard, view, text)
+        inner = allowed(_walked(grammar, view, text), view)
+        gone = inner - allowed(guard, view)
+        assert gone == ({t for t in inner if normalized(view.token_bytes[t]).startswith(b"6")} if refused else set())
+        assert allowed(guard, view) and (gone or not refused), text
 
 
 def test_guarded_strings_are_their_json_text_normalized() -> None:
@@ -183,6 +200,14 @@ def test_guarded_numbers_are_the_examples_numbers_the_input_does_not_write() -> 
     assert {b"6049", b"6049.0", b"6049.00", b"41", b"41.00", b"4"} <= g.number_prefixes
 
 
+def test_the_numbers_an_example_s_text_writes_are_guarded_and_a_thousands_group_is_no_number() -> None:
+    g = guarded_values([json.dumps({"total": 9})], "Total 9,980.75 due 19.08.2026, fee 16.20", SCHEMA,
+                       example_texts=["Paid 2,845.45 on April 16, 2027 for 9 items; 19 left", "INV-2027-1149"])
+    assert set(g.numbers) == {b"9", b"2845.45", b"16", b"2027", b"1149"}  # 19 is the input's (the date's day); 16.20 is no 16
+    assert b"9980.75" in g.number_prefixes and b"980" not in g.number_prefixes
+    assert not guarded_values([], "x", SCHEMA, shown_elsewhere=['{"q": 16}'], example_texts=["16 boxes"])
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_guarded_values_never_raise_on_what_an_input_writes(seed: int) -> None:
     r = random.Random(seed)
@@ -204,6 +229,42 @@ def test_the_guard_refuses_to_go_along_a_guarded_number_past_the_input_s(compile
         b"49".startswith(b) or any(b.startswith(b"49" + e) for e in ends))}
     assert want and gone == want
     assert _starting(allowed(guard, view), view, b",")  # 60 itself may end
+
+
+@pytest.mark.parametrize("text", ["11", "11.0", "11.00"])
+def test_a_guarded_number_may_not_end_where_it_is_whole(compilers, view, text: str) -> None:
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    guarded = guarded_values([json.dumps({"total": 11})], "Total 117.65 EUR", SCHEMA)  # 11 begins 117.65 only
+    assert guarded.numbers == (b"11",)
+    prefix = '{"vendor":"x","currency":"USD","code":"INV-001","total":'
+    guard = CopyGuard(grammar.matcher(), guarded, GuardTokens.for_view(view))
+    _walk(guard, view, prefix + text)
+    inner = allowed(_walked(grammar, view, prefix + text), view)
+    ends = (b",", b"}", b"]", b" ", b"\n", b"\r", b"\t")
+    gone = inner - allowed(guard, view)
+    assert gone and gone == {t for t in inner if view.token_bytes[t].startswith(ends)}
+    assert _starting(allowed(guard, view), view, b"7")  # the input's 117.65 goes on
+    # the input's own number ends freely
+    guard = CopyGuard(grammar.matcher(), guarded, GuardTokens.for_view(view))
+    _walk(guard, view, prefix + "117.65")
+    assert allowed(guard, view) == allowed(_walked(grammar, view, prefix + "117.65"), view)
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_string_value_repeating_a_short_unit_the_input_does_not_hold_may_only_close(compilers, view,
+                                                                                     held: bool) -> None:
+    grammar = compilers["llguidance"].compile_schema(SCHEMA)
+    source = b"ref" + (b"yx" * 8 if held else b"yxyxyx")
+    for unit, n, runs in (("y-x-", 3, False), ("y-x-", 4, True), ("abc", 3, True), ("ab", 3, False)):
+        text = '{"vendor":"INV-' + unit * n
+        guard = CopyGuard(grammar.matcher(), GuardedValues(strings=(b"unrelated",), source=source),
+                          GuardTokens.for_view(view))
+        _walk(guard, view, text)
+        inner = allowed(_walked(grammar, view, text), view)
+        if runs and not (held and unit == "y-x-"):
+            assert allowed(guard, view) == _starting(inner, view, b'"') and allowed(guard, view), text
+        else:
+            assert allowed(guard, view) == inner, text
 
 
 @pytest.mark.parametrize("held", [False, True])
