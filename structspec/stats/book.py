@@ -304,13 +304,14 @@ class Recorder:
                        (k(Series.PROPOSE_SECONDS, proposer, 0, str(asked)), float(seconds)),
                        *([] if made else [(k(Series.PROPOSALS_EMPTY, proposer, 0, str(asked)), 1.0)])])
 
-    def record_step(self, batch_size: int, longest_draft: int, seconds: float, restricted: bool = False) -> None:
-        """One target forward over ``batch_size`` sequences, the longest carrying ``longest_draft`` drafted tokens;
-        ``restricted``: every row it scored had a small allowed set (no output layer ran)."""
+    def record_step(self, batch_size: int, rows: int, seconds: float, restricted: bool = False) -> None:
+        """One target forward over ``batch_size`` sequences, the longest feeding ``rows`` tokens past its first (forced
+        and drafted: a step profile's k-row step feeds k); ``restricted``: every row it scored had a small allowed
+        set (no output layer ran)."""
         b, k = batch_bucket(batch_size), self._keys("")
         head = RESTRICTED_HEAD if restricted else ""
-        self.book.add([(k(Series.STEPS, head, b, str(longest_draft)), 1.0),
-                       (k(Series.STEP_SECONDS, head, b, str(longest_draft)), float(seconds))])
+        self.book.add([(k(Series.STEPS, head, b, str(rows)), 1.0),
+                       (k(Series.STEP_SECONDS, head, b, str(rows)), float(seconds))])
 
     def record_profile(self, steps: Mapping[tuple[str, int, int], float]) -> None:
         """The executor's step profile measured at start: (head, batch bucket, k) -> seconds, head ``full``,

@@ -97,6 +97,23 @@ def test_forced_tokens_are_committed_without_a_decision_and_fed_next_step():
     assert off.output == seq.output and off.usage.forced_tokens == 0 and off.usage.target_forward_passes == 5
 
 
+def test_a_step_is_timed_by_the_rows_it_fed_forced_tokens_included():
+    from structspec.engine.sequence import Serving
+    from structspec.stats.book import Series, StatsBook
+
+    book = StatsBook()
+    slots = free_slots(1) + [frozenset({7}), frozenset({8})] + free_slots(3)
+    seq = make_seq([1, 2], slots)
+    core = EngineCore(TableExecutor(CYCLE), ToyTokenizer(), EOS, SchedulerLimits(prefix_cache_tokens=0),
+                      serving=Serving(book.recorder("m")))
+    run_until_idle(core, [seq])
+    assert seq.output == [3, 7, 8, 9, 10, 11]
+    timed = {key.label: n for key, n in book.rows_for("m", "").items() if key.series == Series.STEPS}
+    # the step feeding the pending 3 and the forced 7, 8 is a 2-row step, as a profile's 2-token draft is; the
+    # steps feeding one token are plain ones (the prompt's and the finishing one are not timed)
+    assert timed == {"2": 1.0, "0": 1.0}
+
+
 def test_opening_forced_tokens_ride_with_the_prompt():
     seq = make_seq([1, 2], [frozenset({5}), frozenset({6})] + free_slots(1))
     _, executor = run([seq], prefix_cache_tokens=0)
