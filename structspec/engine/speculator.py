@@ -33,6 +33,7 @@ class DraftVerdict:
     tokens: tuple[int, ...] = ()  # the drafted tokens (before the grammatical cut)
     grammatical: int = 0  # of those, how many the grammar took (a refused one ends the verified draft)
     target_token: int = -1  # the token the target chose after the accepted ones (recovered or bonus)
+    narrow: bool = False  # carried past the proposer's cap on its restricted one (every scored set small)
 
 
 class Speculator(Protocol):

@@ -79,7 +79,7 @@ from typing import Any, Mapping
 
 from structspec.engine.config import PolicyConfig
 from structspec.engine.types import SchemaSpeculation, SpeculationReport
-from structspec.stats.counters import HOUR, Arm, Reason, batch_bucket
+from structspec.stats.counters import HOUR, Arm, Reason, batch_bucket, narrow_key
 from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence
 
 DRAFT_MODEL = "draft"  # DraftModelProposer.name
@@ -148,7 +148,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
                     reasons[p] = Reason.PRICED_OUT
                 else:
                     caps[p], reasons[p] = k, Reason.COLD
-                wide[p] = restricted_draft_length(at, costs, p, batch_size, config)
+                wide[p] = restricted_draft_length(evidence, costs, p, batch_size, config)
         elif ev.acceptance < config.acceptance_threshold:
             k = guarded_draft_length(ev, costs, p, batch_size, config)
             if k == 0:
@@ -162,7 +162,7 @@ def decide(evidence: SchemaEvidence, costs: CostEvidence, request: PolicyRequest
                 reasons[p] = Reason.NO_GAIN
             else:
                 caps[p], reasons[p] = k, Reason.DRAFTED
-            wide[p] = restricted_draft_length(at, costs, p, batch_size, config)
+            wide[p] = restricted_draft_length(evidence, costs, p, batch_size, config)
 
     switched_off = [p for p in proposers if reasons.get(p) in (Reason.LOW_ACCEPTANCE, Reason.NO_GAIN, Reason.PRICED_OUT)]
     compared = DRAFT_MODEL in caps
@@ -303,20 +303,25 @@ def cold_draft_length(priced: ProposerEvidence, costs: CostEvidence, proposer: s
     return best_draft_length(priced, costs, proposer, batch_size, config)
 
 
-def restricted_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
+def restricted_draft_length(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, batch_size: int,
                             config: PolicyConfig) -> int:
     """The draft length the cost model picks for drafts whose every scored position has a small allowed set (a
     structural stretch: keys, punctuation, numbers, enums), which the executor scores without its output layer
     (``CostEvidence.restricted``): priced at those forwards' costs against a restricted plain step. On a large
     vocabulary that layer is most of a step (Gemma 3 270M on llama.cpp: ~6 of ~10.5 ms a row), so a k-row step
     there costs about k + 1 plain steps while a restricted one costs barely more than one, and a proposer priced
-    out at the full head still pays there. ``ev``: the evidence the proposer is priced with (``priced_evidence``).
-    0 where neither the profile nor serving priced a restricted plain step (no such head), for the draft model
-    (a sampled draft cut where its own tokens lead would be biased: ``Drafter.draft``), and where none pays."""
+    out at the full head still pays there. Priced with the acceptance of the proposer's own drafts carried so
+    (recorded under ``narrow_key``) and the prior, never with its acceptance elsewhere: what a copy lookup gets
+    right inside a value says little of the key or separator that follows one (SmolLM2's nested tool calls on
+    llama.cpp: narrow drafts priced at the proposer's replayed 0.75 a token were kept about one draft in four,
+    and the policy ran 0.94x ``ff``). 0 where neither the profile nor serving priced a restricted plain step (no
+    such head), for the draft model (a sampled draft cut where its own tokens lead would be biased:
+    ``Drafter.draft``), and where none pays."""
     restricted = costs.restricted()
     if proposer == DRAFT_MODEL or restricted is None or restricted.step_seconds(batch_size, 0) is None:
         return 0
-    return best_draft_length(ev, restricted, proposer, batch_size, config)
+    narrow = evidence.at_bucket(narrow_key(proposer), batch_size, config.min_evidence_tokens)
+    return best_draft_length(priced_evidence(narrow, config), restricted, proposer, batch_size, config)
 
 
 def best_draft_length(ev: ProposerEvidence, costs: CostEvidence, proposer: str, batch_size: int,
@@ -382,7 +387,7 @@ def price_draft(evidence: SchemaEvidence, costs: CostEvidence, proposer: str, ba
         e = priced.expected_accepted(k)
         prices.append(DraftPrice(k, step, d, e, (step + d) / (1.0 + e) if step is not None else None))
     acceptance = ev.acceptance if ev is not None and ev.drafted > 0 else None
-    wide = restricted_draft_length(priced, costs, proposer, batch_size, config)
+    wide = restricted_draft_length(evidence, costs, proposer, batch_size, config)
     return DraftPricing(proposer, batch_bucket(batch_size), ev.drafted if ev is not None else 0.0, acceptance, cold,
                         chosen, tuple(prices), replayed.drafted if replayed is not None else 0.0,
                         replayed.acceptance if replayed is not None and replayed.drafted > 0 else None,

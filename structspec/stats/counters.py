@@ -111,6 +111,12 @@ class Series:
 RESTRICTED_HEAD = "restricted"  # the head of a forward scoring small allowed sets alone (steps and profile rows)
 
 
+def narrow_key(proposer: str) -> str:
+    """The name a proposer's drafts carried on its restricted cap are recorded under: drafts made where every scored
+    position allows few tokens (a key, a separator), whose acceptance is theirs, not the proposer's elsewhere."""
+    return f"{proposer}/narrow"
+
+
 class Arm:
     """The end-to-end comparison the policy keeps per schema: requests decoded with the draft model or without."""
 

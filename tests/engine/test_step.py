@@ -454,6 +454,7 @@ def test_a_draft_runs_past_its_cap_only_while_every_scored_position_has_a_small_
     assert seq.output == plain.output  # exact: the cut depends on the grammar alone, never on the target
     first = spec.verdicts[0]
     assert (first.drafted, first.accepted) == (carried, carried)  # what was cut for its price is not "drafted"
+    assert first.narrow == (carried > caps.get("scripted", 0))  # carried on the restricted cap: told so
     drafted_step = next(x for step in executor.steps for x in step if len(x.logits_at) > 1)
     assert len(drafted_step.logits_at) == carried + 1
     small = all(a is not None for a in drafted_step.allowed)  # the executor is told every row's small set

@@ -20,7 +20,7 @@ from structspec.speculation.policy import (
     predicted_length,
 )
 from structspec.stats.book import StatsBook
-from structspec.stats.counters import HOUR, Reason, hour_of
+from structspec.stats.counters import HOUR, Reason, hour_of, narrow_key
 from structspec.stats.evidence import CostEvidence, ProposerEvidence, SchemaEvidence, schema_evidence
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -157,6 +157,24 @@ def test_drafts_priced_out_at_the_output_layer_still_run_where_every_scored_set_
     assert (high.max_draft, high.restricted_max_draft) == ({"ngram": 8}, {})  # the full cap is already the longest
     mid = run(evidence(ngram=positional(0.6, drafts=400)), costs, proposers=("ngram",))
     assert mid.max_draft["ngram"] < mid.restricted_max_draft["ngram"]
+
+
+def test_a_restricted_cap_is_priced_with_the_proposers_own_narrow_drafts():
+    """SmolLM2's nested tool calls: copy lookup is kept well inside values, but its drafts at a key or separator
+    are mostly refused. Those drafts are recorded apart (``narrow_key``), and they alone price the restricted cap."""
+    full = {(1, k): 0.014 * (k + 1) for k in range(9)}
+    cheap = CostEvidence(full, restricted_profile={(1, k): 0.006 * (1 + 0.05 * k) for k in range(9)})
+    narrow = narrow_key("ngram")
+    refused = run(evidence(**{"ngram": positional(0.9, drafts=400), narrow: positional(0.05, drafts=400)}), cheap,
+                  proposers=("ngram",))
+    assert refused.max_draft == {} and refused.restricted_max_draft == {}
+    kept = run(evidence(**{"ngram": positional(0.6, drafts=400), narrow: positional(0.9, drafts=400)}), cheap,
+               proposers=("ngram",))
+    assert kept.max_draft == {} and kept.restricted_max_draft == {"ngram": 8}
+    # with none of its own, the restricted cap is priced at the prior, whatever the proposer's acceptance elsewhere
+    cold = run(evidence(ngram=positional(0.9, drafts=400)), cheap, proposers=("ngram",))
+    prior = run(SchemaEvidence(), cheap, proposers=("ngram",))
+    assert cold.restricted_max_draft == prior.restricted_max_draft
 
 
 def test_a_cold_proposer_widens_as_its_own_evidence_comes_in():
