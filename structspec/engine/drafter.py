@@ -48,7 +48,6 @@ class StepDraft:
     tail: tuple[int, torch.Tensor] | None = None  # a sampled draft's first token past it, with its q row
     drafted_tokens: list[int] = field(default_factory=list)  # the proposer's tokens before the cut (stats, samples)
     allowed: tuple[torch.Tensor | None, ...] | None = None  # per scored position, its allowed ids when few (or None)
-    narrow: bool = False  # the draft runs past its proposer's cap on the restricted one (``Drafter._priced_cut``)
 
     @property
     def tokens(self) -> list[int]:
@@ -150,9 +149,7 @@ class Drafter:
                 draft = None
         if draft is not None and kept < len(draft.tokens):
             draft = Draft(draft.tokens[:kept], draft.q[:kept] if draft.q is not None else None, draft.proposer)
-        decision = plan.seq.decision
-        narrow = draft is not None and decision is not None and kept > decision.max_draft.get(draft.proposer, 0)
-        return StepDraft(draft, bitmask[: kept + 1], tail, tokens, allowed, narrow)
+        return StepDraft(draft, bitmask[: kept + 1], tail, tokens, allowed)
 
     def _first_mask(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The next position's mask and its small allowed set (None: a wide one), looked up before proposing where
@@ -244,10 +241,12 @@ class Drafter:
         if step.draft is None:
             return
         plan.seq.record_draft(step.draft.proposer, step.drafted, verdict.accepted)
+        decision = plan.seq.decision  # past the proposer's cap: carried on its restricted one (``_priced_cut``)
+        narrow = decision is not None and len(step.tokens) > decision.max_draft.get(step.draft.proposer, 0)
         if self.speculator is not None:
             self.speculator.on_verified(plan.seq, DraftVerdict(step.draft.proposer, step.drafted, verdict.accepted,
                                                                plan.batch_size, tuple(step.drafted_tokens),
-                                                               len(step.tokens), verdict.token, step.narrow))
+                                                               len(step.tokens), verdict.token, narrow))
 
     def release(self, seq: EngineSequence) -> None:
         """Tell the speculator ``seq`` ended (any reason). Raises: Never (a speculator's bug is logged)."""
