@@ -243,16 +243,16 @@ class EngineCore:
     def _record_step(self, planned: list[Planned], seconds: float) -> None:
         """Time a step of decodes only (no prompt chunk), run as planned, for the policy's cost model: its masks,
         forward, verification and commits, but not its proposing (priced apart, per proposer). A step where a
-        sequence ended is not timed: its ending's work (the replays, the history) is no step's cost. It is timed by
-        the most rows one sequence fed past its first: the forced tokens riding along as well as the drafted ones,
-        as the step profile's k-row steps are (a step after a forced run carries its rows: SmolLM2 on llama.cpp, a
-        restricted step with none drafted cost 17 ms served against a plain step's 10 ms, and pricing drafts
-        against it made them look cheap)."""
+        sequence ended is not timed: its ending's work (the replays, the history) is no step's cost. Nor is a step
+        that fed forced tokens: they are fed but not scored, so such a step is neither a plain step (SmolLM2 on
+        llama.cpp: 17 ms against 10) nor the step profile's k-row step, which scores every row (on an executor whose
+        output layer is most of a row's cost, far dearer); timed as either, it made drafts look cheap. A step is
+        timed by its longest draft."""
         stats = self.serving.stats
-        if stats is None or any(plan.seq.finish is not None for plan, _ in planned):
+        if stats is None or any(plan.seq.finish is not None or len(plan.feed) > 1 for plan, _ in planned):
             return
-        rows = max(len(plan.feed) - 1 + (len(step.tokens) if step is not None else 0) for plan, step in planned)
-        stats.record_step(len(self.scheduler.running), rows, seconds, restricted=_restricted(planned))
+        longest = max((len(step.tokens) if step is not None else 0) for _, step in planned)
+        stats.record_step(len(self.scheduler.running), longest, seconds, restricted=_restricted(planned))
 
     def _forward(self, planned: list[Planned]) -> tuple[list[Planned], list[torch.Tensor]]:
         """One forward over ``planned``: the plans that ran and their logits.

@@ -305,9 +305,9 @@ class Recorder:
                        *([] if made else [(k(Series.PROPOSALS_EMPTY, proposer, 0, str(asked)), 1.0)])])
 
     def record_step(self, batch_size: int, rows: int, seconds: float, restricted: bool = False) -> None:
-        """One target forward over ``batch_size`` sequences, the longest feeding ``rows`` tokens past its first (forced
-        and drafted: a step profile's k-row step feeds k); ``restricted``: every row it scored had a small allowed
-        set (no output layer ran)."""
+        """One target forward over ``batch_size`` sequences, the longest scoring ``rows`` drafted tokens past its
+        first row (as a step profile's k-row step does); ``restricted``: every row it scored had a small allowed set
+        (no output layer ran)."""
         b, k = batch_bucket(batch_size), self._keys("")
         head = RESTRICTED_HEAD if restricted else ""
         self.book.add([(k(Series.STEPS, head, b, str(rows)), 1.0),
