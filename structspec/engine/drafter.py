@@ -33,7 +33,7 @@ from structspec.grammar.base import Matcher, allocate_bitmask, small_allowed_set
 from structspec.models.end_of_turn import as_id_set
 from structspec.models.executor import ForwardStep
 from structspec.stats.book import Recorder
-from structspec.stats.counters import Reason, batch_bucket
+from structspec.stats.counters import Reason, batch_bucket, proposer_of
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class Drafter:
         """Count the verdict on ``step``'s draft in ``plan.seq``'s usage and tell the speculator."""
         if step.draft is None:
             return
-        plan.seq.record_draft(step.draft.proposer, step.drafted, verdict.accepted)
+        plan.seq.record_draft(proposer_of(step.draft.proposer), step.drafted, verdict.accepted)  # usage: who drafted
         decision = plan.seq.decision  # past the proposer's cap: carried on its restricted one (``_priced_cut``)
         narrow = decision is not None and len(step.tokens) > decision.max_draft.get(step.draft.proposer, 0)
         if self.speculator is not None:

@@ -6,6 +6,11 @@ with a different token than in the document (``"Tyrell`` after a quote vs
 is made of. We find the longest suffix of the output text (``min_chars`` ..
 ``max_chars`` characters) that occurs earlier in the prompt or the output,
 take the text after its latest occurrence, and tokenize that as the draft.
+
+A draft whose matched tail is ``long_chars`` characters or more is a *long match* (``long_match_key``: recorded,
+capped and priced under ``ngram/long``): a copy well under way, or the output repeating its own text, whose
+drafts are accepted far more often than a short match's (which is mostly a key or a word that also occurs
+elsewhere). The policy prices the two apart, so a long match drafts where a short one does not pay.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from structspec.speculation.base import Draft, DraftContext
 from structspec.speculation.text_tokens import TextTokens
+from structspec.stats.counters import long_match_key
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class NgramConfig:
     min_chars: int = 3
     max_chars: int = 40
     continuation_chars: int = 64  # text taken after the match, before tokenizing
+    long_chars: int = 24  # a matched tail this long or longer makes a long match's draft (``long_match_key``)
 
 
 class NgramProposer:
@@ -33,16 +40,26 @@ class NgramProposer:
         self.config = config
 
     def propose(self, ctx: DraftContext, k: int) -> Draft | None:
-        cont = find_continuation(ctx.prompt_text, ctx.output_text, self.config)
-        if not cont:
+        """A draft named ``ngram``, or ``ngram/long`` where its match is long (``NgramConfig.long_chars``)."""
+        found = find_match(ctx.prompt_text, ctx.output_text, self.config)
+        if found is None:
             return None
+        cont, matched = found
         tokens = self.tokens(cont, k)
-        return Draft(tokens, None, self.name) if tokens else None
+        name = long_match_key(self.name) if matched >= self.config.long_chars else self.name
+        return Draft(tokens, None, name) if tokens else None
 
 
 def find_continuation(source: str, output: str, cfg: NgramConfig) -> str | None:
-    """Text following the longest match of ``output``'s tail in ``source`` (or earlier in ``output``: at that
-    length, ``source``'s latest match first). The longest is found by bisection: a tail that occurs means every
+    """Text following the longest match of ``output``'s tail in ``source`` (``find_match``), or None."""
+    found = find_match(source, output, cfg)
+    return found[0] if found is not None else None
+
+
+def find_match(source: str, output: str, cfg: NgramConfig) -> tuple[str, int] | None:
+    """The text following the longest match of ``output``'s tail in ``source`` (or earlier in ``output``: at that
+    length, ``source``'s latest match first), and that match's length in characters; None where no tail of
+    ``min_chars`` occurs or nothing follows it. The longest is found by bisection: a tail that occurs means every
     shorter one occurs too (in ``output``, ending at the same place), so a lookup searches about
     log2(``max_chars``) times, not once per tail length."""
     def match(n: int) -> str | None:
@@ -64,4 +81,4 @@ def find_continuation(source: str, output: str, cfg: NgramConfig) -> str | None:
             hi = mid - 1
         else:
             lo, found = mid, longer
-    return found or None
+    return (found, lo) if found else None

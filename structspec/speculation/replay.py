@@ -36,7 +36,7 @@ from structspec.speculation.decisions import Decider
 from structspec.speculation.history import history_key
 from structspec.speculation.proposing import draft_length, remember_acceptance
 from structspec.stats.book import Recorder
-from structspec.stats.counters import Reason
+from structspec.stats.counters import Reason, draft_keys
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,10 @@ def replay_priced_out(seq: EngineSequence, output: Sequence[int], proposers: Ite
     if stats is None or decision is None or policy is None or seq.grammar is None or not output:
         return
     for proposer in proposers:
-        if proposer is None or decision.reasons.get(proposer.name) not in _REPLAYED \
-                or not decider.wants_replay(stats, seq.schema_key, proposer.name):
+        keys = [] if proposer is None else [
+            key for key in draft_keys(proposer.name)
+            if decision.reasons.get(key) in _REPLAYED and decider.wants_replay(stats, seq.schema_key, key)]
+        if proposer is None or not keys:
             continue
         try:
             verdicts = replay_drafts(proposer, output, seq.grammar.matcher(), vocab_size,
@@ -63,7 +65,9 @@ def replay_priced_out(seq: EngineSequence, output: Sequence[int], proposers: Ite
         except Exception:  # noqa: BLE001 - evidence lost, never the answer
             log.exception("replaying %s's drafts on request %s failed", proposer.name, seq.request_id)
             continue
-        stats.record_replay(seq.schema_key, proposer.name, seq.decision_bucket, verdicts)
+        for key in keys:  # each of its draft keys its own evidence (a long match's drafts apart)
+            stats.record_replay(seq.schema_key, key, seq.decision_bucket,
+                                [(drafted, accepted) for k, drafted, accepted in verdicts if k == key])
         decider.forget(stats, seq.schema_key)
 
 
@@ -82,8 +86,9 @@ def sequence_context(seq: EngineSequence, decode: Callable[[list[int]], str]
 def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, vocab_size: int,
                   context: Callable[[list[int], Matcher, SequenceSpeculation], DraftContext], max_draft: int,
                   fast_forward: bool = True, end_of_turn: frozenset[int] = frozenset(),
-                  adapt: bool = True) -> list[tuple[int, int]]:
-    """(drafted, accepted) of each draft ``proposer`` would have made while ``output`` was decoded.
+                  adapt: bool = True) -> list[tuple[str, int, int]]:
+    """(draft key, drafted, accepted) of each draft ``proposer`` would have made while ``output`` was decoded (the
+    key: the name the draft is recorded under, ``stats.counters.draft_keys``).
 
     ``matcher``: a fresh matcher of the request's grammar (consumed here); ``context(output_so_far, matcher,
     state)``: the proposer's view at a position; ``end_of_turn``: ids a draft never runs past; ``adapt``: drafts as
@@ -94,7 +99,7 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
     out = list(output)
     state = SequenceSpeculation()
     mask = allocate_bitmask(1, vocab_size)
-    verdicts: list[tuple[int, int]] = []
+    verdicts: list[tuple[str, int, int]] = []
     t = 0
     while t < len(out) and not matcher.is_stopped():
         if fast_forward:
@@ -107,18 +112,19 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
                     break
                 t += n
                 continue
-        k = draft_length(state, proposer.name, max_draft) if adapt else max_draft
-        draft = proposer.propose(context(out[:t], matcher, state), k)
+        lengths = {key: draft_length(state, key, max_draft) if adapt else max_draft
+                   for key in draft_keys(proposer.name)}
+        draft = proposer.propose(context(out[:t], matcher, state), max(lengths.values()))
         step = 1
         if draft is not None and draft.tokens:
             # counted as the engine counts it: drafted before the grammar's cut (a draft cut whole is a verdict of 0)
-            tokens = list(draft.tokens)[:k]
+            tokens = list(draft.tokens)[:lengths.get(draft.proposer, max_draft)]
             grammatical = _grammatical(tokens, matcher, mask, end_of_turn)
             accepted = 0
             while accepted < grammatical and t + accepted < len(out) and tokens[accepted] == out[t + accepted]:
                 accepted += 1
-            verdicts.append((len(tokens), accepted))
-            remember_acceptance(state, proposer.name, accepted)
+            verdicts.append((draft.proposer, len(tokens), accepted))
+            remember_acceptance(state, draft.proposer, accepted)
             step = accepted + 1
         step = min(step, len(out) - t)
         if not matcher.consume(out[t:t + step]):

@@ -38,6 +38,7 @@ from structspec.speculation.proposing import draft_length, fit_q, proposer_order
 from structspec.speculation.replay import replay_priced_out
 from structspec.speculation.verdicts import record_verdict
 from structspec.stats.book import Recorder
+from structspec.stats.counters import draft_keys
 
 
 class Router:
@@ -77,7 +78,7 @@ class Router:
 
     def _names(self, draft: DraftVersion | None) -> tuple[str, ...]:
         model = draft.proposer if draft is not None else None
-        return tuple(p.name for p in (model, self.ngram, self.history_proposer) if p is not None)
+        return tuple(k for p in (model, self.ngram, self.history_proposer) if p is not None for k in draft_keys(p.name))
 
     # -- draft versions --------------------------------------------------------------------------
     def install_draft(self, proposer: DraftModelProposer, version: str, stats: Recorder | None) -> None:
@@ -137,10 +138,15 @@ class Router:
             max_tokens = min(max_tokens, budget)
         ctx = self._context(seq)
         for proposer in self.order(ctx):
-            if proposer.name not in caps:
+            lengths = {key: draft_length(ctx.state, key, min(max_tokens, caps[key]))
+                       for key in draft_keys(proposer.name) if caps.get(key)}
+            if not lengths:
                 continue  # the policy switched it off for this request
-            k = draft_length(ctx.state, proposer.name, min(max_tokens, caps[proposer.name]))
+            k = max(lengths.values())
             draft = proposer.propose(ctx, k)
+            cap = lengths.get(draft.proposer, 0) if draft is not None else 0
+            if draft is not None and len(draft.tokens) > cap:  # drafted under a key that may draft less (or not)
+                draft = Draft(draft.tokens[:cap], draft.q[:cap] if draft.q is not None else None, draft.proposer)
             stats = self._stats(seq)
             made = draft is not None and bool(draft.tokens)
             asked, started = started, time.perf_counter()

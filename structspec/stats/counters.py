@@ -117,6 +117,26 @@ def narrow_key(proposer: str) -> str:
     return f"{proposer}/narrow"
 
 
+LONG_MATCH_PROPOSERS = ("ngram",)  # the proposers whose long matches are drafts of their own (``long_match_key``)
+
+
+def long_match_key(proposer: str) -> str:
+    """The name a copy lookup's drafts from a long match are drafted, capped and recorded under
+    (``speculation.ngram``): a copy under way or a repeat, accepted far more often than a short match's draft."""
+    return f"{proposer}/long"
+
+
+def draft_keys(proposer: str) -> tuple[str, ...]:
+    """The names ``proposer``'s drafts are capped and priced under: its own, and its long matches' where it has
+    them. The policy decides each apart; the proposer is asked where any of them may draft."""
+    return (proposer, long_match_key(proposer)) if proposer in LONG_MATCH_PROPOSERS else (proposer,)
+
+
+def proposer_of(key: str) -> str:
+    """The proposer a draft key (``draft_keys``, ``narrow_key``) belongs to: what drafts, and whose lookups cost."""
+    return key.split("/", 1)[0]
+
+
 class Arm:
     """The end-to-end comparison the policy keeps per schema: requests decoded with the draft model or without."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from structspec.stats.book import Counters
 from structspec.stats.counters import (HOUR, LENGTH_BOUNDS, RESTRICTED_HEAD, Reason, Series, batch_bucket,
-                                       histogram_quantile)
+                                       histogram_quantile, proposer_of)
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,8 @@ class CostEvidence:
         position it may draft at, and a lookup that finds nothing costs its step as much: charged to the drafts
         made, the switch is exact (drafting pays iff (T(k) + lookup / hits) / (1 + E[accepted]) < T(0)). The draft
         model's from the profile's per-token time where serving measured none; 0 for the others before any is
-        measured."""
+        measured. A draft key (``counters.draft_keys``: a long match's) costs its proposer's lookup."""
+        proposer = proposer_of(proposer)
         hits = max(self.proposal_hits.get(proposer, 1.0), MIN_HIT_RATE)
         if (proposer, k) in self.proposals:
             return self.proposals[(proposer, k)] / hits

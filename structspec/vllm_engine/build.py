@@ -22,7 +22,7 @@ from structspec.grammar import GrammarCompiler, TokenizerView
 from structspec.models.loading import ModelLoadError, load_without_weights, model_profile
 from structspec.speculation.configs import speculation_config
 from structspec.speculation.history import SchemaHistory
-from structspec.stats.counters import model_key
+from structspec.stats.counters import draft_keys, model_key
 from structspec.vllm_engine.extension import EXTENSION_PATH
 from structspec.vllm_engine.proposer import CLASS_PATH
 from structspec.vllm_engine.schedule import batch_schedule, schedule_entries
@@ -139,8 +139,9 @@ def build_vllm_engine(settings: Any, store: Any = None, book: Any = None) -> Any
     eos = end_of_turn(models, vocab)
     drafting = None
     if ours:
-        names = tuple(n for n, on in (("ngram", spec.proposers and spec.proposers.ngram),
-                                       ("history", spec.proposers and spec.proposers.history)) if on)
+        names = tuple(key for n, on in (("ngram", spec.proposers and spec.proposers.ngram),
+                                         ("history", spec.proposers and spec.proposers.history)) if on
+                      for key in draft_keys(n))
         history = (persisted_history(store, history_model_key(models)) if store is not None
                    else SchemaHistory())
         drafting = DraftingFront(names, int((speculative or {})["num_speculative_tokens"]),

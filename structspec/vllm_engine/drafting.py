@@ -29,6 +29,7 @@ from structspec.engine.types import SamplingParams
 from structspec.grammar.base import Matcher, allocate_bitmask, token_allowed
 from structspec.speculation.base import DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.proposing import draft_length, proposer_order, remember_acceptance
+from structspec.stats.counters import draft_keys
 
 EXTRA_ARGS_KEY = "structspec"  # the plan's key in ``SamplingParams.extra_args``
 FORCED = "forced"  # the name forced tokens are counted under (never a policy's proposer)
@@ -186,20 +187,22 @@ class RequestDrafter:
             if room > 0 and not (self.matcher is not None and self.matcher.is_stopped()):
                 ctx = self._context(tokens)
                 for p in proposer_order(ctx, self.proposers.get("ngram"), None, self.proposers.get("history")):
-                    cap = self.plan.caps.get(p.name, 0)
-                    if cap <= 0:
+                    lengths = {key: draft_length(self.state, key, min(room, self.plan.caps[key]))
+                               for key in draft_keys(p.name) if self.plan.caps.get(key, 0) > 0}
+                    if not lengths:
                         continue
-                    made = p.propose(ctx, draft_length(self.state, p.name, min(room, cap)))
-                    if made is None or not made.tokens:
+                    made = p.propose(ctx, max(lengths.values()))
+                    cap = lengths.get(made.proposer, 0) if made is not None else 0  # (a long match's key: its own)
+                    if made is None or not made.tokens[:cap]:
                         continue
-                    for t in made.tokens[: min(room, cap)]:
+                    for t in made.tokens[:cap]:
                         if t in self._eos or not self._take(t):
                             break
                         tokens.append(t)
                         consumed += 1
                         if self.matcher is not None and self.matcher.is_stopped():
                             break
-                    proposer = p.name if len(tokens) > forced else ""
+                    proposer = made.proposer if len(tokens) > forced else ""
                     break
             if proposer and self.plan.probe_budget is not None:
                 self.state.probe_drafted += len(tokens) - forced

@@ -26,7 +26,7 @@ from structspec.speculation.decisions import Decider
 from structspec.speculation.history import HistoryProposer, SchemaHistory, history_key
 from structspec.speculation.ngram import NgramProposer
 from structspec.speculation.replay import replay_priced_out
-from structspec.stats.counters import Reason, batch_bucket
+from structspec.stats.counters import Reason, batch_bucket, proposer_of
 from structspec.vllm_engine.drafting import DraftingPlan, Journal
 
 HISTORY_SENT = 32  # the schema history's newest outputs a request carries to the workers
@@ -81,9 +81,10 @@ class DraftingFront:
         usage.forced_tokens += journal.forced_accepted
         for v in journal.verifications:
             total += v.accepted
-            usage.drafted[v.proposer] = usage.drafted.get(v.proposer, 0) + v.drafted
-            usage.accepted[v.proposer] = usage.accepted.get(v.proposer, 0) + v.accepted
-            usage.draft_steps[v.proposer] = usage.draft_steps.get(v.proposer, 0) + 1
+            who = proposer_of(v.proposer)  # usage: the proposer that drafted (its drafts' key in the statistics)
+            usage.drafted[who] = usage.drafted.get(who, 0) + v.drafted
+            usage.accepted[who] = usage.accepted.get(who, 0) + v.accepted
+            usage.draft_steps[who] = usage.draft_steps.get(who, 0) + 1
             if self.stats is not None:
                 probe = report is not None and report.reasons.get(v.proposer) == Reason.PROBE
                 self.stats.record_verification(seq.schema_key, v.proposer, v.batch_size, v.drafted, v.accepted,

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from structspec.speculation.base import Proposer
 from structspec.speculation.history import HistoryProposer, SchemaHistory
 from structspec.speculation.ngram import NgramProposer
+from structspec.stats.counters import draft_keys
 from structspec.vllm_engine.drafting import EXTRA_ARGS_KEY, DraftingPlan, Journal, RequestDrafter
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class StructspecProposer:
         lark = getattr(structured, "grammar", None) if structured is not None else None
         matcher = self._matcher(lark) if lark else None
         proposers: dict[str, Proposer] = {}
-        if plan.caps.get("ngram"):
+        if any(plan.caps.get(key) for key in draft_keys("ngram")):
             proposers["ngram"] = self._ngram
         if plan.caps.get("history") and plan.history:
             history = SchemaHistory()

@@ -22,6 +22,7 @@ import pytest
 
 from structspec.client import NO_RETRY, Client, StructSpecError, UnavailableError
 from structspec.service.healthcheck import check
+from structspec.stats.counters import proposer_of
 from tests.service.test_sigterm import REPO, free_port, wait_serving
 
 FLUSH_SECONDS = 0.5
@@ -160,8 +161,8 @@ def stats_of(replica: Replica, schema_id: str) -> dict[str, object]:
     with replica.client() as c:
         w = c.get_schema_stats(schema_id, windows=[86400]).windows[86400]
     drafted: dict[str, int] = {}
-    for p in w.proposers:
-        drafted[p.proposer] = drafted.get(p.proposer, 0) + p.drafted
+    for p in w.proposers:  # by the proposer that drafted, as usage counts them (a long match's key is its own)
+        drafted[proposer_of(p.proposer)] = drafted.get(proposer_of(p.proposer), 0) + p.drafted
     return {"requests": w.requests, "output_tokens": w.output_tokens, "target_passes": w.target_passes,
             "drafted": {p: n for p, n in drafted.items() if n}}
 

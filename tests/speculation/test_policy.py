@@ -177,6 +177,25 @@ def test_a_restricted_cap_is_priced_with_the_proposers_own_narrow_drafts():
     assert cold.restricted_max_draft == prior.restricted_max_draft
 
 
+def test_copy_lookups_long_matches_are_priced_apart_and_draft_where_its_short_ones_do_not_pay():
+    """SmolLM2's manifests: copy lookup's drafts from a match of 24 characters or more (a repeat of the output's own
+    text, mostly) were accepted at 0.89-0.95 a token, its other drafts at about 0.4. Priced apart (``ngram/long``),
+    the long matches draft at a step cost where the proposer as a whole is priced out; the short ones stay off."""
+    costs = CostEvidence({(1, k): 0.040 * (1 + 0.5 * k) for k in range(9)})  # a k-row step: 1 + k/2 plain steps
+    keys = ("ngram", "ngram/long")
+    cold = run(SchemaEvidence(), costs, proposers=keys)  # the prior prices both out
+    assert cold.max_draft == {} and cold.reasons == {"ngram": Reason.PRICED_OUT, "ngram/long": Reason.PRICED_OUT}
+    replayed = dataclasses.replace(SchemaEvidence(), replayed={"ngram/long": positional(0.93, drafts=60),
+                                                                "ngram": positional(0.4, drafts=60)})
+    learned = run(replayed, costs, proposers=keys)  # what the finished outputs say each would have had kept
+    assert learned.reasons == {"ngram": Reason.PRICED_OUT, "ngram/long": Reason.COLD}
+    assert learned.max_draft["ngram/long"] >= 1
+    measured = run(evidence(ngram=positional(0.4, drafts=400), **{"ngram/long": positional(0.93, drafts=400)}),
+                   costs, proposers=keys)
+    assert "ngram" not in measured.max_draft and measured.reasons["ngram"] in (Reason.NO_GAIN, Reason.LOW_ACCEPTANCE)
+    assert measured.max_draft["ngram/long"] >= 3 and measured.reasons["ngram/long"] == Reason.DRAFTED
+
+
 def test_a_cold_proposer_widens_as_its_own_evidence_comes_in():
     costly = CostEvidence({(1, k): 0.040 * (1 + 0.45 * k) for k in range(9)})  # priced out at the prior
     assert run(SchemaEvidence(), costly).reasons["ngram"] == Reason.PRICED_OUT

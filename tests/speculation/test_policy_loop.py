@@ -135,7 +135,7 @@ def simulate_arms(ms_with: float, ms_without: float, requests: int = 400, seed: 
     router = Router(None, ProposerSet(ngram=True, history=False, draft=True), 16, draft=DraftStub(), stats=rec,
                     policy=PolicyConfig(), rng=random.Random(seed))
     router.ngram = type("Ngram", (), {"name": "ngram"})()
-    assert router.names == ("draft", "ngram")  # derived from the proposers present
+    assert router.names == ("draft", "ngram", "ngram/long")  # derived from the proposers present
     chosen = []
     for _ in range(requests):
         clock[0] += 30.0

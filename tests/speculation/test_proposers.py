@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 
 from structspec.schemas import load_builtin_schemas
+from structspec.engine.types import SamplingParams
+from structspec.speculation.base import DraftContext, SequenceSpeculation
 from structspec.speculation.history import SEPARATOR, HistoryConfig, SchemaHistory, majority_prefix
 from structspec.speculation.json_position import is_free_text, scan, subschema
-from structspec.speculation.ngram import NgramConfig, find_continuation
+from structspec.speculation.ngram import NgramConfig, NgramProposer, find_continuation, find_match
 
 INVOICE = load_builtin_schemas()["invoice"]
 
@@ -22,6 +24,34 @@ def test_lookup_prefers_longest_match():
     doc = "vendor Acme Labs; customer Acme Foods"
     assert find_continuation(doc, '"customer":"Acme F', NgramConfig()).startswith("oods")
     assert find_continuation(doc, "xyz", NgramConfig()) is None
+
+
+def test_a_match_reports_its_length_and_a_long_one_drafts_under_its_own_key():
+    doc = "Ship to: 1200 Harbour Industrial Estate, Unit 7, Portsmouth\nItems: 4"
+    short = find_match(doc, '{"city":"Por', NgramConfig())
+    assert short is not None and short[0].startswith("tsmouth") and short[1] == 3  # "Por": a word's start
+    long = find_match(doc, '{"address":"1200 Harbour Industrial Est', NgramConfig())
+    assert long is not None and long[0].startswith("ate, Unit 7") and long[1] == 27
+    proposer = NgramProposer(_Chars())
+    for output, key in (('{"city":"Por', "ngram"), ('{"address":"1200 Harbour Industrial Est', "ngram/long")):
+        draft = proposer.propose(_context(doc, output), 4)
+        assert draft is not None and draft.proposer == key and len(draft.tokens) == 4
+    # a repeat of the output's own text is a long match too (a loop's drafts)
+    loop = '[{"sku":"A-1","qty":1},{"sku":"A-1","qty":1},{"sku":"'
+    assert find_match("unrelated prompt", loop, NgramConfig())[1] >= NgramConfig().long_chars
+
+
+class _Chars:
+    """A tokenizer of one id per character."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def _context(prompt: str, output: str) -> DraftContext:
+    ids = _Chars()
+    return DraftContext("k", None, prompt, output, ids(prompt)["input_ids"], ids(output)["input_ids"],
+                        None, 0, SamplingParams(), SequenceSpeculation())  # type: ignore[arg-type]
 
 
 def test_lookup_inside_output_repeats():

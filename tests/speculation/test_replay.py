@@ -22,11 +22,11 @@ def test_replayed_drafts_on_a_greedy_output_are_the_verdicts_the_engine_recorded
     engine = assemble_engine(demo_models, AssemblyConfig(limits=SchedulerLimits(max_batch=4), compiler=demo_compiler,
                                                          proposers=ProposerSet(ngram=True, history=False, draft=False)))
     router = engine.core.drafter.speculator
-    seen: dict[str, list[tuple[int, int]]] = {}
+    seen: dict[str, list[tuple[str, int, int]]] = {}
     on_verified = router.on_verified
 
     def record(seq, verdict):
-        seen.setdefault(seq.request_id, []).append((verdict.drafted, verdict.accepted))
+        seen.setdefault(seq.request_id, []).append((verdict.proposer, verdict.drafted, verdict.accepted))
         on_verified(seq, verdict)
 
     router.on_verified = record

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from structspec.engine.detok import OutputText
+from structspec.engine.speculator import Draft
 from structspec.engine.types import SpeculationReport
 from structspec.speculation.configs import ProposerSet
 from structspec.speculation.router import Router
@@ -57,3 +58,38 @@ def test_with_no_proposer_allowed_a_draft_nothing_is_built(monkeypatch):
     router.propose(seq, 4)  # a restricted cap alone: asked at a narrow position ...
     assert len(built) == 1
     assert router.propose(seq, 4, narrow=False) is None and len(built) == 1  # ... and not at a wide one
+
+
+class _Lookup:
+    """Copy lookup that drafts ``tokens`` under ``key`` (its own name, or its long matches')."""
+
+    name = "ngram"
+
+    def __init__(self, key: str, tokens: list[int]) -> None:
+        self.key, self.tokens, self.asked = key, tokens, []
+
+    def propose(self, ctx, k):
+        self.asked.append(k)
+        return Draft(self.tokens[:k], None, self.key)
+
+
+def test_a_long_match_drafts_under_its_own_cap_and_a_short_one_not_where_only_that_is_allowed(monkeypatch):
+    """The policy decides copy lookup's long matches apart (``ngram/long``): where only they may draft, a short
+    match's draft is dropped, and a long one is cut at its own cap, however long the lookup was asked."""
+    router, _, stats = _router(monkeypatch, build_seconds=0.0)
+    seq = make_seq([1, 2, 3, 1, 2], free_slots(4))
+    seq.output, seq.text = [3], OutputText(router.tokenizer)
+    seq.decision = SpeculationReport(True, Reason.DRAFTED, False, {"ngram/long": 3},
+                                     {"ngram": Reason.PRICED_OUT, "ngram/long": Reason.DRAFTED})
+    router.ngram = short = _Lookup("ngram", [4, 5, 6, 7, 8])
+    assert router.propose(seq, 8) is None and short.asked == [3]
+    assert stats.timed and stats.timed[-1][0] == "ngram"  # its lookup charged to copy lookup, as every one
+    router.ngram = _Lookup("ngram/long", [4, 5, 6, 7, 8])
+    draft = router.propose(seq, 8)
+    assert draft is not None and draft.tokens == [4, 5, 6] and draft.proposer == "ngram/long"
+    # both allowed: asked as far as the longer cap, each draft cut at its own
+    seq.decision = SpeculationReport(True, Reason.DRAFTED, False, {"ngram": 2, "ngram/long": 6},
+                                     {"ngram": Reason.DRAFTED, "ngram/long": Reason.DRAFTED})
+    router.ngram = short = _Lookup("ngram", [4, 5, 6, 7, 8])
+    draft = router.propose(seq, 8)
+    assert short.asked == [6] and draft is not None and draft.tokens == [4, 5]
