@@ -8,10 +8,13 @@ fast-forwards them before asking for a draft.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from structspec.speculation.base import Draft, DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.json_position import is_free_text
+from structspec.stats.counters import draft_keys
 
 
 def proposer_order(ctx: DraftContext, ngram: Proposer | None, draft: Proposer | None,
@@ -44,6 +47,26 @@ def draft_length(state: SequenceSpeculation, proposer: str, max_tokens: int) -> 
     being rejected early does not pay for long verifications; starts at the maximum."""
     mean = state.accepted.get(proposer)
     return max_tokens if mean is None else min(max_tokens, max(2, int(mean + 2.5)))
+
+
+def key_lengths(state: SequenceSpeculation, proposer: str, caps: Mapping[str, int], limit: int,
+                adapt: bool = True) -> dict[str, int]:
+    """Per draft key of ``proposer`` (``draft_keys``) that ``caps`` lets draft, how far: its cap within ``limit``,
+    adapted to the key's recent acceptance (``draft_length``) unless not ``adapt``. Ask the proposer for the longest
+    and cut its draft to its own key's (``cut_to_key``)."""
+    return {key: draft_length(state, key, min(limit, caps[key])) if adapt else min(limit, caps[key])
+            for key in draft_keys(proposer) if caps.get(key, 0) > 0}
+
+
+def cut_to_key(draft: Draft | None, lengths: Mapping[str, int]) -> Draft | None:
+    """``draft`` cut to the length of the key it was made under (``key_lengths``); None where that key may not
+    draft or nothing is left."""
+    cap = lengths.get(draft.proposer, 0) if draft is not None else 0
+    if draft is None or cap <= 0 or not draft.tokens:
+        return None
+    if len(draft.tokens) <= cap:
+        return draft
+    return Draft(draft.tokens[:cap], draft.q[:cap] if draft.q is not None else None, draft.proposer)
 
 
 def fit_q(draft: Draft, vocab_size: int) -> Draft:

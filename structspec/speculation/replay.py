@@ -34,7 +34,7 @@ from structspec.grammar.base import Matcher, allocate_bitmask, token_allowed
 from structspec.speculation.base import DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.decisions import Decider
 from structspec.speculation.history import history_key
-from structspec.speculation.proposing import draft_length, remember_acceptance
+from structspec.speculation.proposing import cut_to_key, key_lengths, remember_acceptance
 from structspec.stats.book import Recorder
 from structspec.stats.counters import Reason, draft_keys
 
@@ -112,13 +112,13 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
                     break
                 t += n
                 continue
-        lengths = {key: draft_length(state, key, max_draft) if adapt else max_draft
-                   for key in draft_keys(proposer.name)}
-        draft = proposer.propose(context(out[:t], matcher, state), max(lengths.values()))
+        lengths = key_lengths(state, proposer.name, dict.fromkeys(draft_keys(proposer.name), max_draft), max_draft,
+                              adapt)
+        draft = cut_to_key(proposer.propose(context(out[:t], matcher, state), max(lengths.values())), lengths)
         step = 1
-        if draft is not None and draft.tokens:
+        if draft is not None:
             # counted as the engine counts it: drafted before the grammar's cut (a draft cut whole is a verdict of 0)
-            tokens = list(draft.tokens)[:lengths.get(draft.proposer, max_draft)]
+            tokens = list(draft.tokens)
             grammatical = _grammatical(tokens, matcher, mask, end_of_turn)
             accepted = 0
             while accepted < grammatical and t + accepted < len(out) and tokens[accepted] == out[t + accepted]:

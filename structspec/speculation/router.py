@@ -34,7 +34,7 @@ from structspec.speculation.draft_model import DraftModelProposer
 from structspec.speculation.draft_versions import DraftVersion, DraftVersions
 from structspec.speculation.history import HistoryProposer, SchemaHistory, history_key
 from structspec.speculation.ngram import NgramProposer
-from structspec.speculation.proposing import draft_length, fit_q, proposer_order, remember_acceptance
+from structspec.speculation.proposing import cut_to_key, fit_q, key_lengths, proposer_order, remember_acceptance
 from structspec.speculation.replay import replay_priced_out
 from structspec.speculation.verdicts import record_verdict
 from structspec.stats.book import Recorder
@@ -138,15 +138,11 @@ class Router:
             max_tokens = min(max_tokens, budget)
         ctx = self._context(seq)
         for proposer in self.order(ctx):
-            lengths = {key: draft_length(ctx.state, key, min(max_tokens, caps[key]))
-                       for key in draft_keys(proposer.name) if caps.get(key)}
+            lengths = key_lengths(ctx.state, proposer.name, caps, max_tokens)
             if not lengths:
                 continue  # the policy switched it off for this request
             k = max(lengths.values())
-            draft = proposer.propose(ctx, k)
-            cap = lengths.get(draft.proposer, 0) if draft is not None else 0
-            if draft is not None and len(draft.tokens) > cap:  # drafted under a key that may draft less (or not)
-                draft = Draft(draft.tokens[:cap], draft.q[:cap] if draft.q is not None else None, draft.proposer)
+            draft = cut_to_key(proposer.propose(ctx, k), lengths)
             stats = self._stats(seq)
             made = draft is not None and bool(draft.tokens)
             asked, started = started, time.perf_counter()

@@ -28,8 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from structspec.engine.types import SamplingParams
 from structspec.grammar.base import Matcher, allocate_bitmask, token_allowed
 from structspec.speculation.base import DraftContext, Proposer, SequenceSpeculation
-from structspec.speculation.proposing import draft_length, proposer_order, remember_acceptance
-from structspec.stats.counters import draft_keys
+from structspec.speculation.proposing import cut_to_key, key_lengths, proposer_order, remember_acceptance
 
 EXTRA_ARGS_KEY = "structspec"  # the plan's key in ``SamplingParams.extra_args``
 FORCED = "forced"  # the name forced tokens are counted under (never a policy's proposer)
@@ -187,15 +186,13 @@ class RequestDrafter:
             if room > 0 and not (self.matcher is not None and self.matcher.is_stopped()):
                 ctx = self._context(tokens)
                 for p in proposer_order(ctx, self.proposers.get("ngram"), None, self.proposers.get("history")):
-                    lengths = {key: draft_length(self.state, key, min(room, self.plan.caps[key]))
-                               for key in draft_keys(p.name) if self.plan.caps.get(key, 0) > 0}
+                    lengths = key_lengths(self.state, p.name, self.plan.caps, room)
                     if not lengths:
                         continue
-                    made = p.propose(ctx, max(lengths.values()))
-                    cap = lengths.get(made.proposer, 0) if made is not None else 0  # (a long match's key: its own)
-                    if made is None or not made.tokens[:cap]:
+                    made = cut_to_key(p.propose(ctx, max(lengths.values())), lengths)
+                    if made is None:
                         continue
-                    for t in made.tokens[:cap]:
+                    for t in made.tokens:
                         if t in self._eos or not self._take(t):
                             break
                         tokens.append(t)
