@@ -29,7 +29,7 @@ from structspec.engine.sequence import EngineSequence, Serving
 from structspec.engine.speculator import Draft, DraftVerdict, Speculator
 from structspec.engine.types import DraftsUnsupported, DraftUpdate, SpeculationReport
 from structspec.engine.verify import Verdict
-from structspec.grammar.base import Matcher, allocate_bitmask, small_allowed_set, token_allowed
+from structspec.grammar.base import Matcher, allocate_bitmask, forces_one_token, small_allowed_set, token_allowed
 from structspec.models.end_of_turn import as_id_set
 from structspec.models.executor import ForwardStep
 from structspec.stats.book import Recorder
@@ -143,6 +143,8 @@ class Drafter:
                 break  # no draft continues past grammar termination
         matcher.rollback(consumed)
         kept, allowed = self._priced_cut(plan, draft, bitmask, consumed, (first[1],) if first is not None else ())
+        kept = self._decision_end(plan, draft, bitmask, kept)
+        allowed = allowed[: kept + 1] if allowed is not None else None
         if kept < consumed:  # cut for its price: what is cut was never verified, so it counts as not drafted
             tail, tokens = None, tokens[:kept]
             if kept == 0:
@@ -189,6 +191,24 @@ class Drafter:
         small = next((i for i, ids in enumerate(allowed) if ids is None), len(allowed))  # leading small rows
         kept = max(cap, min(consumed, wide, small - 1))
         return kept, tuple(allowed[: kept + 1])
+
+    @staticmethod
+    def _decision_end(plan: StepPlan, draft: Draft | None, bitmask: torch.Tensor, kept: int) -> int:
+        """How many of the ``kept`` drafted tokens stay so that the draft ends where the target decides. A scored row
+        at a position the grammar forces (one allowed token; the end of turn alone once the grammar is complete)
+        decides nothing, and fast-forward commits such tokens unscored. So a draft whose last scored row (the one
+        after its last token) is forced drops its trailing forced tokens and the decision before them: the step's
+        own row samples that decision from the same distribution verification would have kept it with, and
+        fast-forward commits what follows. The step commits the same tokens with fewer rows scored, and where the
+        forced run ends the output it ends in the same step. (SmolLM2's short classify outputs on llama.cpp: a
+        two-token draft on the last step, its tail forced to the end, cost 60-66 ms against 45-50 ms without it,
+        and saved no pass.) Only with fast-forward on, and only for a draft without draft probabilities: its
+        tokens are a function of the context, so cutting it by the grammar's masks keeps verification exact."""
+        if draft is None or draft.q is not None or not plan.seq.fast_forward:
+            return kept
+        while kept > 0 and forces_one_token(bitmask[kept]):
+            kept -= 1
+        return kept
 
     def allowed_ids(self, step: StepDraft) -> tuple[torch.Tensor | None, ...] | None:
         """Per scored position, its allowed ids when the executor scores small allowed sets alone (the rest would

@@ -242,6 +242,12 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, inplace: bo
     return out
 
 
+def forces_one_token(bitmask_row: torch.Tensor) -> bool:
+    """Whether one [W] int32 row allows exactly one token (a forced position; a dead end allows none)."""
+    ids = small_allowed_set(bitmask_row, 1)
+    return ids is not None and len(ids) == 1
+
+
 def small_allowed_set(bitmask_row: torch.Tensor, limit: int) -> torch.Tensor | None:
     """The allowed token ids of one [W] int32 row as a LongTensor, or None when there may be more than ``limit``.
 

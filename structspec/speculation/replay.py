@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from structspec.engine.sequence import EngineSequence
-from structspec.grammar.base import Matcher, allocate_bitmask, token_allowed
+from structspec.grammar.base import Matcher, allocate_bitmask, forces_one_token, token_allowed
 from structspec.speculation.base import DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.decisions import Decider
 from structspec.speculation.history import history_key
@@ -45,11 +45,13 @@ _REPLAYED = (Reason.PRICED_OUT, Reason.SHORT_OUTPUT)  # the decisions not to dra
 
 def replay_priced_out(seq: EngineSequence, output: Sequence[int], proposers: Iterable[Proposer | None],
                       decider: Decider, stats: Recorder | None, vocab_size: int,
-                      decode: Callable[[list[int]], str]) -> None:
+                      decode: Callable[[list[int]], str], ends_at_decisions: bool = True) -> None:
     """Replay on ``seq``'s finished ``output`` the drafts of each of ``proposers`` its decision priced out (a short
     output's drafting refused included: its drafts' lengths price its cap, ``policy.short_draft_length``), while the
     schema's replayed evidence is thin (``Decider.wants_replay``), and record them. Call it before the output joins
-    the schema history (it must not draft itself). Raises: Never (a failure is logged, the evidence lost)."""
+    the schema history (it must not draft itself). ``ends_at_decisions``: the engine cuts a draft to end where the
+    target decides (``Drafter._decision_end``; vLLM's drafting does not: it drafts forced tokens).
+    Raises: Never (a failure is logged, the evidence lost)."""
     decision, policy = seq.decision, decider.policy
     if stats is None or decision is None or policy is None or seq.grammar is None or not output:
         return
@@ -61,7 +63,8 @@ def replay_priced_out(seq: EngineSequence, output: Sequence[int], proposers: Ite
             continue
         try:
             verdicts = replay_drafts(proposer, output, seq.grammar.matcher(), vocab_size,
-                                     sequence_context(seq, decode), policy.max_draft, seq.fast_forward, adapt=False)
+                                     sequence_context(seq, decode), policy.max_draft, seq.fast_forward, adapt=False,
+                                     ends_at_decisions=ends_at_decisions)
         except Exception:  # noqa: BLE001 - evidence lost, never the answer
             log.exception("replaying %s's drafts on request %s failed", proposer.name, seq.request_id)
             continue
@@ -86,7 +89,7 @@ def sequence_context(seq: EngineSequence, decode: Callable[[list[int]], str]
 def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, vocab_size: int,
                   context: Callable[[list[int], Matcher, SequenceSpeculation], DraftContext], max_draft: int,
                   fast_forward: bool = True, end_of_turn: frozenset[int] = frozenset(),
-                  adapt: bool = True) -> list[tuple[str, int, int]]:
+                  adapt: bool = True, ends_at_decisions: bool = True) -> list[tuple[str, int, int]]:
     """(draft key, drafted, accepted) of each draft ``proposer`` would have made while ``output`` was decoded (the
     key: the name the draft is recorded under, ``stats.counters.draft_keys``).
 
@@ -94,7 +97,9 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
     state)``: the proposer's view at a position; ``end_of_turn``: ids a draft never runs past; ``adapt``: drafts as
     long as the engine's ``draft_length`` would ask (its verdicts, draft for draft), else every draft ``max_draft``
     long (what pricing wants: each position's acceptance measured as often as the drafts reach it, not only after
-    a run of acceptances). Stops where the matcher refuses the output (one the grammar did not produce).
+    a run of acceptances); ``ends_at_decisions`` (with ``fast_forward``): a draft is cut to end where the target
+    decides, as the engine's drafter cuts it. Stops where the matcher refuses the output (one the grammar did not
+    produce).
     Raises: whatever the proposer raises (the caller logs it and keeps the request's answer)."""
     out = list(output)
     state = SequenceSpeculation()
@@ -119,13 +124,17 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
         if draft is not None:
             # counted as the engine counts it: drafted before the grammar's cut (a draft cut whole is a verdict of 0)
             tokens = list(draft.tokens)
-            grammatical = _grammatical(tokens, matcher, mask, end_of_turn)
-            accepted = 0
-            while accepted < grammatical and t + accepted < len(out) and tokens[accepted] == out[t + accepted]:
-                accepted += 1
-            verdicts.append((draft.proposer, len(tokens), accepted))
-            remember_acceptance(state, draft.proposer, accepted)
-            step = accepted + 1
+            grammatical, carried = _grammatical(tokens, matcher, mask, end_of_turn)
+            cut = fast_forward and ends_at_decisions and carried < grammatical
+            drafted = carried if cut else len(tokens)
+            if drafted:
+                accepted = 0
+                while accepted < min(grammatical, drafted) and t + accepted < len(out) \
+                        and tokens[accepted] == out[t + accepted]:
+                    accepted += 1
+                verdicts.append((draft.proposer, drafted, accepted))
+                remember_acceptance(state, draft.proposer, accepted)
+                step = accepted + 1
         step = min(step, len(out) - t)
         if not matcher.consume(out[t:t + step]):
             break
@@ -133,16 +142,27 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
     return verdicts
 
 
-def _grammatical(tokens: list[int], matcher: Matcher, mask: torch.Tensor, end_of_turn: frozenset[int]) -> int:
-    """How many of ``tokens`` the grammar takes in a row from here (the matcher left as found)."""
+def _grammatical(tokens: list[int], matcher: Matcher, mask: torch.Tensor, end_of_turn: frozenset[int]
+                 ) -> tuple[int, int]:
+    """How many of ``tokens`` the grammar takes in a row from here, and how many of those a draft carries once it
+    ends where the target decides (``Drafter._decision_end``: trailing tokens at forced positions, and the decision
+    before them, are left to the step's own row and to fast-forward). The matcher is left as found."""
     consumed = 0
+    forced: list[bool] = []  # per position 0..consumed: the grammar allows one token there
     for tok in tokens:
         matcher.fill_mask(mask, 0)
+        forced.append(forces_one_token(mask[0]))
         if tok in end_of_turn or not token_allowed(mask[0], tok) or not matcher.consume([tok]):
             break
         consumed += 1
         if matcher.is_stopped():
             break
+    if len(forced) == consumed:  # the position after the last grammatical token was not looked at yet
+        matcher.fill_mask(mask, 0)
+        forced.append(forces_one_token(mask[0]))
     if consumed:
         matcher.rollback(consumed)
-    return consumed
+    carried = consumed
+    while carried > 0 and forced[carried]:
+        carried -= 1
+    return consumed, carried

@@ -95,7 +95,8 @@ class DraftingFront:
         """The drafts a priced-out proposer would have made, replayed on ``output`` (``speculation.replay``, with
         ``tokenizer``); a complete output then joins its schema's history (the own engine's rules)."""
         if self._replayers and finish in (FinishReason.STOP, FinishReason.LENGTH):
-            replay_priced_out(seq, output, self._replayers, self.decider, self.stats, self._vocab, self._decode)
+            replay_priced_out(seq, output, self._replayers, self.decider, self.stats, self._vocab, self._decode,
+                              ends_at_decisions=False)  # forced tokens are drafted here
         if finish is FinishReason.STOP and text and "history" in self.names:
             self.history.add(history_key(seq), text)
 

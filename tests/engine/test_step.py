@@ -502,3 +502,31 @@ def test_a_wide_position_asks_a_proposer_only_at_its_cap(caps):
     assert narrow_at == {2, 3, 4}  # the small sets' positions, told narrow
     wide_at = {n for n, narrow in spec.asked if not narrow}
     assert wide_at == (set() if not caps else {0, 1, 5, 6, 7, 8})  # (the last position has no room to draft)
+
+
+@pytest.mark.parametrize("slots, draft, carried, passes", [
+    # the draft runs to the end: its forced tail and the last decision are left to the step's row and fast-forward
+    (free_slots(2) + [frozenset({5}), frozenset({6})], [3, 4, 5, 6], 1, 1),
+    # the position after the draft is forced (5): the draft's last decision (4) is the step's row's to make
+    (free_slots(2) + [frozenset({5})] + free_slots(3), [3, 4], 1, 4),
+    # the position after the draft is a decision: the draft is carried whole
+    (free_slots(2) + [frozenset({5})] + free_slots(3), [3, 4, 5], 3, 3),
+    # only forced positions after the first: nothing is left to draft
+    (free_slots(1) + [frozenset({4}), frozenset({5})], [3, 4, 5], 0, 1),
+])
+def test_a_draft_ends_where_the_target_decides(slots, draft, carried, passes):
+    """A scored row at a forced position decides nothing: a draft is cut so that the row after its last token is a
+    decision. The same tokens are committed in the same steps, with fewer rows scored."""
+    plain = make_seq([1, 2], slots)
+    run([plain])
+    spec = ScriptedSpeculator(lambda seq: draft if not seq.output else [])
+    seq = make_seq([1, 2], slots)
+    _, executor = run([seq], spec, prefix_cache_tokens=0)
+    assert seq.output == plain.output and seq.finish is FinishReason.STOP
+    assert [(v.drafted, v.accepted) for v in spec.verdicts] == ([(carried, carried)] if carried else [])
+    assert len(executor.steps[0][0].logits_at) == carried + 1  # the prompt's step scored the draft's rows alone
+    assert seq.usage.target_forward_passes == passes
+    whole = make_seq([1, 2], slots, fast_forward=False)  # without fast-forward forced tokens need rows: kept whole
+    spec_whole = ScriptedSpeculator(lambda seq: draft if not seq.output else [])
+    run([whole], spec_whole, prefix_cache_tokens=0)
+    assert whole.output == plain.output and spec_whole.verdicts[0].drafted == len(draft)
