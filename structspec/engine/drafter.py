@@ -7,7 +7,8 @@
 - *the decision*: asks the speculator who may draft for a sequence at a batch size (``decide``), and counts it;
 - *the draft* (``draft``): for one plan that scores, asks the speculator for a draft (the matcher rolled back
   whatever the proposer does), walks it through the grammar with the mask of every drafted position, cuts it at
-  the first token the grammar cannot take, and returns it as a ``StepDraft``, the step's own value;
+  the first token the grammar cannot take and back to where the target decides (``_decision_end``), and returns
+  it as a ``StepDraft``, the step's own value;
 - *the verdict* and *the end*: tells the speculator what verification made of its draft, and when a sequence ends.
 
 Failures: a speculator that raises while deciding or proposing costs that request its drafts, never the request
@@ -145,7 +146,7 @@ class Drafter:
         kept, allowed = self._priced_cut(plan, draft, bitmask, consumed, (first[1],) if first is not None else ())
         kept = self._decision_end(plan, draft, bitmask, kept)
         allowed = allowed[: kept + 1] if allowed is not None else None
-        if kept < consumed:  # cut for its price: what is cut was never verified, so it counts as not drafted
+        if kept < consumed:  # cut for its price or at a decision: never verified, so it counts as not drafted
             tail, tokens = None, tokens[:kept]
             if kept == 0:
                 draft = None
