@@ -30,7 +30,7 @@ from structspec.engine.sequence import EngineSequence, Serving
 from structspec.engine.speculator import Draft, DraftVerdict, Speculator
 from structspec.engine.types import DraftsUnsupported, DraftUpdate, SpeculationReport
 from structspec.engine.verify import Verdict
-from structspec.grammar.base import Matcher, allocate_bitmask, forces_one_token, small_allowed_set, token_allowed
+from structspec.grammar.base import Matcher, allocate_bitmask, decision_end, small_allowed_set, token_allowed
 from structspec.models.end_of_turn import as_id_set
 from structspec.models.executor import ForwardStep
 from structspec.stats.book import Recorder
@@ -207,9 +207,7 @@ class Drafter:
         tokens are a function of the context, so cutting it by the grammar's masks keeps verification exact."""
         if draft is None or draft.q is not None or not plan.seq.fast_forward:
             return kept
-        while kept > 0 and forces_one_token(bitmask[kept]):
-            kept -= 1
-        return kept
+        return decision_end(bitmask, kept)
 
     def allowed_ids(self, step: StepDraft) -> tuple[torch.Tensor | None, ...] | None:
         """Per scored position, its allowed ids when the executor scores small allowed sets alone (the rest would

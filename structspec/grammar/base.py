@@ -248,6 +248,15 @@ def forces_one_token(bitmask_row: torch.Tensor) -> bool:
     return ids is not None and len(ids) == 1
 
 
+def decision_end(bitmask: torch.Tensor, kept: int) -> int:
+    """How many of a draft's first ``kept`` tokens stay so that the row after the last one (``bitmask`` [>kept, W]:
+    row i the mask after i drafted tokens) is not forced: trailing tokens at forced positions, and the decision
+    before them, are dropped (``Drafter._decision_end``). Looks at rows from ``kept`` down, only while forced."""
+    while kept > 0 and forces_one_token(bitmask[kept]):
+        kept -= 1
+    return kept
+
+
 def small_allowed_set(bitmask_row: torch.Tensor, limit: int) -> torch.Tensor | None:
     """The allowed token ids of one [W] int32 row as a LongTensor, or None when there may be more than ``limit``.
 

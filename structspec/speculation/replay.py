@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from structspec.engine.sequence import EngineSequence
-from structspec.grammar.base import Matcher, allocate_bitmask, forces_one_token, token_allowed
+from structspec.grammar.base import Matcher, allocate_bitmask, decision_end, token_allowed
 from structspec.speculation.base import DraftContext, Proposer, SequenceSpeculation
 from structspec.speculation.decisions import Decider
 from structspec.speculation.history import history_key
@@ -103,7 +103,7 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
     Raises: whatever the proposer raises (the caller logs it and keeps the request's answer)."""
     out = list(output)
     state = SequenceSpeculation()
-    mask = allocate_bitmask(1, vocab_size)
+    mask = allocate_bitmask(max_draft + 1, vocab_size)  # a draft's rows (``key_lengths`` caps it at max_draft)
     verdicts: list[tuple[str, int, int]] = []
     t = 0
     while t < len(out) and not matcher.is_stopped():
@@ -145,24 +145,19 @@ def replay_drafts(proposer: Proposer, output: Sequence[int], matcher: Matcher, v
 def _grammatical(tokens: list[int], matcher: Matcher, mask: torch.Tensor, end_of_turn: frozenset[int]
                  ) -> tuple[int, int]:
     """How many of ``tokens`` the grammar takes in a row from here, and how many of those a draft carries once it
-    ends where the target decides (``Drafter._decision_end``: trailing tokens at forced positions, and the decision
-    before them, are left to the step's own row and to fast-forward). The matcher is left as found."""
-    consumed = 0
-    forced: list[bool] = []  # per position 0..consumed: the grammar allows one token there
-    for tok in tokens:
-        matcher.fill_mask(mask, 0)
-        forced.append(forces_one_token(mask[0]))
-        if tok in end_of_turn or not token_allowed(mask[0], tok) or not matcher.consume([tok]):
+    ends where the target decides (``decision_end``, as the engine's drafter cuts it). ``mask``: [len(tokens)+1, W],
+    row i filled with the mask after i tokens, as the engine's step fills its rows. The matcher is left as found."""
+    consumed = filled = 0
+    for i, tok in enumerate(tokens):
+        matcher.fill_mask(mask, i)
+        filled = i + 1
+        if tok in end_of_turn or not token_allowed(mask[i], tok) or not matcher.consume([tok]):
             break
         consumed += 1
         if matcher.is_stopped():
             break
-    if len(forced) == consumed:  # the position after the last grammatical token was not looked at yet
-        matcher.fill_mask(mask, 0)
-        forced.append(forces_one_token(mask[0]))
+    if filled == consumed:  # the row after the last grammatical token is not filled yet
+        matcher.fill_mask(mask, consumed)
     if consumed:
         matcher.rollback(consumed)
-    carried = consumed
-    while carried > 0 and forced[carried]:
-        carried -= 1
-    return consumed, carried
+    return consumed, decision_end(mask, consumed)
